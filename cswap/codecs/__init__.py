@@ -1,0 +1,39 @@
+"""Lossless codecs for activations: ZVC (zero-value compression) in ``torch``, ``cpu`` and ``cuda`` backends.
+
+Example:
+    >>> import torch
+    >>> from cswap.codecs import compress, decompress
+    >>> t = torch.relu(torch.randn(1000))
+    >>> p = compress(t)
+    >>> torch.equal(decompress(p), t), p.ratio > 1
+    (True, True)
+"""
+
+from cswap.codecs.api import compress, decompress, default_backend
+from cswap.codecs.format import (
+    DEFAULT_CHUNK_WORDS,
+    SUPPORTED_DTYPES,
+    Packed,
+    bits_dtype,
+    zvc_compressed_nbytes,
+)
+from cswap.codecs.launch import CUDA_KERNELS, CpuLaunch, CudaLaunch, Launch, launch_from_params
+from cswap.codecs.registry import CODECS, CodecRegistry
+
+__all__ = [
+    "CODECS",
+    "CUDA_KERNELS",
+    "CodecRegistry",
+    "CpuLaunch",
+    "CudaLaunch",
+    "DEFAULT_CHUNK_WORDS",
+    "Launch",
+    "Packed",
+    "SUPPORTED_DTYPES",
+    "bits_dtype",
+    "compress",
+    "decompress",
+    "default_backend",
+    "launch_from_params",
+    "zvc_compressed_nbytes",
+]

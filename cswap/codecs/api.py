@@ -1,0 +1,85 @@
+"""The two calls every user of the codecs makes: :func:`compress` and :func:`decompress`.
+
+Example:
+    >>> import torch
+    >>> from cswap.codecs import compress, decompress
+    >>> t = torch.relu(torch.randn(4, 8))
+    >>> packed = compress(t, backend="torch")
+    >>> torch.equal(decompress(packed), t)
+    True
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+
+from cswap.codecs.format import Packed
+from cswap.codecs.launch import Launch, launch_from_params
+from cswap.codecs.registry import CODECS
+
+__all__ = ["compress", "decompress", "default_backend"]
+
+
+def default_backend(device: torch.device) -> str:
+    """``cuda`` for CUDA tensors, ``cpu`` (Numba) otherwise."""
+    return "cuda" if device.type == "cuda" else "cpu"
+
+
+def _launch(backend: str, launch: Launch | Mapping[str, Any] | None) -> Launch | None:
+    if isinstance(launch, Mapping):
+        return launch_from_params(backend, launch)
+    return launch
+
+
+def compress(
+    t: torch.Tensor,
+    codec: str = "zvc",
+    backend: str | None = None,
+    launch: Launch | Mapping[str, Any] | None = None,
+) -> Packed:
+    """Compress ``t`` losslessly.
+
+    Args:
+        t: any tensor of a supported dtype; views and broadcasts are read as their contiguous copy.
+        codec: a registered codec name (``cswap.codecs.CODECS.names()``).
+        backend: ``torch``, ``cpu`` or ``cuda``; ``None`` picks ``cuda`` for CUDA tensors, else ``cpu``.
+        launch: the backend's launch config (:class:`CpuLaunch`, :class:`CudaLaunch`, or their dict);
+            ``None`` uses the backend's documented default.
+
+    Returns:
+        A :class:`Packed` on the device of ``t``.
+
+    Example:
+        >>> compress(torch.zeros(1024)).ratio > 20
+        True
+    """
+    backend = backend or default_backend(t.device)
+    return CODECS.get(codec).compress(t, backend, _launch(backend, launch))
+
+
+def decompress(
+    packed: Packed,
+    backend: str | None = None,
+    out: torch.Tensor | None = None,
+    launch: Launch | Mapping[str, Any] | None = None,
+    validate: bool = True,
+) -> torch.Tensor:
+    """Rebuild the exact tensor that :func:`compress` was given (contiguous, same shape and dtype).
+
+    Args:
+        packed: the compressed tensor.
+        backend: as for :func:`compress`, picked from ``packed.device`` when ``None``.
+        out: optional contiguous tensor of the original shape and dtype to write into.
+        launch: the backend's launch config, or ``None`` for its default.
+        validate: check the buffers agree before decoding (``ValueError`` if not). Code that
+            decodes its own fresh output may skip it to avoid a device sync.
+
+    Example:
+        >>> t = torch.tensor([0.0, -0.0, float("nan")])
+        >>> decompress(compress(t)).view(torch.int32).equal(t.view(torch.int32))
+        True
+    """
+    backend = backend or default_backend(packed.device)
+    return CODECS.get(packed.codec).decompress(packed, backend, out, _launch(backend, launch), validate)

@@ -1,0 +1,102 @@
+"""The ZVC codec: dtype and shape handling shared by all backends, dispatch to the backend kernels.
+
+Backends only ever see a flat, contiguous tensor of integers of the element width (see
+:func:`cswap.codecs.format.bits_dtype`); this module makes that view, validates input, and rebuilds
+the original shape and dtype.
+
+A backend module provides:
+
+* ``available() -> bool``: whether it can run here.
+* ``check_launch(launch) -> Launch``: the launch to use (its default for ``None``), or ``ValueError``.
+* ``compress_bits(flat_bits, chunk_words, launch) -> (bitmap, offsets, values)``.
+* ``decompress_bits(packed, out_bits, launch) -> None``: fill ``out_bits`` (flat, contiguous).
+
+Example:
+    >>> import torch
+    >>> from cswap.codecs.zvc import ZVC
+    >>> p = ZVC.compress(torch.zeros(100), "torch", None)
+    >>> p.nnz
+    0
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+import torch
+
+from cswap.codecs.format import DEFAULT_CHUNK_WORDS, Packed, bits_dtype, check_dtype
+from cswap.codecs.launch import Launch
+from cswap.codecs.registry import check_backend
+
+__all__ = ["ZVC", "ZvcCodec"]
+
+_BACKEND_MODULES = {
+    "torch": "cswap.codecs.zvc_torch",
+    "cpu": "cswap.codecs.zvc_cpu",
+    "cuda": "cswap.codecs.zvc_cuda",
+}
+
+
+class ZvcCodec:
+    """Zero-value compression (format v1) with ``torch``, ``cpu`` (Numba) and ``cuda`` (Numba CUDA) backends."""
+
+    name = "zvc"
+    backends: tuple[str, ...] = tuple(_BACKEND_MODULES)
+
+    def backend_module(self, backend: str) -> ModuleType:
+        """The module implementing ``backend``; ``ValueError`` naming the choices for an unknown one."""
+        check_backend(self, backend)
+        return importlib.import_module(_BACKEND_MODULES[backend])
+
+    def available_backends(self) -> tuple[str, ...]:
+        """Backends that can run on this machine."""
+        return tuple(b for b in self.backends if self.backend_module(b).available())
+
+    def compress(self, t: torch.Tensor, backend: str, launch: Launch | None) -> Packed:
+        """Compress ``t`` (any shape, view or broadcast; read as its contiguous copy)."""
+        check_dtype(t.dtype)
+        module = self.backend_module(backend)
+        launch = module.check_launch(launch)
+        chunk_words = getattr(launch, "chunk_words", DEFAULT_CHUNK_WORDS)
+        flat_bits = t.detach().contiguous().view(-1).view(bits_dtype(t.dtype))
+        bitmap, offsets, values = module.compress_bits(flat_bits, chunk_words, launch)
+        return Packed(
+            bitmap=bitmap,
+            offsets=offsets,
+            values=values,
+            shape=tuple(t.shape),
+            dtype=t.dtype,
+            chunk_words=chunk_words,
+            codec=self.name,
+        )
+
+    def decompress(
+        self,
+        packed: Packed,
+        backend: str,
+        out: torch.Tensor | None,
+        launch: Launch | None,
+        validate: bool,
+    ) -> torch.Tensor:
+        """Rebuild the tensor of ``packed``, into ``out`` when given (same shape and dtype, contiguous)."""
+        if packed.codec != self.name:
+            raise ValueError(f"this Packed was written by codec {packed.codec!r}, not {self.name!r}")
+        module = self.backend_module(backend)
+        launch = module.check_launch(launch)
+        if validate:
+            packed.validate()
+        if out is None:
+            out = torch.empty(packed.shape, dtype=packed.dtype, device=packed.device)
+        elif tuple(out.shape) != tuple(packed.shape) or out.dtype != packed.dtype or not out.is_contiguous():
+            raise ValueError(
+                f"out must be a contiguous {packed.dtype} tensor of shape {packed.shape}, "
+                f"got {out.dtype} {tuple(out.shape)} (contiguous={out.is_contiguous()})"
+            )
+        if out.numel():
+            module.decompress_bits(packed, out.view(-1).view(bits_dtype(packed.dtype)), launch)
+        return out
+
+
+ZVC = ZvcCodec()

@@ -1,0 +1,1 @@
+"""Subcommands of the ``cswap`` command line, one module each (see :mod:`cswap.cli`)."""
