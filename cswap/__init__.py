@@ -21,7 +21,7 @@ _LAZY = {
     "RuntimeStats": "cswap.runtime",
     "Plan": "cswap.advisor",
     "Action": "cswap.advisor",
-    "Trace": "cswap.profiler",
+    "Trace": "cswap.trace",
 }
 
 __all__ = ["__version__", *_LAZY]
