@@ -1,0 +1,153 @@
+"""``cswap simulate``: one training iteration under each policy on a hardware profile, without the hardware.
+
+Example:
+    $ cswap simulate --model vgg16 --batch-size 64 --resolution 224 --hardware v100-pcie3 --policies all
+    $ cswap simulate --trace trace.json --hardware a100-pcie4 --json
+    $ cswap simulate --model resnet50 --hardware h100-pcie5 --plot resnet50.png
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+__all__ = ["register", "run_simulate"]
+
+
+def run_simulate(
+    model: str = "vgg16",
+    batch_size: int = 64,
+    resolution: int = 224,
+    hardware: str = "v100-pcie3",
+    policies: str = "all",
+    trace_path: Path | None = None,
+    sparsity: float | None = None,
+    min_bytes: int | None = None,
+    prefetch_depth: int = 1,
+    max_inflight_offloads: int | None = None,
+    paper_size: bool = False,
+    dtype: str = "float32",
+) -> dict[str, Any]:
+    """Simulate and return the JSON-ready report (``policies`` maps each policy to its figures).
+
+    With ``trace_path`` the trace is read from a file (``rt.trace().to_json(...)``) and its own
+    compute times are used; otherwise a meta trace of ``model`` is built for ``hardware``.
+
+    Raises:
+        ValueError: unknown model, hardware or policy (naming the valid ones), or a bad trace file.
+    """
+    from cswap.simulate import SimConfig, Simulator, load_hardware, meta_trace
+    from cswap.simulate.engine import DEFAULT_MIN_BYTES
+    from cswap.simulate.metatrace import SparsityModel
+    from cswap.simulate.policies import resolve_policies
+    from cswap.trace import Trace
+
+    names = resolve_policies(policies)
+    profile = load_hardware(hardware)
+    if trace_path is not None:
+        trace = Trace.from_json(trace_path)
+    else:
+        trace = meta_trace(
+            model, batch_size, resolution, profile, sparsity=None if sparsity is None else SparsityModel(relu=sparsity), dtype=dtype
+        )
+    config = SimConfig(
+        min_bytes=DEFAULT_MIN_BYTES if min_bytes is None else min_bytes,
+        prefetch_depth=prefetch_depth,
+        max_inflight_offloads=max_inflight_offloads,
+        paper_size=paper_size,
+    )
+    results = Simulator(trace, profile, config).run_all(names)
+    return {
+        "model": trace.meta.get("model", model),
+        "hardware": profile.name,
+        "batch_size": trace.meta.get("batch_size", batch_size),
+        "resolution": trace.meta.get("resolution", resolution),
+        "trace": str(trace_path) if trace_path is not None else None,
+        "saved_bytes": sum(r.nbytes for r in trace.tensors if r.offloadable),
+        "policies": {name: result.to_dict() for name, result in results.items()},
+        "_results": results,
+    }
+
+
+def _table(report: dict[str, Any]) -> Table:
+    base = report["policies"].get("none", {}).get("iteration_s")
+    compute_s = next(iter(report["policies"].values()))["compute_s"]
+    title = (
+        f"{report['model']} batch {report['batch_size']} on {report['hardware']}: "
+        f"{compute_s * 1e3:.1f} ms compute, {report['saved_bytes'] / 1e9:.2f} GB saved activations"
+    )
+    table = Table(title=title)
+    for column in ("policy", "iter ms", "x none", "xfer ms", "codec ms", "peak GB", "formula ms", "plan"):
+        table.add_column(column, justify="left" if column in ("policy", "plan") else "right", no_wrap=column == "policy")
+    for name, row in report["policies"].items():
+        table.add_row(
+            name,
+            f"{row['iteration_s'] * 1e3:.1f}",
+            f"{row['iteration_s'] / base:.2f}" if base else "-",
+            f"{row['exposed_transfer_s'] * 1e3:.1f}",
+            f"{row['codec_s'] * 1e3:.1f}",
+            f"{row['peak_bytes'] / 1e9:.2f}",
+            f"{row['formula_iteration_s'] * 1e3:.1f}",
+            row["plan"],
+        )
+    return table
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``simulate`` to the ``cswap`` command."""
+
+    @app.command("simulate")
+    def simulate(
+        model: str = typer.Option("vgg16", help="Model name (cswap.models.MODEL_NAMES), ignored with --trace."),
+        batch_size: int = typer.Option(64, min=1, help="Images per iteration."),
+        resolution: int = typer.Option(224, min=1, help="Image side in pixels."),
+        hardware: str = typer.Option("v100-pcie3", help="Hardware profile name (configs/hardware) or YAML path."),
+        policies: str = typer.Option("all", help="'all' or a comma-separated list of policies."),
+        trace: Path = typer.Option(None, help="A profiled trace (rt.trace().to_json(path)) instead of a meta trace."),
+        sparsity: float = typer.Option(None, min=0.0, max=1.0, help="ReLU-output sparsity of the meta trace (default 0.5)."),
+        min_bytes: int = typer.Option(None, min=0, help="Activations below this stay on the device (default: the runtime's)."),
+        prefetch_depth: int = typer.Option(1, min=1, help="Swap-ins issued ahead of need, in tensors."),
+        max_inflight: int = typer.Option(None, min=1, help="Swap-outs in flight before compute waits (default: unbounded)."),
+        paper_size: bool = typer.Option(False, help="Size compressed tensors as Size*(1-Sparsity), as the paper does."),
+        dtype: str = typer.Option("float32", help="Parameter and activation dtype of the meta trace."),
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of the table."),
+        plot: Path = typer.Option(None, help="Write stacked bars of the breakdown to this PNG."),
+    ) -> None:
+        """Simulate one training iteration under each policy on a hardware profile (no GPU needed)."""
+        try:
+            report = run_simulate(
+                model=model,
+                batch_size=batch_size,
+                resolution=resolution,
+                hardware=hardware,
+                policies=policies,
+                trace_path=trace,
+                sparsity=sparsity,
+                min_bytes=min_bytes,
+                prefetch_depth=prefetch_depth,
+                max_inflight_offloads=max_inflight,
+                paper_size=paper_size,
+                dtype=dtype,
+            )
+        except (ValueError, FileNotFoundError) as error:
+            raise typer.BadParameter(str(error)) from error
+        results = report.pop("_results")
+        if plot is not None:
+            from cswap.simulate.plot import plot_breakdown
+
+            title = f"{report['model']} batch {report['batch_size']} on {report['hardware']}"
+            plot_breakdown(results, plot, title=title)
+        if as_json:
+            typer.echo(json.dumps(report))
+        else:
+            console = Console()
+            if not console.is_terminal:  # piped: rich would squeeze the table into 80 columns
+                console = Console(width=120)
+            console.print(_table(report))
+            if plot is not None:
+                console.print(f"wrote {plot}")

@@ -1,0 +1,309 @@
+"""The queue model: one compute stream and one copy engine each way, replayed event by event.
+
+Resources, each a FIFO queue:
+
+* the **compute stream** runs the timeline's compute and, in this model, the device codec: ZVC
+  kernels are memory-bound and fill every SM with grid-stride loops, so on a side stream they would
+  time-slice the same SMs and delay compute by as much; putting them on the compute stream says
+  so directly, and is what the paper's ``T`` charges (``Time_c + Time_dc`` in full);
+* the **D2H engine** and the **H2D engine** (full duplex); with ``async_copies=False`` (a CPU)
+  copies run on the compute stream instead;
+* the **host CPU** for host-side (de)compression (``cpu-compress-swap``).
+
+Forward: a tensor is produced when compute reaches its point; a compressed one is compressed
+right away on the compute stream; its swap-out is queued on the D2H engine as soon as it (or its
+compressed form) exists. Compute does not wait for swap-outs unless ``max_inflight_offloads`` is
+set, in which case it waits, before queuing another, until fewer are in flight, and at the end of
+forward until all are done (vDNN's per-layer synchronisation when it is 1). A host-compressed
+tensor is compressed by the host after its copy has landed.
+
+Backward: swap-ins are queued in the order backward needs tensors, ``prefetch_depth`` ahead (and
+within ``prefetch_bytes``): the first ones when backward starts, the next each time one is used.
+A swap-in starts when it is issued, its swap-out (and host compression) is done and the engine is
+free; a host-compressed tensor is decompressed on the host first. Compute waits for a tensor that
+is not back, then decompresses it on the compute stream. The iteration ends when compute and every
+queue are done.
+
+Runtime overhead (CPU profiles): with hooks installed (every policy but ``none``) compute waits
+``iteration_overhead_s`` once and ``hook_overhead_s`` at every pack and every first unpack, plus
+``move_overhead_s`` at those of a tensor that is not kept as it is.
+
+Memory: a tensor occupies the device from production until its swap-out ends (compressed size
+after compression), again from the start of its swap-in (and full size from the start of its
+decompression), until the backward operator that uses it ends, i.e. until compute reaches the
+next use. Kept tensors stay from production to use. Only offloadable records are counted.
+
+Example:
+    >>> from cswap.simulate.timeline import Timeline
+    >>> from cswap.simulate.policies import Action, TensorCost
+    >>> tl = Timeline(forward_s=1.0, backward_s=1.0, produced_s=(0.0,), consumed_s=(1.0,))
+    >>> cost = TensorCost(2_000_000_000, 1e9, 0.5, 4, 0.0, 0.0, 0.0, 0.0)
+    >>> out = run_queues(tl, [cost], [Action.SWAP], QueueParams(d2h_gbps=1.0, h2d_gbps=1.0))
+    >>> out.iteration_s, out.exposed_transfer_s    # 2 s each way against 1 s of compute each side
+    (4.0, 2.0)
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from cswap.simulate.policies import Action, TensorCost
+from cswap.simulate.timeline import Timeline
+
+__all__ = ["QueueOutcome", "QueueParams", "run_queues"]
+
+
+@dataclass(frozen=True)
+class QueueParams:
+    """How the queues run.
+
+    Args:
+        d2h_gbps, h2d_gbps: link bandwidth each way, GB/s.
+        async_copies: copies on copy engines (``False``: on the compute stream).
+        prefetch_depth: swap-ins issued ahead of need, in tensors (>= 1).
+        prefetch_bytes: also cap the bytes fetched ahead of need (``None``: no cap); the next
+            tensor is always fetched once nothing else is outstanding.
+        max_inflight_offloads: cap on swap-outs in flight before compute waits (``None``: none).
+        hook_overhead_s: compute-stream seconds per pack and per first unpack (hooks installed).
+        move_overhead_s: extra seconds per pack and first unpack of a tensor not kept as it is.
+        iteration_overhead_s: compute-stream seconds once per iteration (hooks installed).
+    """
+
+    d2h_gbps: float
+    h2d_gbps: float
+    async_copies: bool = True
+    prefetch_depth: int = 1
+    prefetch_bytes: int | None = None
+    max_inflight_offloads: int | None = None
+    hook_overhead_s: float = 0.0
+    move_overhead_s: float = 0.0
+    iteration_overhead_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (self.d2h_gbps > 0 and self.h2d_gbps > 0):
+            raise ValueError(f"link bandwidths must be positive, got d2h {self.d2h_gbps}, h2d {self.h2d_gbps} GB/s")
+        if self.prefetch_depth < 1:
+            raise ValueError(f"prefetch_depth must be >= 1, got {self.prefetch_depth}")
+        if self.prefetch_bytes is not None and self.prefetch_bytes < 0:
+            raise ValueError(f"prefetch_bytes must be >= 0 or None, got {self.prefetch_bytes}")
+        if self.max_inflight_offloads is not None and self.max_inflight_offloads < 1:
+            raise ValueError(f"max_inflight_offloads must be >= 1 or None, got {self.max_inflight_offloads}")
+
+
+@dataclass(frozen=True)
+class QueueOutcome:
+    """What the queue model gives for one plan.
+
+    ``iteration_s == compute_s + exposed_transfer_s + codec_s + overhead_s``.
+
+    Attributes:
+        iteration_s: forward + backward wall time.
+        compute_s: the timeline's compute.
+        exposed_transfer_s: time compute waited for copies (and host codec work behind them), plus
+            the tail after compute while queues drain.
+        codec_s: device (de)compression on the compute stream.
+        overhead_s: the runtime's own hook and iteration work on the compute stream.
+        host_codec_s: busy time of the host codec (not on the compute stream; hurts only through waits).
+        peak_bytes: peak device bytes of saved activations (resident, compressed, or being copied).
+        forward_end_s: when forward compute ended.
+    """
+
+    iteration_s: float
+    compute_s: float
+    exposed_transfer_s: float
+    codec_s: float
+    overhead_s: float
+    host_codec_s: float
+    peak_bytes: int
+    forward_end_s: float
+
+
+def _seconds(nbytes: float, gbps: float) -> float:
+    return nbytes / (gbps * 1e9)
+
+
+def _peak(events: list[tuple[float, float]]) -> int:
+    # at equal times frees go first: a buffer released as another is allocated is a hand-over
+    level = peak = 0.0
+    for _, delta in sorted(events):
+        level += delta
+        peak = max(peak, level)
+    return int(round(peak))
+
+
+def run_queues(
+    timeline: Timeline,
+    costs: Sequence[TensorCost],
+    actions: Sequence[Action],
+    params: QueueParams,
+    counted: Sequence[bool] | None = None,
+    hooked: bool = False,
+) -> QueueOutcome:
+    """Replay one iteration under ``actions`` (one per record) and return its times and peak memory.
+
+    Args:
+        timeline: compute times.
+        costs: per record sizes and codec seconds.
+        actions: per record.
+        params: link and prefetch settings.
+        counted: per record, whether it counts towards ``peak_bytes`` (default: all).
+        hooked: the runtime's hooks are installed (every policy but ``none``): charge ``params``'
+            hook and iteration overheads.
+    """
+    count = len(timeline)
+    if not len(costs) == len(actions) == count:
+        raise ValueError(f"need one cost and one action per record: {count} records, {len(costs)} costs, {len(actions)} actions")
+    counted = [True] * count if counted is None else list(counted)
+    events: list[tuple[float, float]] = []
+
+    def hold(at: float, nbytes: float, i: int) -> None:
+        if counted[i] and nbytes:
+            events.append((at, nbytes))
+
+    def release(at: float, nbytes: float, i: int) -> None:
+        if counted[i] and nbytes:
+            events.append((at, -nbytes))
+
+    exposed = codec = host_codec = 0.0
+    d2h_free = h2d_free = host_free = 0.0
+    on_host = [0.0] * count  # when the host copy (after host compression) is complete
+    inflight: deque[float] = deque()
+
+    overhead = params.iteration_overhead_s if hooked else 0.0
+
+    def hook_s(action: Action) -> float:
+        if not hooked:
+            return 0.0
+        return params.hook_overhead_s + (params.move_overhead_s if action is not Action.KEEP else 0.0)
+
+    # ------------------------------------------------------------------ forward
+    t = shift = overhead
+    for i in timeline.forward_order():
+        action, cost = actions[i], costs[i]
+        t = timeline.produced_s[i] + shift
+        hold(t, cost.nbytes, i)
+        hook = hook_s(action)
+        t += hook
+        overhead += hook
+        if action.device_codec:
+            hold(t, cost.compressed_nbytes, i)
+            t += cost.compress_s
+            codec += cost.compress_s
+            release(t, cost.nbytes, i)
+        if action.transfers:
+            nbytes = cost.transfer_nbytes(action)
+            duration = _seconds(nbytes, params.d2h_gbps)
+            if params.async_copies:
+                limit = params.max_inflight_offloads
+                while inflight and inflight[0] <= t:
+                    inflight.popleft()
+                while limit is not None and len(inflight) >= limit:
+                    done = inflight.popleft()
+                    if done > t:
+                        exposed += done - t
+                        t = done
+                start = max(t, d2h_free)
+                end = d2h_free = start + duration
+                inflight.append(end)
+            else:
+                end = t = t + duration
+                exposed += duration
+            release(end, cost.resident_nbytes(action), i)
+            if action is Action.HOST_ZVC_SWAP:
+                start = max(end, host_free)
+                on_host[i] = host_free = start + cost.host_compress_s
+                host_codec += cost.host_compress_s
+            else:
+                on_host[i] = end
+        shift = t - timeline.produced_s[i]
+    forward_end = timeline.forward_s + shift
+    if params.async_copies and params.max_inflight_offloads is not None and inflight and inflight[-1] > forward_end:
+        exposed += inflight[-1] - forward_end
+        forward_end = inflight[-1]
+
+    # ------------------------------------------------------------------ backward
+    order = timeline.backward_order()
+    fetches = [i for i in order if actions[i].transfers]
+    ready: dict[int, float] = {}
+    outstanding: deque[int] = deque()
+    outstanding_nbytes = 0.0
+    next_fetch = 0
+
+    def issue(at: float) -> None:
+        nonlocal next_fetch, outstanding_nbytes, h2d_free, host_free, host_codec
+        while next_fetch < len(fetches) and len(outstanding) < params.prefetch_depth:
+            j = fetches[next_fetch]
+            cost, action = costs[j], actions[j]
+            if params.prefetch_bytes is not None and outstanding and outstanding_nbytes + cost.nbytes > params.prefetch_bytes:
+                return
+            source_ready = max(at, on_host[j])
+            if action is Action.HOST_ZVC_SWAP:
+                source_ready = host_free = max(source_ready, host_free) + cost.host_decompress_s
+                host_codec += cost.host_decompress_s
+            start = max(source_ready, h2d_free)
+            ready[j] = h2d_free = start + _seconds(cost.transfer_nbytes(action), params.h2d_gbps)
+            hold(start, cost.transfer_nbytes(action) if action is Action.ZVC_SWAP else cost.nbytes, j)
+            outstanding.append(j)
+            outstanding_nbytes += cost.nbytes
+            next_fetch += 1
+
+    shift = forward_end
+    if params.async_copies:
+        issue(forward_end)
+    finished: list[int] = []
+    for i in order:
+        action, cost = actions[i], costs[i]
+        t = timeline.consumed_s[i] + shift
+        for j in finished:
+            release(t, costs[j].nbytes, j)
+        finished.clear()
+        hook = hook_s(action)
+        t += hook
+        overhead += hook
+        if action.transfers:
+            if params.async_copies:
+                if ready[i] > t:
+                    exposed += ready[i] - t
+                    t = ready[i]
+                outstanding.popleft()
+                outstanding_nbytes -= cost.nbytes
+            else:
+                start = max(t, on_host[i])
+                if action is Action.HOST_ZVC_SWAP:
+                    start = max(start, host_free) + cost.host_decompress_s
+                    host_free = start
+                    host_codec += cost.host_decompress_s
+                nbytes = cost.transfer_nbytes(action)
+                hold(start, nbytes if action is Action.ZVC_SWAP else cost.nbytes, i)
+                end = start + _seconds(nbytes, params.h2d_gbps)
+                exposed += end - t
+                t = end
+        if action.device_codec:
+            hold(t, cost.nbytes, i)
+            t += cost.decompress_s
+            codec += cost.decompress_s
+            release(t, cost.compressed_nbytes, i)
+        finished.append(i)
+        shift = t - timeline.consumed_s[i]
+        if params.async_copies and action.transfers:
+            issue(t)
+    backward_end = timeline.backward_s + shift
+    for j in finished:
+        release(backward_end, costs[j].nbytes, j)
+    for i in range(count):  # kept tensors backward never asked for live until the graph is freed
+        if timeline.consumed_s[i] is None and not actions[i].transfers:
+            release(backward_end, costs[i].resident_nbytes(actions[i]), i)
+    end = max(backward_end, d2h_free, h2d_free, host_free)
+    exposed += end - backward_end
+    return QueueOutcome(
+        iteration_s=end,
+        compute_s=timeline.compute_s,
+        exposed_transfer_s=exposed,
+        codec_s=codec,
+        overhead_s=overhead,
+        host_codec_s=host_codec,
+        peak_bytes=_peak(events),
+        forward_end_s=forward_end,
+    )

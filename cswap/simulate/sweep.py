@@ -1,0 +1,155 @@
+"""Where compression stops paying: sparsity x link bandwidth.
+
+For one model and hardware profile, :func:`sweep` regenerates the meta trace at each ReLU-output
+sparsity (pooling and concatenation follow it through the :class:`SparsityModel`) and replaces the
+profile's link bandwidth (both ways) with each value, then simulates ``swap``, ``compress-swap``
+and ``cswap``. The break-even sparsity at a bandwidth is where ``compress-swap`` and ``swap`` take
+the same time (linear interpolation between grid points); below it static compression loses.
+
+Example:
+    >>> result = sweep("vgg11", batch_size=2, resolution=32, width_mult=0.125,
+    ...                sparsities=(0.0, 0.9), bandwidths_gbps=(1.0, 1000.0))
+    >>> result.speedup().shape
+    (2, 2)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from cswap.simulate.engine import SimConfig, Simulator
+from cswap.simulate.hardware import HardwareProfile, load_hardware
+from cswap.simulate.metatrace import SparsityModel, meta_trace
+
+__all__ = ["SweepResult", "sweep", "with_link"]
+
+DEFAULT_SPARSITIES: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
+DEFAULT_BANDWIDTHS_GBPS: tuple[float, ...] = (4.0, 8.0, 12.0, 16.0, 25.0, 32.0, 50.0, 64.0, 100.0, 200.0, 450.0)
+
+
+def with_link(profile: HardwareProfile, gbps: float) -> HardwareProfile:
+    """``profile`` with its link at ``gbps`` each way.
+
+    Example:
+        >>> with_link(load_hardware("v100-pcie3"), 25.0).link.h2d_gbps
+        25.0
+    """
+    link = profile.link.model_copy(update={"h2d_gbps": float(gbps), "d2h_gbps": float(gbps), "name": f"{gbps:g} GB/s link"})
+    return profile.model_copy(update={"link": link})
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """Iteration seconds per (sparsity, bandwidth) for ``swap``, ``compress-swap`` and ``cswap``.
+
+    Arrays are indexed ``[sparsity index, bandwidth index]``.
+    """
+
+    model: str
+    hardware: str
+    batch_size: int
+    resolution: int
+    sparsities: tuple[float, ...]
+    bandwidths_gbps: tuple[float, ...]
+    swap_s: np.ndarray
+    compress_swap_s: np.ndarray
+    cswap_s: np.ndarray
+    none_s: np.ndarray
+
+    def speedup(self) -> np.ndarray:
+        """``swap_s / compress_swap_s``: above 1, static compression pays."""
+        return self.swap_s / self.compress_swap_s
+
+    def cswap_speedup(self) -> np.ndarray:
+        """``swap_s / cswap_s`` (never below 1)."""
+        return self.swap_s / self.cswap_s
+
+    def break_even(self) -> list[float | None]:
+        """Per bandwidth, the sparsity where ``compress-swap`` starts to beat ``swap``.
+
+        ``None`` when it never does on the grid; the lowest sparsity when it always does.
+        """
+        speed = self.speedup()
+        found: list[float | None] = []
+        for j in range(len(self.bandwidths_gbps)):
+            column = speed[:, j]
+            value = None
+            for i, ratio in enumerate(column):
+                if ratio >= 1.0:
+                    if i == 0:
+                        value = self.sparsities[0]
+                    else:
+                        s0, s1, r0 = self.sparsities[i - 1], self.sparsities[i], column[i - 1]
+                        value = s0 + (1.0 - r0) * (s1 - s0) / (ratio - r0)
+                    break
+            found.append(value)
+        return found
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One JSON-ready dict per grid point."""
+        out = []
+        for i, sparsity in enumerate(self.sparsities):
+            for j, gbps in enumerate(self.bandwidths_gbps):
+                out.append(
+                    {
+                        "model": self.model,
+                        "hardware": self.hardware,
+                        "sparsity": sparsity,
+                        "link_gbps": gbps,
+                        "none_s": float(self.none_s[i, j]),
+                        "swap_s": float(self.swap_s[i, j]),
+                        "compress_swap_s": float(self.compress_swap_s[i, j]),
+                        "cswap_s": float(self.cswap_s[i, j]),
+                        "compress_swap_speedup": float(self.swap_s[i, j] / self.compress_swap_s[i, j]),
+                        "cswap_speedup": float(self.swap_s[i, j] / self.cswap_s[i, j]),
+                    }
+                )
+        return out
+
+
+def sweep(
+    model: str = "vgg16",
+    hardware: str | HardwareProfile = "v100-pcie3",
+    batch_size: int = 64,
+    resolution: int = 224,
+    sparsities: Sequence[float] = DEFAULT_SPARSITIES,
+    bandwidths_gbps: Sequence[float] = DEFAULT_BANDWIDTHS_GBPS,
+    config: SimConfig | None = None,
+    width_mult: float = 1.0,
+) -> SweepResult:
+    """Simulate ``swap``, ``compress-swap`` and ``cswap`` over a sparsity x bandwidth grid.
+
+    Args:
+        model: a model name for :func:`meta_trace`.
+        hardware: the profile whose compute and codec speeds are kept.
+        batch_size, resolution, width_mult: the model's input and size.
+        sparsities: ReLU-output sparsities.
+        bandwidths_gbps: link bandwidths, each way.
+        config: simulation settings.
+    """
+    profile = load_hardware(hardware)
+    shape = (len(sparsities), len(bandwidths_gbps))
+    grids = {name: np.zeros(shape) for name in ("none", "swap", "compress-swap", "cswap")}
+    links = [with_link(profile, gbps) for gbps in bandwidths_gbps]
+    for i, sparsity in enumerate(sparsities):
+        trace = meta_trace(model, batch_size, resolution, profile, sparsity=SparsityModel(relu=float(sparsity)), width_mult=width_mult)
+        for j, linked in enumerate(links):
+            simulator = Simulator(trace, linked, config)
+            for name, grid in grids.items():
+                grid[i, j] = simulator.run(name).iteration_s
+    return SweepResult(
+        model=model,
+        hardware=profile.name,
+        batch_size=batch_size,
+        resolution=resolution,
+        sparsities=tuple(float(s) for s in sparsities),
+        bandwidths_gbps=tuple(float(b) for b in bandwidths_gbps),
+        swap_s=grids["swap"],
+        compress_swap_s=grids["compress-swap"],
+        cswap_s=grids["cswap"],
+        none_s=grids["none"],
+    )

@@ -1,0 +1,107 @@
+"""Hardware profiles: the shipped ones load, bad ones fail naming the file and the key."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from cswap.simulate.hardware import HARDWARE_ENV, HardwareError, hardware_dir, hardware_names, load_hardware
+
+SHIPPED = ("a100-pcie4", "gh200-c2c", "h100-pcie5", "v100-pcie3")
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_profiles_load_and_cite_sources(name):
+    profile = load_hardware(name)
+    assert profile.name == name
+    assert profile.sources and all(source.strip() for source in profile.sources)
+    assert profile.link.async_copies
+    assert 0 < profile.device.compute_efficiency <= 1
+
+
+def test_shipped_names_and_links():
+    assert set(SHIPPED) <= set(hardware_names())
+    rates = {name: load_hardware(name).link.h2d_gbps for name in SHIPPED}
+    assert rates["v100-pcie3"] < rates["a100-pcie4"] < rates["h100-pcie5"] < rates["gh200-c2c"]
+
+
+def test_profile_object_and_path_load(tmp_path):
+    profile = load_hardware("v100-pcie3")
+    assert load_hardware(profile) is profile
+    assert load_hardware(hardware_dir() / "v100-pcie3.yaml") == profile
+
+
+def test_roofline_and_codec_model():
+    profile = load_hardware("v100-pcie3")
+    flops = 1e12
+    assert profile.op_s(flops, 0) == pytest.approx(flops / (15.7e12 * profile.device.compute_efficiency) + 5e-6)
+    assert profile.op_s(0, 630e9) == pytest.approx(1.0 + 5e-6)  # 630 GB/s = 70% of 900
+    model = profile.time_model()
+    # 1 MB at density 0.5: ZVC is 4 * 2^18/32 bitmap bytes + offsets + half the values
+    nbytes = 1 << 20
+    compressed = 4 * (nbytes // 4 // 32) + 8 * (nbytes // 4 // 32 // 32 + 1) + nbytes // 2
+    expected = (nbytes + compressed) / 405e9 + 2.5e-5
+    assert model.compress_s(nbytes, 0.5, 4, "cuda") == pytest.approx(expected)
+    with pytest.raises(ValueError, match="unknown codec backend 'npu'"):
+        model.compress_s(nbytes, 0.5, 4, "npu")
+
+
+def _write(tmp_path, data, name="bad.yaml"):
+    path = tmp_path / name
+    path.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
+    return path
+
+
+def _good() -> dict:
+    return yaml.safe_load((hardware_dir() / "v100-pcie3.yaml").read_text())
+
+
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (lambda d: d["link"].pop("h2d_gbps"), r"link\.h2d_gbps: Field required"),
+        (lambda d: d["link"].update(d2h_gbps=-1), r"link\.d2h_gbps: Input should be greater than 0"),
+        (lambda d: d["device"].update(compute_efficiency=1.5), r"device\.compute_efficiency: Input should be less than or equal to 1"),
+        (lambda d: d["device"].update(peak_tflops={"float16": 100}), r"device\.peak_tflops: .*needs a 'float32' entry"),
+        (lambda d: d["device"].update(kind="tpu"), r"device\.kind: Input should be 'cuda' or 'cpu'"),
+        (lambda d: d.update(colour="green"), r"colour: Extra inputs are not permitted"),
+        (lambda d: d.update(sources=[]), r"sources: .*at least 1"),
+        (lambda d: d["host_codec"].update(compress_gbps="fast"), r"host_codec\.compress_gbps: Input should be a valid number"),
+    ],
+)
+def test_invalid_profiles_name_file_and_key(tmp_path, edit, match):
+    data = _good()
+    edit(data)
+    path = _write(tmp_path, data)
+    with pytest.raises(HardwareError, match=match) as info:
+        load_hardware(path)
+    assert str(path) in str(info.value)
+
+
+def test_malformed_files(tmp_path):
+    with pytest.raises(HardwareError, match="is not valid YAML"):
+        load_hardware(_write(tmp_path, "device: [unclosed\n"))
+    with pytest.raises(HardwareError, match="must be a mapping with keys name, device, link"):
+        load_hardware(_write(tmp_path, "- just\n- a list\n"))
+
+
+def test_unknown_name_lists_the_valid_ones():
+    with pytest.raises(HardwareError, match="unknown hardware 'tpu-v9': choose one of a100-pcie4, gh200-c2c, h100-pcie5, v100-pcie3"):
+        load_hardware("tpu-v9")
+
+
+def test_profile_directory_from_the_environment(tmp_path, monkeypatch):
+    data = _good()
+    data["name"] = "mine"
+    _write(tmp_path, data, "mine.yaml")
+    monkeypatch.setenv(HARDWARE_ENV, str(tmp_path))
+    assert hardware_names() == ("mine",)
+    assert load_hardware("mine").name == "mine"
+    with pytest.raises(HardwareError, match="choose one of mine"):
+        load_hardware("v100-pcie3")
+
+
+def test_profiles_are_frozen():
+    profile = load_hardware("v100-pcie3")
+    with pytest.raises(Exception, match="frozen"):
+        profile.link.h2d_gbps = 100.0

@@ -1,0 +1,61 @@
+"""Reading a profiled trace: hook time taken out, duplicates folded, hidden windows."""
+
+from __future__ import annotations
+
+import pytest
+
+from cswap.simulate.timeline import Timeline, hidden_windows
+from cswap.trace import TensorRecord, Trace
+
+
+def _record(key, pack_at, unpack_at, pack_s=0.0, unpack_s=0.0, offloadable=True):
+    return TensorRecord(
+        key=key, shape=(4,), dtype="float32", nbytes=16, sparsity=0.0, offloadable=offloadable,
+        pack_at_s=pack_at, unpack_at_s=unpack_at, pack_s=pack_s, unpack_s=unpack_s,
+    )
+
+
+def test_hook_time_is_taken_out():
+    # packs at 1.0 and 2.5 took 0.5 s each; unpacks at 4.5 and 6.0 (forward ended at 4.0) took 0.25 s
+    trace = Trace(
+        tensors=(_record(0, 1.0, 6.0, pack_s=0.5, unpack_s=0.25), _record(1, 2.5, 4.5, pack_s=0.5, unpack_s=0.25)),
+        forward_s=4.0,
+        backward_s=3.0,
+    )
+    timeline = Timeline.from_trace(trace)
+    assert timeline.produced_s == (1.0, 2.0)
+    assert timeline.forward_s == 3.0
+    assert timeline.consumed_s == (1.75, 0.5)
+    assert timeline.backward_s == 2.5
+    raw = Timeline.from_trace(trace, strip_hooks=False)
+    assert raw.produced_s == (1.0, 2.5) and raw.forward_s == 4.0 and raw.backward_s == 3.0
+
+
+def test_duplicates_are_needed_at_the_earliest_unpack():
+    trace = Trace(
+        tensors=(_record(0, 0.0, 3.0), _record(1, 0.5, 2.0, offloadable=False)),
+        forward_s=1.0,
+        backward_s=3.0,
+        meta={"duplicates": {"1": 0}},
+    )
+    assert Timeline.from_trace(trace).consumed_s == (1.0, 1.0)
+
+
+def test_orders_and_hidden_windows():
+    timeline = Timeline(forward_s=4.0, backward_s=6.0, produced_s=(0.0, 1.0, 3.0), consumed_s=(5.0, None, 2.0))
+    assert timeline.forward_order() == [0, 1, 2]
+    assert timeline.backward_order() == [2, 0]
+    hidden_f, hidden_b = hidden_windows(timeline, [0, 2])
+    assert hidden_f == {0: 3.0, 2: 1.0}
+    assert hidden_b == {2: 2.0, 0: 3.0}
+    _, deep = hidden_windows(timeline, [0, 2], prefetch_depth=2)
+    assert deep == {2: 2.0, 0: 5.0}
+    with pytest.raises(ValueError, match="prefetch_depth must be >= 1"):
+        hidden_windows(timeline, [0], prefetch_depth=0)
+
+
+def test_timeline_validation():
+    with pytest.raises(ValueError, match="one entry per record"):
+        Timeline(forward_s=1.0, backward_s=1.0, produced_s=(0.0,), consumed_s=())
+    with pytest.raises(ValueError, match="compute times must be >= 0"):
+        Timeline(forward_s=-1.0, backward_s=1.0, produced_s=(), consumed_s=())
