@@ -38,6 +38,7 @@ def compress(
     codec: str = "zvc",
     backend: str | None = None,
     launch: Launch | Mapping[str, Any] | None = None,
+    out: Packed | None = None,
 ) -> Packed:
     """Compress ``t`` losslessly.
 
@@ -47,6 +48,10 @@ def compress(
         backend: ``torch``, ``cpu`` or ``cuda``; ``None`` picks ``cuda`` for CUDA tensors, else ``cpu``.
         launch: the backend's launch config (:class:`CpuLaunch`, :class:`CudaLaunch`, or their dict);
             ``None`` uses the backend's documented default.
+        out: optional buffers to write into instead of allocating, on the device of ``t``, with
+            room enough: :meth:`Packed.workspace` of the shape and dtype has room for any tensor of
+            that shape. The result's buffers are then views of ``out``'s, overwritten by the next
+            ``compress`` into the same ``out``. ``ValueError`` when a buffer is too small.
 
     Returns:
         A :class:`Packed` on the device of ``t``.
@@ -54,9 +59,14 @@ def compress(
     Example:
         >>> compress(torch.zeros(1024)).ratio > 20
         True
+        >>> ws = Packed.workspace((1024,), torch.float32)
+        >>> compress(torch.ones(1024), out=ws).values.data_ptr() == ws.values.data_ptr()
+        True
     """
     backend = backend or default_backend(t.device)
-    return CODECS.get(codec).compress(t, backend, _launch(backend, launch))
+    if out is None:
+        return CODECS.get(codec).compress(t, backend, _launch(backend, launch))
+    return CODECS.get(codec).compress(t, backend, _launch(backend, launch), out=out)
 
 
 def decompress(

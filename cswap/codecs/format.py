@@ -12,7 +12,7 @@ element is "zero" when all its bits are zero, so ``-0.0``, NaN payloads and deno
 Example:
     >>> import torch
     >>> zvc_compressed_nbytes(numel=1000, nnz=10, itemsize=4, chunk_words=32)
-    168
+    184
 """
 
 from __future__ import annotations
@@ -183,6 +183,8 @@ class Packed:
         """Move the buffers to ``device``; with ``non_blocking`` and pinned memory the copies are async.
 
         Example:
+            >>> from cswap.codecs import compress
+            >>> p = compress(torch.tensor([0.0, 1.0]))
             >>> p.to("cpu").device
             device(type='cpu')
         """
@@ -191,6 +193,47 @@ class Packed:
             bitmap=self.bitmap.to(device, non_blocking=non_blocking),
             offsets=self.offsets.to(device, non_blocking=non_blocking),
             values=self.values.to(device, non_blocking=non_blocking),
+        )
+
+    @classmethod
+    def workspace(
+        cls,
+        shape: tuple[int, ...] | torch.Size,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+        chunk_words: int = DEFAULT_CHUNK_WORDS,
+        pin_memory: bool = False,
+    ) -> Packed:
+        """Empty buffers with room for any tensor of ``shape`` and ``dtype``: pass as ``compress(..., out=)``.
+
+        ``values`` has ``numel`` elements (the all-nonzero worst case), so this is not itself a
+        valid Packed; :func:`cswap.codecs.compress` returns views of its first elements.
+
+        Args:
+            shape: the shape of the tensors to compress.
+            dtype: their dtype.
+            device: where the buffers live.
+            chunk_words: the chunk size the compression will use.
+            pin_memory: page-locked host buffers (CPU only), for asynchronous copies to a GPU.
+
+        Example:
+            >>> ws = Packed.workspace((4, 256), torch.float32)
+            >>> ws.bitmap.numel(), ws.offsets.numel(), ws.values.numel()
+            (32, 2, 1024)
+        """
+        numel = math.prod(shape)
+        pin = pin_memory and torch.device(device).type == "cpu"
+
+        def empty(n: int, buffer_dtype: torch.dtype) -> torch.Tensor:
+            return torch.empty(n, dtype=buffer_dtype, device=device, pin_memory=pin)
+
+        return cls(
+            bitmap=empty(n_words_for(numel), torch.int32),
+            offsets=empty(n_chunks_for(numel, chunk_words) + 1, torch.int64),
+            values=empty(numel, bits_dtype(dtype)),
+            shape=tuple(shape),
+            dtype=dtype,
+            chunk_words=chunk_words,
         )
 
     def pin_memory(self) -> Packed:

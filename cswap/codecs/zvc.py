@@ -8,7 +8,9 @@ A backend module provides:
 
 * ``available() -> bool``: whether it can run here.
 * ``check_launch(launch) -> Launch``: the launch to use (its default for ``None``), or ``ValueError``.
-* ``compress_bits(flat_bits, chunk_words, launch) -> (bitmap, offsets, values)``.
+* ``compress_bits(flat_bits, chunk_words, launch) -> (bitmap, offsets, values)``; a backend that
+  can write into a caller's buffers also takes ``out: Packed`` and returns views of them (see
+  :func:`out_buffer`); for the others :meth:`ZvcCodec.compress` copies into ``out``.
 * ``decompress_bits(packed, out_bits, launch) -> None``: fill ``out_bits`` (flat, contiguous).
 
 Example:
@@ -22,6 +24,7 @@ Example:
 from __future__ import annotations
 
 import importlib
+import inspect
 from types import ModuleType
 
 import torch
@@ -30,7 +33,7 @@ from cswap.codecs.format import DEFAULT_CHUNK_WORDS, Packed, bits_dtype, check_d
 from cswap.codecs.launch import Launch
 from cswap.codecs.registry import check_backend
 
-__all__ = ["ZVC", "ZvcCodec"]
+__all__ = ["ZVC", "ZvcCodec", "out_buffer"]
 
 _BACKEND_MODULES = {
     "torch": "cswap.codecs.zvc_torch",
@@ -54,14 +57,27 @@ class ZvcCodec:
         """Backends that can run on this machine."""
         return tuple(b for b in self.backends if self.backend_module(b).available())
 
-    def compress(self, t: torch.Tensor, backend: str, launch: Launch | None) -> Packed:
-        """Compress ``t`` (any shape, view or broadcast; read as its contiguous copy)."""
+    def compress(self, t: torch.Tensor, backend: str, launch: Launch | None, out: Packed | None = None) -> Packed:
+        """Compress ``t`` (any shape, view or broadcast; read as its contiguous copy).
+
+        With ``out`` (buffers with room enough, e.g. :meth:`Packed.workspace`) the result's buffers
+        are views of ``out``'s, valid until ``out`` is written again.
+        """
         check_dtype(t.dtype)
         module = self.backend_module(backend)
         launch = module.check_launch(launch)
         chunk_words = getattr(launch, "chunk_words", DEFAULT_CHUNK_WORDS)
         flat_bits = t.detach().contiguous().view(-1).view(bits_dtype(t.dtype))
-        bitmap, offsets, values = module.compress_bits(flat_bits, chunk_words, launch)
+        if out is None:
+            bitmap, offsets, values = module.compress_bits(flat_bits, chunk_words, launch)
+        elif _takes_out(module):
+            bitmap, offsets, values = module.compress_bits(flat_bits, chunk_words, launch, out=out)
+        else:
+            fresh = module.compress_bits(flat_bits, chunk_words, launch)
+            bitmap, offsets, values = (
+                out_buffer(f"out.{name}", getattr(out, name), src.numel(), src.dtype, src.device).copy_(src)
+                for name, src in zip(("bitmap", "offsets", "values"), fresh)
+            )
         return Packed(
             bitmap=bitmap,
             offsets=offsets,
@@ -100,3 +116,39 @@ class ZvcCodec:
 
 
 ZVC = ZvcCodec()
+
+
+def _takes_out(module: ModuleType) -> bool:
+    """Whether the backend's ``compress_bits`` writes into caller buffers itself."""
+    return "out" in inspect.signature(module.compress_bits).parameters
+
+
+def out_buffer(
+    name: str, buffer: torch.Tensor, needed: int, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """The first ``needed`` elements of a caller's buffer, after checking that it can hold them.
+
+    Args:
+        name: what the error message calls the buffer (``out.values``).
+        buffer: the caller's buffer.
+        needed: elements the result needs.
+        dtype: the dtype the result must have.
+        device: the device the result must be on.
+
+    Example:
+        >>> out_buffer("out.values", torch.empty(8, dtype=torch.int32), 3, torch.int32, torch.device("cpu")).shape
+        torch.Size([3])
+    """
+    if buffer.device != device:
+        raise ValueError(f"{name} is on {buffer.device} but the tensor is on {device}: allocate the buffers there")
+    if buffer.dtype != dtype or buffer.dim() != 1 or not buffer.is_contiguous():
+        raise ValueError(
+            f"{name} must be a contiguous 1-d {dtype} tensor, got {buffer.dtype} of shape {tuple(buffer.shape)}: "
+            "make the buffers with Packed.workspace(shape, dtype)"
+        )
+    if buffer.numel() < needed:
+        raise ValueError(
+            f"{name} holds {buffer.numel()} elements but this tensor needs {needed}: "
+            "make the buffers with Packed.workspace(shape, dtype), which has room for any tensor of that shape"
+        )
+    return buffer[:needed]

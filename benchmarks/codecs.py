@@ -1,0 +1,291 @@
+"""ZVC compress/decompress speed of every backend against the device's copy bandwidth, measured together.
+
+For each size, dtype and sparsity, every backend that runs here (``torch``, ``cpu``; ``cuda`` on a
+GPU, never under the simulator) compresses and decompresses the same tensor. Each figure is the
+median over repeats, and every repeat of an operation is interleaved with a ``Tensor.copy_`` of the
+same size into a preallocated tensor on the same device, so the copy bandwidth each row is compared
+with was measured under the same conditions (this matters on a shared machine).
+
+Rows with ``reuse: true`` write into preallocated buffers (``compress(..., out=Packed.workspace(...))``
+and ``decompress(..., out=...)``); the others allocate fresh outputs every call, as a first call
+would. Decompression is timed with ``validate=False`` (the kernels alone; validation is a separate,
+optional torch pass).
+
+Figures (GB = 1e9 bytes):
+
+* ``input_gbps``: original bytes / seconds.
+* ``traffic_gbps``: (bytes read + bytes written) / seconds; compress reads the tensor and writes
+  the compressed buffers, decompress the reverse.
+* ``copy_gbps``: (bytes read + bytes written) / seconds of the copy, i.e. ``2 * nbytes / seconds``.
+* ``traffic_vs_copy``: ``traffic_gbps / copy_gbps``, the fraction of the memory system's copy speed.
+* ``vs_torch``: the torch backend's seconds (fresh outputs) / this row's seconds, same run.
+* ``min_seconds``, ``copy_min_seconds``, ``traffic_vs_copy_min``: the same from the fastest round
+  of each, which other processes on a shared machine disturb least.
+
+Usage:
+    python benchmarks/codecs.py            # a rich table
+    python benchmarks/codecs.py --json     # one JSON object per line: a header, then one per row
+    python benchmarks/codecs.py --quick    # two small sizes, under a minute
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import inspect
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+
+import numba
+import torch
+
+from cswap.codecs import Packed, compress, decompress
+from cswap.codecs.zvc import ZVC
+from cswap.device import fingerprint
+
+MiB = 1 << 20
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+SPARSITIES = (0.0, 0.5, 0.9)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One measured operation."""
+
+    backend: str
+    op: str
+    dtype: str
+    nbytes: int
+    sparsity: float
+    reuse: bool
+    seconds: float
+    input_gbps: float
+    traffic_gbps: float
+    copy_gbps: float
+    traffic_vs_copy: float
+    vs_torch: float | None
+    min_seconds: float
+    copy_min_seconds: float
+    traffic_vs_copy_min: float
+    compressed_nbytes: int
+    repeats: int
+    device: str
+
+
+class Timer:
+    """Seconds of one call: wall clock on CPU, CUDA events on a GPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def __call__(self, fn: Callable[[], object]) -> float:
+        if not self.cuda:
+            start = time.perf_counter()
+            fn()
+            return time.perf_counter() - start
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        begin.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return begin.elapsed_time(end) / 1e3
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Seconds of an operation and of the copy it is compared with, over the same rounds."""
+
+    median_s: float
+    min_s: float
+    copy_median_s: float
+    copy_min_s: float
+    rounds: int
+
+
+def interleaved(
+    op: Callable[[], object], copy: Callable[[], object], timer: Timer, repeats: int, budget_s: float
+) -> Timing:
+    """Time ``op`` and ``copy`` alternately: at least 3 and at most ``repeats`` rounds, within ``budget_s`` after 3.
+
+    The minimum is reported next to the median because on a shared machine other processes
+    inflate the median of both; the minimum approaches what the hardware does unloaded.
+    """
+    op(), copy()  # warm-up: JIT, allocator, page faults of reused buffers
+    op_s, copy_s = [], []
+    deadline = time.perf_counter() + budget_s
+    while len(op_s) < repeats and (len(op_s) < 3 or time.perf_counter() < deadline):
+        copy_s.append(timer(copy))
+        op_s.append(timer(op))
+    return Timing(statistics.median(op_s), min(op_s), statistics.median(copy_s), min(copy_s), len(op_s))
+
+
+def make_tensor(nbytes: int, dtype: torch.dtype, sparsity: float, device: torch.device, seed: int = 0) -> torch.Tensor:
+    """Normal values with ``sparsity`` of them exactly zero, at random positions."""
+    numel = nbytes // torch.empty((), dtype=dtype).element_size()
+    generator = torch.Generator().manual_seed(seed)
+    t = torch.randn(numel, generator=generator)
+    t[torch.rand(numel, generator=generator) < sparsity] = 0.0
+    return t.to(dtype).to(device)
+
+
+def supports_out(backend: str) -> bool:
+    """Whether the backend writes into caller buffers itself (others would only add a copy)."""
+    return "out" in inspect.signature(ZVC.backend_module(backend).compress_bits).parameters
+
+
+def backends_here(device: torch.device) -> list[str]:
+    """Backends for tensors on ``device``; ``cuda`` only on a real GPU."""
+    available = ZVC.available_backends()
+    if device.type == "cuda":
+        return [b for b in ("torch", "cuda") if b in available]
+    return [b for b in ("torch", "cpu") if b in available]
+
+
+def measure(
+    sizes_mib: list[int], device: torch.device, repeats: int, budget_s: float
+) -> Iterator[Row]:
+    """Every row, sizes ascending; each row's copy bandwidth measured alongside it."""
+    timer = Timer(device)
+    backends = backends_here(device)
+    for size_mib in sizes_mib:
+        nbytes = size_mib * MiB
+        for dtype_name, dtype in DTYPES.items():
+            for sparsity in SPARSITIES:
+                t = make_tensor(nbytes, dtype, sparsity, device)
+                src, dst = t.clone(), torch.empty_like(t)
+                baseline: dict[str, float] = {}
+                for backend in backends:
+                    packed = compress(t, backend=backend)
+                    reusable = supports_out(backend)
+                    workspace = Packed.workspace(t.shape, dtype, device=device) if reusable else None
+                    restored = torch.empty_like(t)
+                    cases: list[tuple[str, bool, Callable[[], object]]] = [
+                        ("compress", False, lambda: compress(t, backend=backend)),
+                        ("decompress", False, lambda: decompress(packed, backend=backend, validate=False)),
+                    ]
+                    if reusable:
+                        cases += [
+                            ("compress", True, lambda: compress(t, backend=backend, out=workspace)),
+                            ("decompress", True, lambda: decompress(packed, backend=backend, out=restored, validate=False)),
+                        ]
+                    for op, reuse, fn in cases:
+                        timing = interleaved(fn, lambda: dst.copy_(src), timer, repeats, budget_s)
+                        seconds = timing.median_s
+                        if backend == "torch" and not reuse:
+                            baseline[op] = seconds
+                        traffic = nbytes + packed.compressed_nbytes
+                        copy_gbps = 2 * nbytes / timing.copy_median_s / 1e9
+                        yield Row(
+                            backend=backend,
+                            op=op,
+                            dtype=dtype_name,
+                            nbytes=nbytes,
+                            sparsity=sparsity,
+                            reuse=reuse,
+                            seconds=seconds,
+                            input_gbps=nbytes / seconds / 1e9,
+                            traffic_gbps=traffic / seconds / 1e9,
+                            copy_gbps=copy_gbps,
+                            traffic_vs_copy=traffic / seconds / 1e9 / copy_gbps,
+                            vs_torch=baseline[op] / seconds if op in baseline else None,
+                            min_seconds=timing.min_s,
+                            copy_min_seconds=timing.copy_min_s,
+                            traffic_vs_copy_min=(traffic / timing.min_s) / (2 * nbytes / timing.copy_min_s),
+                            compressed_nbytes=packed.compressed_nbytes,
+                            repeats=timing.rounds,
+                            device=device.type,
+                        )
+                    del packed, workspace, restored
+
+
+def header(device: torch.device, sizes_mib: list[int]) -> dict[str, object]:
+    """What the figures depend on: machine, threads, versions, load, date."""
+    return {
+        "kind": "header",
+        "benchmark": "codecs",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": fingerprint(device).name,
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "numba_threads": numba.get_num_threads(),
+        "load_average_1m": os.getloadavg()[0],
+        "torch": torch.__version__,
+        "numba": numba.__version__,
+        "device": device.type,
+        "sizes_mib": sizes_mib,
+    }
+
+
+def print_table(head: dict[str, object], rows: list[Row]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(
+        title=f"ZVC codecs on {head['machine']} ({head['cores']} cores, {head['device']}), {head['date']}",
+        caption="GB/s = 1e9 bytes/s; traffic = bytes read + written; copy = Tensor.copy_ of the same size, same run",
+    )
+    columns = (
+        "backend", "op", "reuse", "dtype", "MiB", "sparsity", "ms", "input GB/s", "traffic GB/s", "copy GB/s",
+        "traffic/copy", "vs torch", "min ms", "traffic/copy (min)",
+    )
+    for column in columns:
+        table.add_column(column, justify="right" if column not in ("backend", "op", "dtype") else "left")
+    for r in rows:
+        table.add_row(
+            r.backend,
+            r.op,
+            "yes" if r.reuse else "",
+            r.dtype,
+            f"{r.nbytes / MiB:g}",
+            f"{r.sparsity:g}",
+            f"{r.seconds * 1e3:.3f}",
+            f"{r.input_gbps:.2f}",
+            f"{r.traffic_gbps:.2f}",
+            f"{r.copy_gbps:.2f}",
+            f"{r.traffic_vs_copy:.2f}",
+            f"{r.vs_torch:.1f}x" if r.vs_torch is not None else "",
+            f"{r.min_seconds * 1e3:.3f}",
+            f"{r.traffic_vs_copy_min:.2f}",
+        )
+    Console(width=max(Console().width, 200)).print(table)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="one JSON object per line instead of a table")
+    parser.add_argument("--quick", action="store_true", help="1 and 4 MiB only, fewer repeats (under a minute)")
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    parser.add_argument("--sizes-mib", type=int, nargs="+", default=None, help="override the sizes")
+    parser.add_argument("--repeats", type=int, default=None, help="rounds per row (median reported)")
+    parser.add_argument("--budget-s", type=float, default=None, help="stop adding rounds to a row after this long")
+    args = parser.parse_args(argv)
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if args.sizes_mib:
+        sizes = args.sizes_mib
+    elif args.quick:
+        sizes = [1, 4]
+    else:
+        sizes = [1, 4, 16, 64, 256] if device.type == "cuda" else [1, 4, 16, 64]
+    repeats = args.repeats or (5 if args.quick else 21)
+    budget_s = args.budget_s or (0.5 if args.quick else 3.0)
+
+    head = header(device, sizes)
+    rows = []
+    if args.json:
+        print(json.dumps(head), flush=True)
+    for row in measure(sizes, device, repeats, budget_s):
+        rows.append(row)
+        if args.json:
+            print(json.dumps({"kind": "result", **asdict(row)}), flush=True)
+    if not args.json:
+        print_table(head, rows)
+
+
+if __name__ == "__main__":
+    main()
