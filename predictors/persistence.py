@@ -1,0 +1,144 @@
+"""Keeping calibrated predictors in the config store, per device, as JSON.
+
+Names under which :meth:`tuner.store.ConfigStore.put_model` keeps them, one per codec backend:
+
+* ``time-model/<backend>``: a :class:`~predictors.timemodel.CalibratedTimeModel` document;
+* ``decider/<backend>``: a :class:`~predictors.decision.LogisticDecider` document;
+* ``calibration-samples/<backend>``: the raw measurements (:func:`predictors.calibration.samples_to_dict`).
+
+:func:`load_time_model` and :func:`load_decider` return ``None`` when the device was never
+calibrated, and raise ``ValueError`` (naming the model and the problem) when what is stored does
+not validate.
+
+Example:
+    >>> from tuner.store import ConfigStore
+    >>> store = ConfigStore("/tmp/cswap-persistence-doc.db")
+    >>> fp = {"kind": "cpu", "name": "doc-cpu", "compute_capability": "", "sm_count": 2, "memory_bytes": 0}
+    >>> load_decider(fp, store) is None
+    True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from cswap.device import DeviceFingerprint
+from predictors.decision import LogisticDecider
+from predictors.timemodel import CalibratedTimeModel
+from tuner.store import ConfigStore, fingerprint_key
+
+__all__ = [
+    "decider_name",
+    "load_decider",
+    "load_samples",
+    "load_time_model",
+    "samples_name",
+    "save_decider",
+    "save_samples",
+    "save_time_model",
+    "time_model_name",
+]
+
+FingerprintLike = DeviceFingerprint | Mapping[str, Any]
+_TIME_MODEL = "time-model/"
+_DECIDER = "decider/"
+_SAMPLES = "calibration-samples/"
+
+
+def time_model_name(backend: str) -> str:
+    """Store name of a backend's time model, ``time-model/<backend>``."""
+    return _TIME_MODEL + backend
+
+
+def decider_name(backend: str) -> str:
+    """Store name of a backend's decider, ``decider/<backend>``."""
+    return _DECIDER + backend
+
+
+def samples_name(backend: str) -> str:
+    """Store name of a backend's calibration samples, ``calibration-samples/<backend>``."""
+    return _SAMPLES + backend
+
+
+def _kind(fingerprint: FingerprintLike) -> str:
+    data = fingerprint.to_dict() if isinstance(fingerprint, DeviceFingerprint) else dict(fingerprint)
+    return "cuda" if data.get("kind") == "cuda" else "cpu"
+
+
+def save_time_model(fingerprint: FingerprintLike, model: CalibratedTimeModel, store: ConfigStore | None = None) -> list[str]:
+    """Store ``model`` for ``fingerprint``, one document per backend it covers; returns the names written."""
+    store = store if store is not None else ConfigStore()
+    names = []
+    for backend in model.backends:
+        store.put_model(fingerprint, time_model_name(backend), model.only(backend).to_dict())
+        names.append(time_model_name(backend))
+    return names
+
+
+def load_time_model(
+    fingerprint: FingerprintLike, store: ConfigStore | None = None, backend: str | None = None
+) -> CalibratedTimeModel | None:
+    """The calibrated time model of a device (every backend, or just ``backend``), or ``None``.
+
+    Args:
+        fingerprint: the device (``cswap.device.fingerprint(device)`` or its dict).
+        store: the config store (default: ``$CSWAP_HOME/store.db``).
+        backend: only this backend's model.
+
+    Raises:
+        ValueError: a stored model does not validate (the message names it; rerun ``cswap calibrate``).
+    """
+    store = store if store is not None else ConfigStore()
+    models = store.models(fingerprint_key(fingerprint))
+    merged: CalibratedTimeModel | None = None
+    for name, document in sorted(models.items()):
+        if not name.startswith(_TIME_MODEL) or (backend is not None and name != time_model_name(backend)):
+            continue
+        try:
+            model = CalibratedTimeModel.from_dict(document)
+        except ValueError as error:
+            raise ValueError(f"stored model {name!r} is unusable: {error}; rerun `cswap calibrate`") from None
+        merged = model if merged is None else merged.merged(model)
+    return merged
+
+
+def save_decider(
+    fingerprint: FingerprintLike, decider: LogisticDecider, backend: str, store: ConfigStore | None = None
+) -> str:
+    """Store ``decider`` (trained with ``backend``'s codec times) for ``fingerprint``; returns its name."""
+    store = store if store is not None else ConfigStore()
+    store.put_model(fingerprint, decider_name(backend), decider.to_dict())
+    return decider_name(backend)
+
+
+def load_decider(
+    fingerprint: FingerprintLike, store: ConfigStore | None = None, backend: str | None = None
+) -> LogisticDecider | None:
+    """The stored decider of a device for ``backend`` (default: ``cuda`` on a GPU, else ``cpu``), or ``None``.
+
+    Raises:
+        ValueError: the stored decider does not validate (the message names it; rerun ``cswap calibrate``).
+    """
+    store = store if store is not None else ConfigStore()
+    name = decider_name(backend or _kind(fingerprint))
+    document = store.models(fingerprint_key(fingerprint)).get(name)
+    if document is None:
+        return None
+    try:
+        return LogisticDecider.from_dict(document)
+    except ValueError as error:
+        raise ValueError(f"stored model {name!r} is unusable: {error}; rerun `cswap calibrate`") from None
+
+
+def save_samples(fingerprint: FingerprintLike, backend: str, document: Mapping[str, Any], store: ConfigStore | None = None) -> str:
+    """Store calibration samples (a :func:`~predictors.calibration.samples_to_dict` document); returns the name."""
+    store = store if store is not None else ConfigStore()
+    store.put_model(fingerprint, samples_name(backend), dict(document))
+    return samples_name(backend)
+
+
+def load_samples(fingerprint: FingerprintLike, backend: str, store: ConfigStore | None = None) -> dict[str, Any] | None:
+    """The stored calibration-samples document of a device and backend, or ``None``."""
+    store = store if store is not None else ConfigStore()
+    return store.models(fingerprint_key(fingerprint)).get(samples_name(backend))
