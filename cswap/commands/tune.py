@@ -1,0 +1,310 @@
+"""``cswap tune``: tune the codec kernels' launch configs on this machine and keep them in the store.
+
+Each (kernel, dtype, size bucket) is tuned once per device: a second ``cswap tune`` finds the
+configs in the store and measures nothing (a store hit), unless ``--force``. With ``--tuner-url``
+the tuning service is asked first (it may know this device, its model, or a similar device to
+warm-start from) and every new run is published to it.
+
+Example:
+    $ cswap tune                                   # this machine's default device, bo, 4 MiB float32
+    $ cswap tune --backend cpu --method grid --op compress --sizes 1MiB --sizes 16MiB
+    $ cswap tune --json --budget 10 --dtype bfloat16
+    $ cswap tune --tuner-url http://tuner:8765 --token s3cret
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import re
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+__all__ = ["format_size", "parse_size", "register", "run_tune"]
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
+          "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+_OPS = ("compress", "decompress", "all")
+
+
+def parse_size(text: str) -> int:
+    """Bytes of a size such as ``4MiB``, ``16M``, ``512KiB`` or ``65536`` (binary units).
+
+    Example:
+        >>> parse_size("4MiB"), parse_size("1.5k"), parse_size("100")
+        (4194304, 1536, 100)
+    """
+    match = _SIZE.match(text)
+    unit = match.group(2).lower() if match else ""
+    if not match or unit not in _UNITS:
+        raise ValueError(f"size {text!r} is not a byte count: write e.g. 65536, 512KiB, 4MiB or 1GiB")
+    nbytes = int(float(match.group(1)) * _UNITS[unit])
+    if nbytes < 1:
+        raise ValueError(f"size {text!r} is below one byte")
+    return nbytes
+
+
+def format_size(nbytes: int) -> str:
+    """``4MiB``-style label of a byte count.
+
+    Example:
+        >>> format_size(4 << 20), format_size(1536)
+        ('4MiB', '1.5KiB')
+    """
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g}{unit}"
+    return f"{nbytes}B"
+
+
+def _sizes(items: list[str]) -> list[int]:
+    return [parse_size(part) for item in items for part in item.split(",") if part.strip()]
+
+
+class _Bar:
+    """A rich progress bar with one task per tuned kernel (or nothing when quiet)."""
+
+    def __init__(self, console: Console | None) -> None:
+        self._progress = None if console is None else Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("best {task.fields[best]}"), TimeElapsedColumn(), console=console, transient=False,
+        )
+
+    def __enter__(self) -> _Bar:
+        if self._progress is not None:
+            self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+    def task(self, description: str) -> Callable[[int, int, float], None] | None:
+        """A progress callback whose bar appears with the first evaluation (a store hit shows none)."""
+        if self._progress is None:
+            return None
+        progress = self._progress
+        task_ids: list[Any] = []
+
+        def update(done: int, planned: int, best_s: float) -> None:
+            if not task_ids:
+                task_ids.append(progress.add_task(description, total=planned, best="-"))
+            best = f"{best_s * 1e3:.3f} ms" if math.isfinite(best_s) else "-"
+            progress.update(task_ids[0], completed=done, total=planned, best=best)
+
+        return update
+
+
+def _client(url: str | None, token: str | None) -> Any:
+    if url is None:
+        return None
+    from server.client import TuningClient
+
+    return TuningClient(url, token=token)
+
+
+def run_tune(
+    backend: str | None = None,
+    method: str = "bo",
+    budget: int | None = None,
+    dtype: str = "float32",
+    sizes: list[int] | None = None,
+    op: str = "all",
+    store: Path | None = None,
+    force: bool = False,
+    seed: int = 0,
+    repeats: int = 7,
+    space: Path | None = None,
+    tuner_url: str | None = None,
+    token: str | None = None,
+    console: Console | None = None,
+) -> dict[str, Any]:
+    """Tune every (op, size) asked for and return the JSON-ready report.
+
+    Args:
+        backend: ``cpu`` or ``cuda``; ``None`` picks ``cuda`` when a GPU is visible, else ``cpu``.
+        method: ``bo``, ``grid``, ``random`` or ``expert``.
+        budget: evaluations per kernel for ``bo``/``random`` (default: a third of the grid, 4..20).
+        dtype: dtype name of the tensors.
+        sizes: tensor sizes in bytes, one tuning per size bucket (default 4 MiB).
+        op: ``compress``, ``decompress`` or ``all``.
+        store: the config store file (default ``$CSWAP_HOME/store.db``).
+        force: tune even what the store already has.
+        seed: seed of ``bo``/``random``.
+        repeats: timed calls per config (the median is its time).
+        space: a search-space file or directory instead of ``configs/search_spaces``.
+        tuner_url: a running ``cswap serve`` to ask first and to publish to.
+        token: bearer token for publishing to ``tuner_url``.
+        console: where the progress bar goes (``None``: no bar).
+
+    Returns:
+        ``{"method", "backend", "device", "store", "best_params", "best_time_s", "evaluations",
+        "wall_s", "store_hit", "match", "results"}``; ``best_params``, ``best_time_s`` and
+        ``match`` map each ``<kernel>/<dtype>/<size>`` label to its result, ``evaluations`` and
+        ``wall_s`` are totals, ``store_hit`` is true when nothing had to be measured, and
+        ``results`` has one entry per label.
+
+    Raises:
+        ValueError: a bad method, op, dtype or size; RuntimeError: the backend cannot be tuned
+        here; tuner.store.StoreError, tuner.space.SearchSpaceError: as their messages say.
+    """
+    import torch
+
+    from cswap.device import fingerprint
+    from tuner.kernels import dtype_name, kernel_name, kernel_source_hash
+    from tuner.lookup import CACHED_METHOD, default_params, tune
+    from tuner.objective import check_tunable
+    from tuner.search import METHODS
+    from tuner.space import load_search_space
+    from tuner.store import ConfigStore, size_bucket
+
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}: choose one of {', '.join(METHODS)}")
+    if op not in _OPS:
+        raise ValueError(f"unknown op {op!r}: choose one of {', '.join(_OPS)}")
+    if budget is not None and budget < 1:
+        raise ValueError(f"--budget is {budget}; give at least 1 evaluation")
+    backend = backend or ("cuda" if torch.cuda.is_available() else "cpu")
+    check_tunable(backend)
+    dtype = dtype_name(dtype)
+    sizes = sizes or [4 << 20]
+    ops = ["compress", "decompress"] if op == "all" else [op]
+    spaces = {name: load_search_space(backend, name, space) for name in ops}
+    config_store = ConfigStore(store)
+    device = fingerprint(backend)
+    source_hash = kernel_source_hash(backend)
+    client = _client(tuner_url, token)
+    results: list[dict[str, Any]] = []
+    started_s = time.perf_counter()
+    try:
+        with _Bar(console) as bar:
+            for name, nbytes in itertools.product(ops, sizes):
+                kernel = kernel_name(backend, name)
+                bucket = size_bucket(nbytes)
+                label = f"{kernel}/{dtype}/{format_size(nbytes)}"
+                found = _lookup(client, config_store, device, kernel, source_hash, dtype, bucket, default_params(backend))
+                run = tune(
+                    device, backend, name, dtype, nbytes, method, budget, config_store, seed, bar.task(label),
+                    force=force, space=spaces[name], repeats=repeats, found=found,
+                )
+                hit = run.method == CACHED_METHOD
+                published = None
+                if client is not None and not hit:
+                    from server.client import publish_or_queue
+
+                    published = publish_or_queue(client, run, config_store)
+                results.append({
+                    "label": label, "kernel": kernel, "op": name, "dtype": dtype, "nbytes": nbytes, "bucket": bucket,
+                    "method": run.method, "store_hit": hit, "match": found.match,
+                    "warm_started": found.match == "transferred" and method == "bo" and not hit,
+                    "best_params": run.best_params, "best_time_s": run.best_time_s,
+                    "evaluations": len(run.evaluations), "wall_s": run.wall_s, "run_id": None if hit else run.run_id,
+                    "published": published,
+                })
+    finally:
+        if client is not None:
+            client.close()
+    return {
+        "method": method,
+        "backend": backend,
+        "device": {"key": device.key, "name": device.name, "sm_count": device.sm_count},
+        "store": str(config_store.path),
+        "best_params": {r["label"]: r["best_params"] for r in results},
+        "best_time_s": {r["label"]: r["best_time_s"] for r in results},
+        "match": {r["label"]: r["match"] for r in results},
+        "evaluations": sum(r["evaluations"] for r in results),
+        "wall_s": time.perf_counter() - started_s,
+        "store_hit": all(r["store_hit"] for r in results),
+        "results": results,
+    }
+
+
+def _lookup(client: Any, store: Any, device: Any, kernel: str, source_hash: str, dtype: str, bucket: int,
+            default: dict[str, int]) -> Any:
+    if client is None:
+        return store.lookup(device, kernel, source_hash, dtype, bucket, default=default)
+    from server.client import best_lookup
+
+    return best_lookup(client, store, device, kernel, source_hash, dtype, bucket, default=default)
+
+
+def _print_report(report: dict[str, Any], console: Console) -> None:
+    device = report["device"]
+    dtypes = sorted({r["dtype"] for r in report["results"]})
+    table = Table(
+        title=f"cswap tune --method {report['method']} ({', '.join(dtypes)}) on {device['name']}",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    table.add_column("kernel", no_wrap=True)
+    table.add_column("size", justify="right", no_wrap=True)
+    table.add_column("from", no_wrap=True)
+    table.add_column("evals", justify="right", no_wrap=True)
+    table.add_column("best ms", justify="right", no_wrap=True)
+    table.add_column("best config", no_wrap=True)
+    for r in report["results"]:
+        source = "store" if r["store_hit"] else r["method"] + ("+warm" if r["warm_started"] else "")
+        params = " ".join(f"{k}={v}" for k, v in r["best_params"].items())
+        table.add_row(r["kernel"], format_size(r["nbytes"]), source, str(r["evaluations"]),
+                      f"{r['best_time_s'] * 1e3:.3f}", params)
+    console.print(table)
+    hits = sum(r["store_hit"] for r in report["results"])
+    if hits:
+        console.print(
+            f"store hit: {hits} of {len(report['results'])} kernel configs were already tuned in {report['store']}, "
+            "zero evaluations for them (--force tunes again)"
+        )
+    console.print(f"{report['evaluations']} evaluations in {report['wall_s']:.1f} s")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``tune`` to the ``cswap`` command."""
+
+    @app.command("tune")
+    def tune_command(
+        backend: str = typer.Option(None, help="cpu or cuda (default: cuda when a GPU is visible, else cpu)."),
+        method: str = typer.Option("bo", help="Search method: bo, grid, random or expert."),
+        budget: int = typer.Option(None, help="Evaluations per kernel for bo and random (default: a third of the grid, 4..20)."),
+        json_output: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
+        dtype: str = typer.Option("float32", help="Tensor dtype: float32, bfloat16, float16, ..."),
+        sizes: list[str] = typer.Option(["4MiB"], help="Tensor sizes to tune (one per power-of-4 bucket), e.g. 1MiB,16MiB."),
+        op: str = typer.Option("all", help="compress, decompress or all."),
+        store: Path = typer.Option(None, help="Config store file (default: $CSWAP_HOME/store.db)."),
+        force: bool = typer.Option(False, help="Tune even kernels the store already has configs for."),
+        seed: int = typer.Option(0, help="Seed of bo and random search."),
+        repeats: int = typer.Option(7, min=1, help="Timed calls per config; the median counts."),
+        space: Path = typer.Option(None, help="Search-space YAML file or directory (default: configs/search_spaces)."),
+        tuner_url: str = typer.Option(None, help="A running `cswap serve` to look configs up in and publish runs to."),
+        token: str = typer.Option(None, envvar="CSWAP_SERVER_TOKEN", help="Bearer token for publishing to --tuner-url."),
+    ) -> None:
+        """Tune the ZVC kernels' launch configs on this machine (a store hit measures nothing)."""
+        from tuner.space import SearchSpaceError
+        from tuner.store import StoreError
+
+        try:
+            parsed_sizes = _sizes(sizes)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--sizes") from None
+        console = Console(stderr=True)
+        try:
+            report = run_tune(
+                backend=backend, method=method, budget=budget, dtype=dtype, sizes=parsed_sizes, op=op, store=store,
+                force=force, seed=seed, repeats=repeats, space=space, tuner_url=tuner_url, token=token,
+                console=None if json_output else console,
+            )
+        except (ValueError, RuntimeError, StoreError, SearchSpaceError) as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(1) from None
+        if json_output:
+            typer.echo(json.dumps(report, sort_keys=True, allow_nan=False))
+        else:
+            _print_report(report, Console())

@@ -1,0 +1,353 @@
+"""Search spaces of the kernel launch configs, loaded from ``configs/search_spaces/<backend>.yaml``.
+
+A file describes one codec backend: per op (``compress``, ``decompress``) the launch parameters to
+search, each with inclusive bounds and a scale (``linear``, ``log`` or ``pow2``). Files are
+validated on load; a problem raises :class:`SearchSpaceError` naming the file and what to fix.
+
+The files are found, in order: the ``path`` argument (a file or a directory), ``$CSWAP_SEARCH_SPACES``
+(a directory), then the repository's ``configs/search_spaces`` next to this package, so they load
+from any working directory.
+
+Example:
+    >>> space = load_search_space("cpu", "compress", cores=4)
+    >>> space.names
+    ('threads', 'chunk_words')
+    >>> space.grid_size
+    44
+    >>> space.project({"threads": 9, "chunk_words": 100})
+    {'threads': 4, 'chunk_words': 128}
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Iterator, Literal, Mapping
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from cswap.codecs.launch import CpuLaunch, CudaLaunch
+
+__all__ = [
+    "BACKENDS",
+    "OPS",
+    "Param",
+    "SearchSpace",
+    "SearchSpaceError",
+    "load_search_space",
+    "load_search_spaces",
+    "search_space_dir",
+]
+
+#: Codec backends that have launch parameters to tune.
+BACKENDS: tuple[str, ...] = ("cpu", "cuda")
+#: Codec operations tuned separately (the CUDA compress op launches three kernels).
+OPS: tuple[str, ...] = ("compress", "decompress")
+
+#: The environment variable that points at a directory of search-space files.
+SPACES_ENV = "CSWAP_SEARCH_SPACES"
+
+_LAUNCH_FIELDS = {
+    "cpu": tuple(f.name for f in fields(CpuLaunch)),
+    "cuda": tuple(f.name for f in fields(CudaLaunch)),
+}
+# Hard limits of a launch parameter, whatever a file says: the CUDA hardware and API limits
+# (a block holds at most 1024 threads; 65535 keeps a grid valid on every axis and GPU).
+_MAX_BLOCK, _MIN_BLOCK, _MAX_GRID = 1024, 32, 65535
+Scale = Literal["linear", "log", "pow2"]
+
+
+class SearchSpaceError(ValueError):
+    """A search-space file is missing, unreadable or invalid; the message names the file and the fix."""
+
+
+def _is_pow2(value: int) -> bool:
+    return value >= 1 and value & (value - 1) == 0
+
+
+class _ParamModel(BaseModel):
+    """One parameter as written in the YAML file."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    low: int = Field(ge=1)
+    high: int | Literal["cores"]
+    scale: Scale = "linear"
+    grid: list[int] | None = None
+
+
+class _SpaceFile(BaseModel):
+    """The whole YAML file."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    backend: Literal["cpu", "cuda"]
+    ops: dict[Literal["compress", "decompress"], dict[str, _ParamModel]]
+
+    @model_validator(mode="after")
+    def _known_params(self) -> _SpaceFile:
+        valid = _LAUNCH_FIELDS[self.backend]
+        for op, params in self.ops.items():
+            if not params:
+                raise ValueError(f"ops.{op} lists no parameters")
+            unknown = sorted(set(params) - set(valid))
+            if unknown:
+                raise ValueError(
+                    f"ops.{op} has unknown parameters {unknown}; {self.backend} launch parameters are {list(valid)}"
+                )
+        return self
+
+
+@dataclass(frozen=True)
+class Param:
+    """One launch parameter: inclusive integer bounds, a scale, and the values grid search visits.
+
+    Args:
+        name: the launch field (``threads``, ``compress_grid``, ...).
+        low: smallest value.
+        high: largest value.
+        scale: ``linear`` (every integer), ``log`` (log-uniform; grid uses powers of two) or
+            ``pow2`` (powers of two only).
+        grid: the values grid search enumerates, ascending.
+
+    Example:
+        >>> Param("block", 32, 1024, "pow2", (32, 64)).project(100)
+        128
+    """
+
+    name: str
+    low: int
+    high: int
+    scale: Scale
+    grid: tuple[int, ...]
+
+    @property
+    def constant(self) -> bool:
+        """Whether the parameter has a single value (it is then not a search dimension)."""
+        return self.low == self.high
+
+    def project(self, value: float) -> int:
+        """The valid value nearest to ``value`` (in log distance for ``pow2``), within the bounds."""
+        value = min(max(float(value), self.low), self.high)
+        if self.scale == "pow2":
+            return 1 << round(math.log2(value))
+        return int(round(value))
+
+    def contains(self, value: int) -> bool:
+        """Whether ``value`` is a valid value of this parameter."""
+        in_range = self.low <= value <= self.high
+        return in_range and (self.scale != "pow2" or _is_pow2(value))
+
+    def dimension(self) -> Any:
+        """The scikit-optimize dimension: an ``Integer``, over the log2 exponent for ``pow2``."""
+        from skopt.space import Integer
+
+        if self.scale == "pow2":
+            return Integer(int(math.log2(self.low)), int(math.log2(self.high)), name=f"log2_{self.name}")
+        prior = "log-uniform" if self.scale == "log" else "uniform"
+        return Integer(self.low, self.high, prior=prior, name=self.name)
+
+    def to_point(self, value: int) -> int:
+        """The coordinate of ``value`` on :meth:`dimension`."""
+        return int(math.log2(value)) if self.scale == "pow2" else int(value)
+
+    def from_point(self, coordinate: int) -> int:
+        """Inverse of :meth:`to_point`."""
+        return 1 << int(coordinate) if self.scale == "pow2" else int(coordinate)
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """The launch parameters of one kernel (``zvc.<backend>.<op>``) and their ranges.
+
+    Args:
+        backend: ``cpu`` or ``cuda``.
+        op: ``compress`` or ``decompress``.
+        params: the parameters, in file order.
+        source: the file it was loaded from (``None`` when built in code).
+
+    Example:
+        >>> space = SearchSpace("cpu", "compress", (Param("threads", 1, 2, "linear", (1, 2)),))
+        >>> list(space.grid_points())
+        [{'threads': 1}, {'threads': 2}]
+    """
+
+    backend: str
+    op: str
+    params: tuple[Param, ...]
+    source: Path | None = None
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Parameter names, in order."""
+        return tuple(p.name for p in self.params)
+
+    @property
+    def grid_size(self) -> int:
+        """How many configs grid search evaluates."""
+        return math.prod(len(p.grid) for p in self.params)
+
+    def grid_points(self) -> Iterator[dict[str, int]]:
+        """Every config of the discretized space, in a fixed order (last parameter fastest)."""
+        for values in itertools.product(*(p.grid for p in self.params)):
+            yield dict(zip(self.names, values))
+
+    def project(self, params: Mapping[str, Any]) -> dict[str, int]:
+        """The nearest config of this space to ``params``: missing keys take the low bound, extra keys drop.
+
+        Used for configs from elsewhere (another device, an older store) before they are used here.
+        """
+        return {p.name: p.project(params.get(p.name, p.low)) for p in self.params}
+
+    def contains(self, params: Mapping[str, Any]) -> bool:
+        """Whether ``params`` names exactly this space's parameters, each with a valid value."""
+        return set(params) == set(self.names) and all(p.contains(int(params[p.name])) for p in self.params)
+
+    def dimensions(self) -> list[Any]:
+        """scikit-optimize dimensions of the non-constant parameters."""
+        return [p.dimension() for p in self.params if not p.constant]
+
+    def to_point(self, params: Mapping[str, Any]) -> list[int]:
+        """Coordinates of ``params`` (projected first) on :meth:`dimensions`."""
+        projected = self.project(params)
+        return [p.to_point(projected[p.name]) for p in self.params if not p.constant]
+
+    def from_point(self, point: list[Any]) -> dict[str, int]:
+        """The config at coordinates ``point`` of :meth:`dimensions`."""
+        coordinates = iter(point)
+        return {p.name: p.low if p.constant else p.from_point(next(coordinates)) for p in self.params}
+
+    def key(self, params: Mapping[str, Any]) -> tuple[int, ...]:
+        """A hashable identity of a config of this space."""
+        return tuple(int(params[name]) for name in self.names)
+
+
+def search_space_dir(path: str | os.PathLike[str] | None = None) -> Path:
+    """The directory the search-space files are read from (see the module docstring for the order)."""
+    if path is not None:
+        return Path(path)
+    env = os.environ.get(SPACES_ENV)
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parent.parent / "configs" / "search_spaces"
+
+
+def _space_file(backend: str, path: str | os.PathLike[str] | None) -> Path:
+    if backend not in BACKENDS:
+        raise ValueError(f"no launch search space for backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+    location = search_space_dir(path)
+    file = location / f"{backend}.yaml" if location.is_dir() else location
+    if not file.is_file():
+        raise SearchSpaceError(
+            f"search-space file {file} does not exist: pass an existing file or directory, "
+            f"or set ${SPACES_ENV} to a directory holding {backend}.yaml"
+        )
+    return file
+
+
+def _grid_values(name: str, model: _ParamModel, low: int, high: int, file: Path, op: str) -> tuple[int, ...]:
+    where = f"{file}: ops.{op}.{name}"
+    if model.grid is not None:
+        if not model.grid:
+            raise SearchSpaceError(f"{where}: grid is empty; list at least one value or remove it")
+        bad = [v for v in model.grid if not low <= v <= high or (model.scale == "pow2" and not _is_pow2(v))]
+        if bad:
+            kind = "powers of two " if model.scale == "pow2" else ""
+            raise SearchSpaceError(f"{where}: grid values {bad} are not {kind}within [{low}, {high}]; fix the list")
+        return tuple(sorted(set(model.grid)))
+    if model.scale == "linear":
+        return tuple(range(low, high + 1))
+    powers = {1 << e for e in range(int(math.log2(high)) + 1) if low <= 1 << e <= high}
+    return tuple(sorted(powers | {low, high}))
+
+
+def _param(name: str, model: _ParamModel, backend: str, op: str, file: Path, cores: int) -> Param:
+    where = f"{file}: ops.{op}.{name}"
+    if model.high == "cores":
+        if name != "threads":
+            raise SearchSpaceError(f"{where}: high 'cores' is only meaningful for threads; give a number")
+        high = cores
+    else:
+        high = min(model.high, cores) if name == "threads" else model.high
+    low = model.low
+    if low > high:
+        raise SearchSpaceError(f"{where}: low {low} is above high {high}; swap or fix the bounds")
+    if model.scale == "pow2" and not (_is_pow2(low) and _is_pow2(high)):
+        raise SearchSpaceError(f"{where}: scale pow2 needs powers of two as bounds, got low {low}, high {high}")
+    if backend == "cuda" and name.endswith("_block") and not _MIN_BLOCK <= low <= high <= _MAX_BLOCK:
+        raise SearchSpaceError(f"{where}: a CUDA block must be within [{_MIN_BLOCK}, {_MAX_BLOCK}], got [{low}, {high}]")
+    if backend == "cuda" and name.endswith("_block") and model.scale != "pow2":
+        raise SearchSpaceError(f"{where}: CUDA blocks are searched as powers of two; set scale: pow2")
+    if backend == "cuda" and name.endswith("_grid") and high > _MAX_GRID:
+        raise SearchSpaceError(f"{where}: a CUDA grid must be within [1, {_MAX_GRID}], got high {high}")
+    return Param(name, low, high, model.scale, _grid_values(name, model, low, high, file, op))
+
+
+def _read_yaml(file: Path) -> Any:
+    try:
+        return yaml.safe_load(file.read_text())
+    except OSError as error:
+        raise SearchSpaceError(f"cannot read search-space file {file}: {error}") from error
+    except yaml.YAMLError as error:
+        raise SearchSpaceError(f"search-space file {file} is not valid YAML: {error}; fix the syntax") from error
+
+
+def load_search_spaces(
+    backend: str, path: str | os.PathLike[str] | None = None, cores: int | None = None
+) -> dict[str, SearchSpace]:
+    """All search spaces of ``backend``, one per op listed in its file.
+
+    Args:
+        backend: ``cpu`` or ``cuda``.
+        path: a YAML file, or a directory holding ``<backend>.yaml``; ``None`` for the default.
+        cores: the value of ``high: cores`` (default: this machine's core count).
+
+    Raises:
+        ValueError: for an unknown backend.
+        SearchSpaceError: the file is missing, not YAML, or invalid; the message names it.
+
+    Example:
+        >>> sorted(load_search_spaces("cuda"))
+        ['compress', 'decompress']
+    """
+    file = _space_file(backend, path)
+    raw = _read_yaml(file)
+    if not isinstance(raw, dict):
+        raise SearchSpaceError(f"search-space file {file} must be a mapping with keys 'backend' and 'ops'")
+    try:
+        parsed = _SpaceFile.model_validate(raw)
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in e['loc']) or '<file>'}: {e['msg']}" for e in error.errors()
+        )
+        raise SearchSpaceError(f"invalid search-space file {file}: {problems}") from error
+    if parsed.backend != backend:
+        raise SearchSpaceError(f"search-space file {file} is for backend {parsed.backend!r}, expected {backend!r}")
+    cores = cores or os.cpu_count() or 1
+    return {
+        op: SearchSpace(
+            backend, op, tuple(_param(name, m, backend, op, file, cores) for name, m in params.items()), file
+        )
+        for op, params in parsed.ops.items()
+    }
+
+
+def load_search_space(
+    backend: str, op: str, path: str | os.PathLike[str] | None = None, cores: int | None = None
+) -> SearchSpace:
+    """The search space of kernel ``zvc.<backend>.<op>`` (see :func:`load_search_spaces`).
+
+    Example:
+        >>> load_search_space("cuda", "decompress").names
+        ('decompress_grid', 'decompress_block')
+    """
+    if op not in OPS:
+        raise ValueError(f"unknown op {op!r}: choose one of {', '.join(OPS)}")
+    spaces = load_search_spaces(backend, path, cores)
+    if op not in spaces:
+        raise SearchSpaceError(f"search-space file {_space_file(backend, path)} has no ops.{op}; add it")
+    return spaces[op]
