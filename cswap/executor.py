@@ -1,0 +1,647 @@
+"""The executor: ``saved_tensors_hooks`` that keep, swap, compress-then-swap or compress-and-keep each tensor.
+
+Every tensor autograd saves inside ``rt.iteration()`` passes through :meth:`Executor.pack`, which
+returns a :class:`_Handle`; backward gives the handle back to :meth:`Executor.unpack` for the data.
+How the facts of saved-tensor hooks are handled:
+
+* **Repeated unpack** (``retain_graph``, ``grad_fn._saved_*``) rebuilds the same values each time
+  from what the handle holds; nothing is freed in unpack. Buffers are released when the last
+  handle referring to them dies (Python reference counting), in any order.
+* **The same storage and view packed twice** (``x * x``) is stored once: handles are deduplicated
+  by storage, offset, shape, stride, dtype and version.
+* **Views** (transposes, slices, ``expand`` broadcasts) are stored compactly and rebuilt with the
+  original strides (:class:`cswap.layout.Layout`).
+* **Parameters and buffers** (of ``model=``, leaves that require grad, and their views) and tensors
+  on another device, of a tensor subclass or of a non-strided layout are never moved.
+* **Thread-locality and nesting** come from ``saved_tensors_hooks`` itself: the hooks apply only
+  in the thread that entered the iteration (and autograd's engine threads working for it), and an
+  inner ``saved_tensors_hooks`` (``save_on_cpu``, non-reentrant checkpoint) wins inside it.
+
+On CUDA, copies and (de)compression run on one side stream: it waits for the compute stream
+(captured before entering the side stream's context) before reading a tensor, the source is
+protected with ``record_stream`` until its copy finished, and the compute stream waits on an event
+before it uses a rebuilt tensor. Host copies go to a pinned :class:`~cswap.arena.HostArena` that is
+grown only between iterations. During backward, each unpack prefetches the next offloaded tensors
+in the profiled unpack order, up to ``prefetch_bytes`` fetched ahead. On CPU the same code runs
+without streams: swapping copies into the (unpinned) arena, compression uses the ``cpu`` backend.
+
+Resident bytes (:attr:`Counters.resident_bytes`) count what the saved-tensor machinery holds on the
+device: kept tensors at their compact size, compress-keep tensors at their compressed size,
+sources of device-to-host copies not yet finished (GPU only; CPU copies finish inside pack), and
+tensors rebuilt for backward from the moment they are fetched (or prefetched) until their storage
+is freed. Parameters and buffers are not counted. The counts are updated at every hook call, so
+the peak is exact at the moments memory grows.
+
+Example:
+    >>> import torch
+    >>> from cswap.advisor import Action, Plan
+    >>> executor = Executor(torch.device("cpu"), backend="cpu", min_bytes=0, prefetch_bytes=0)
+    >>> it = executor.begin(Plan(policy="swap", epoch=0, default_action=Action.SWAP))
+    >>> x = torch.randn(64, requires_grad=True)
+    >>> with torch.autograd.graph.saved_tensors_hooks(*executor.hooks(it)):
+    ...     y = (x.exp() * 2).sum()
+    >>> y.backward(); executor.end(it)
+    >>> torch.equal(x.grad, 2 * x.exp().detach()), executor.counters.actions["swap"]
+    (True, 1)
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from cswap.advisor import Action, Decision, Plan, zvc_supported
+from cswap.arena import ArenaBlock, HostArena, aligned
+from cswap.codecs import compress, decompress
+from cswap.codecs.format import Packed
+from cswap.layout import Layout
+from cswap.profiler import Profiler
+
+__all__ = ["Counters", "Executor", "IterationState"]
+
+_BITS_BY_ITEMSIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
+@contextmanager
+def _torch_threads_kept() -> Iterator[None]:
+    """Restore torch's intra-op thread count after a codec call.
+
+    Numba's OpenMP threading layer sets the calling thread's OpenMP thread count, which is also
+    torch's: left alone, a compression would silently change how many threads (and so in which
+    order) torch's kernels reduce.
+    """
+    threads = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _storage_id(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
+@dataclass
+class Counters:
+    """What the executor did, cumulative; :class:`cswap.runtime.RuntimeStats` is the public snapshot.
+
+    Attributes are documented on :class:`cswap.runtime.RuntimeStats`.
+    """
+
+    packed_tensors: int = 0
+    deduplicated_tensors: int = 0
+    never_moved_tensors: int = 0
+    unknown_keys: int = 0
+    actions: dict[str, int] = field(default_factory=lambda: {a.value: 0 for a in Action})
+    kept_bytes: int = 0
+    offloaded_bytes: int = 0
+    transferred_bytes: int = 0
+    compressed_input_bytes: int = 0
+    compressed_bytes: int = 0
+    resident_bytes: int = 0
+    peak_resident_bytes: int = 0
+    epoch_peak_resident_bytes: int = 0
+    pack_s: float = 0.0
+    unpack_s: float = 0.0
+    unpacks: int = 0
+    prefetches: int = 0
+    prefetch_hits: int = 0
+
+    def add_resident(self, nbytes: int) -> None:
+        """Account ``nbytes`` more (or, negative, fewer) resident bytes and track the peaks."""
+        self.resident_bytes += nbytes
+        if self.resident_bytes > self.peak_resident_bytes:
+            self.peak_resident_bytes = self.resident_bytes
+        if self.resident_bytes > self.epoch_peak_resident_bytes:
+            self.epoch_peak_resident_bytes = self.resident_bytes
+
+
+class _Stored:
+    """The data behind one or more handles (more than one when deduplicated).
+
+    On death it posts its arena block and held bytes to the executor's release queue, which the
+    executor drains at its next hook call (so no lock is ever taken from a finaliser).
+    """
+
+    __slots__ = (
+        "key",
+        "action",
+        "layout",
+        "tensor",
+        "packed",
+        "host",
+        "block",
+        "held_bytes",
+        "ready",
+        "prefetched",
+        "prefetched_bytes",
+        "last_out",
+        "unpacked",
+        "decompress_launch",
+        "storage_ref",
+        "_sink",
+        "__weakref__",
+    )
+
+    def __init__(self, key: int, action: Action, layout: Layout, sink: collections.deque[Any]) -> None:
+        self.key = key
+        self.action = action
+        self.layout = layout
+        self.tensor: torch.Tensor | None = None
+        self.packed: Packed | None = None
+        self.host: torch.Tensor | None = None
+        self.block: ArenaBlock | None = None
+        self.held_bytes = 0
+        self.ready: Any = None
+        self.prefetched: tuple[torch.Tensor, Any] | None = None
+        self.prefetched_bytes = 0
+        self.last_out: weakref.ref[torch.Tensor] | None = None
+        self.unpacked = False
+        self.decompress_launch: Any = None
+        self.storage_ref: StorageWeakRef | None = None
+        self._sink = sink
+
+    def __del__(self) -> None:
+        try:
+            self._sink.append((self.block, self.held_bytes + self.prefetched_bytes, self.prefetched_bytes))
+        except Exception:  # interpreter shutdown
+            pass
+
+
+class _Handle:
+    """What autograd holds for one saved slot: the key and the stored data (or, for a tensor never moved, itself)."""
+
+    __slots__ = ("key", "stored", "tensor")
+
+    def __init__(self, key: int, stored: _Stored | None, tensor: torch.Tensor | None = None) -> None:
+        self.key = key
+        self.stored = stored
+        self.tensor = tensor
+
+
+class IterationState:
+    """Per-iteration state of the hooks.
+
+    Args:
+        plan: the plan to follow (its default action for unknown keys).
+        profiler: records the iteration when it is a profiling one.
+        forced: an action for every movable tensor instead of the plan (profiling modes).
+        protected: storage ids of the model's parameters and buffers.
+    """
+
+    def __init__(self, plan: Plan, profiler: Profiler | None, forced: Action | None, protected: frozenset[int]) -> None:
+        self.plan = plan
+        self.profiler = profiler
+        self.forced = forced
+        self.protected = protected
+        self.next_key = 0
+        self.stored_by_key: dict[int, weakref.ref[_Stored]] = {}
+        self.unpack_position = {key: i for i, key in enumerate(plan.unpack_order)}
+        self.prefetch_cursor = 0
+
+
+class Executor:
+    """Applies a plan to saved tensors.
+
+    Args:
+        device: the training device (``cuda:N`` with an index, or ``cpu``).
+        backend: the ZVC codec backend.
+        min_bytes: tensors smaller than this are kept whatever the plan says.
+        prefetch_bytes: the most bytes of offloaded tensors fetched ahead of their unpack.
+        arena_slack: extra host-arena room over the need, as a fraction.
+        launch_lookup: ``(backend, op, dtype, nbytes) -> Launch | None`` for tensors the plan has
+            no decision for (decisions carry their own launch configs).
+    """
+
+    def __init__(
+        self,
+        device: torch.device,
+        backend: str,
+        min_bytes: int,
+        prefetch_bytes: int,
+        arena_slack: float = 0.25,
+        launch_lookup: Callable[[str, str, torch.dtype, int], Any] | None = None,
+    ) -> None:
+        self.device = device
+        self.launch_lookup = launch_lookup
+        self._launches: dict[tuple[str, torch.dtype, int], Any] = {}
+        self.backend = backend
+        self.min_bytes = min_bytes
+        self.prefetch_bytes = prefetch_bytes
+        self.arena_slack = arena_slack
+        self.cuda = device.type == "cuda"
+        self.side_stream = torch.cuda.Stream(device) if self.cuda else None
+        self.arena = HostArena(pin_memory=self.cuda)
+        self.counters = Counters()
+        self._lock = threading.RLock()
+        self._dedupe: weakref.WeakValueDictionary[tuple[Any, ...], _Stored] = weakref.WeakValueDictionary()
+        self._released: collections.deque[tuple[ArenaBlock | None, int, int]] = collections.deque()
+        self._inflight: list[tuple[Any, int]] = []
+        self._handed_out: list[tuple[StorageWeakRef, int]] = []
+        self._prefetched_bytes = 0
+
+    # ------------------------------------------------------------------ iterations
+
+    def begin(
+        self,
+        plan: Plan,
+        profiler: Profiler | None = None,
+        forced: Action | None = None,
+        model: torch.nn.Module | None = None,
+    ) -> IterationState:
+        """Prepare an iteration: grow the host arena to the plan's need (never during one), return its state.
+
+        Args:
+            plan: the plan to follow.
+            profiler: set for a profiling iteration.
+            forced: an action for every movable tensor (``KEEP`` or ``SWAP`` while profiling).
+            model: the module whose parameters and buffers are protected.
+        """
+        with self._lock:
+            self._drain()
+            observed = self.arena.peak_used_bytes + self.arena.missed_bytes
+            need = max(plan.host_bytes, observed)
+            if need:
+                self.arena.reserve(int(need * (1.0 + self.arena_slack)))
+            self.arena.reset_peak()
+        protected: frozenset[int] = frozenset()
+        if model is not None:
+            protected = frozenset(_storage_id(t) for t in (*model.parameters(), *model.buffers()))
+        return IterationState(plan, profiler, forced, protected)
+
+    def end(self, it: IterationState) -> None:
+        """Finish an iteration (the state stops recording; later unpacks still work)."""
+        with self._lock:
+            it.profiler = None
+            self._drain()
+
+    def hooks(self, it: IterationState) -> tuple[Callable[[torch.Tensor], _Handle], Callable[[_Handle], torch.Tensor]]:
+        """``(pack, unpack)`` for ``torch.autograd.graph.saved_tensors_hooks``."""
+        return functools.partial(self.pack, it), functools.partial(self.unpack, it)
+
+    def snapshot(self) -> Counters:
+        """A copy of the counters, after applying pending releases."""
+        with self._lock:
+            self._drain()
+            return replace(self.counters, actions=dict(self.counters.actions))
+
+    def new_epoch(self) -> None:
+        """Start a new per-epoch peak."""
+        with self._lock:
+            self.counters.epoch_peak_resident_bytes = self.counters.resident_bytes
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    def _drain(self) -> None:
+        """Apply releases posted by dead handles, finished copies and freed rebuilt tensors."""
+        counters = self.counters
+        while self._released:
+            block, held, prefetched = self._released.popleft()
+            if block is not None:
+                self.arena.free(block)
+            counters.resident_bytes -= held
+            self._prefetched_bytes -= prefetched
+        if self._inflight:
+            pending = []
+            for event, nbytes in self._inflight:
+                if event.query():
+                    counters.resident_bytes -= nbytes
+                else:
+                    pending.append((event, nbytes))
+            self._inflight = pending
+        if self._handed_out:
+            alive = []
+            for ref, nbytes in self._handed_out:
+                if ref.expired():
+                    counters.resident_bytes -= nbytes
+                else:
+                    alive.append((ref, nbytes))
+            self._handed_out = alive
+
+    def _never_move(self, it: IterationState, t: torch.Tensor) -> str | None:
+        """Why ``t`` must stay where it is, or ``None``."""
+        if type(t) not in _PLAIN_TYPES:
+            return f"tensor subclass {type(t).__name__}: kept"
+        if t.layout != torch.strided:
+            return f"layout {t.layout}: kept"
+        if t.device != self.device:
+            return f"on {t.device}, not the runtime's {self.device}: kept"
+        if t.numel() == 0:
+            return "empty tensor: kept"
+        if t.is_leaf and t.requires_grad:
+            return "leaf tensor that requires grad (a parameter): never offloaded"
+        base = t._base
+        if base is not None and base.is_leaf and base.requires_grad:
+            return "view of a leaf tensor that requires grad (a parameter): never offloaded"
+        if it.protected and _storage_id(t) in it.protected:
+            return "parameter or buffer of the model: never offloaded"
+        return None
+
+    def _choose(self, it: IterationState, key: int, layout: Layout) -> tuple[Action, Decision | None]:
+        decision = None
+        if it.forced is not None:
+            action = it.forced
+        else:
+            decision = it.plan.lookup(key, layout.shape, _dtype_name(layout.dtype))
+            if decision is None:
+                action = it.plan.default_action
+                if it.plan.decisions:
+                    self.counters.unknown_keys += 1
+            else:
+                action = decision.action
+        if action is not Action.KEEP and layout.nbytes < self.min_bytes:
+            action = Action.KEEP
+        if action.compresses and not zvc_supported(layout.dtype):
+            action = Action.SWAP if action is Action.ZVC_SWAP else Action.KEEP
+        return action, decision
+
+    def _launch(self, op: str, layout: Layout) -> Any:
+        """The launch config of ``op`` for a tensor without a decision (memoised), or ``None``."""
+        if self.launch_lookup is None:
+            return None
+        memo_key = (op, layout.dtype, layout.nbytes)
+        if memo_key not in self._launches:
+            try:
+                self._launches[memo_key] = self.launch_lookup(self.backend, op, layout.dtype, layout.nbytes)
+            except Exception as error:  # a failing store or service must not stop training
+                warnings.warn(f"launch_lookup failed ({error}); using the backend's default launch", stacklevel=2)
+                self._launches[memo_key] = None
+        return self._launches[memo_key]
+
+    def _host(self, nbytes: int) -> tuple[torch.Tensor, ArenaBlock | None]:
+        """``nbytes`` of host memory: an arena block, or fresh pageable memory when the arena is full."""
+        block = self.arena.alloc(nbytes)
+        if block is not None:
+            return block.view, block
+        return torch.empty(nbytes, dtype=torch.uint8), None
+
+    # ------------------------------------------------------------------ pack
+
+    def pack(self, it: IterationState, tensor: torch.Tensor) -> _Handle:
+        """The pack hook: store ``tensor`` as the plan says and return its handle."""
+        started = time.perf_counter()
+        profiler = it.profiler
+        stamp = profiler.stamp() if profiler is not None else None
+        with self._lock:
+            self._drain()
+            key = it.next_key
+            it.next_key += 1
+            handle, record = self._pack(it, key, tensor, profiler)
+            counters = self.counters
+            counters.packed_tensors += 1
+            counters.pack_s += time.perf_counter() - started
+        if profiler is not None and record is not None:
+            profiler.record_pack(*record, start=stamp, end=profiler.stamp())
+        return handle
+
+    def _pack(self, it: IterationState, key: int, tensor: torch.Tensor, profiler: Profiler | None) -> tuple[_Handle, tuple[Any, ...] | None]:
+        counters = self.counters
+        reason = self._never_move(it, tensor)
+        if reason is not None:
+            counters.never_moved_tensors += 1
+            record = None
+            if profiler is not None:
+                nbytes = tensor.numel() * tensor.element_size()
+                record = (key, tuple(tensor.shape), _dtype_name(tensor.dtype), nbytes, tensor.numel(), 0, profiler.producer(tensor), False, reason)
+            return _Handle(key, None, tensor.detach()), record
+        layout = Layout.of(tensor)
+        dedupe_key = (_storage_id(tensor), tensor.storage_offset(), layout.shape, layout.stride, tensor.dtype, tensor._version)
+        stored = self._dedupe.get(dedupe_key)
+        producer = profiler.producer(tensor) if profiler is not None else ""
+        zeros: Any = 0
+        if stored is not None:
+            counters.deduplicated_tensors += 1
+            if profiler is not None:
+                profiler.record_duplicate(key, stored.key)
+        else:
+            action, decision = self._choose(it, key, layout)
+            stored, zeros = self._store(key, tensor.detach(), layout, action, decision, count_zeros=profiler is not None)
+            self._dedupe[dedupe_key] = stored
+            counters.actions[action.value] += 1
+        it.stored_by_key[key] = weakref.ref(stored)
+        record = None
+        if profiler is not None:
+            record = (key, layout.shape, _dtype_name(layout.dtype), layout.nbytes, layout.numel, zeros, producer, True, "")
+        return _Handle(key, stored), record
+
+    def _store(
+        self, key: int, tensor: torch.Tensor, layout: Layout, action: Action, decision: Decision | None, count_zeros: bool
+    ) -> tuple[_Stored, Any]:
+        """Apply ``action`` to ``tensor``; returns the stored data and its zero count (when asked)."""
+        counters = self.counters
+        stored = _Stored(key, action, layout, self._released)
+        # Deduplication keys on the storage's address: holding a weak reference to the storage
+        # keeps that address from being reused by a new storage while this entry lives.
+        stored.storage_ref = StorageWeakRef(tensor.untyped_storage())
+        zeros: Any = 0
+        if action is Action.KEEP:
+            stored.tensor = tensor
+            stored.held_bytes = layout.nbytes
+            counters.kept_bytes += layout.nbytes
+            counters.add_resident(layout.nbytes)
+            if count_zeros:
+                zeros = self._zeros(layout.compact(tensor), layout)
+            return stored, zeros
+        flat = layout.compact(tensor)
+        if count_zeros and action is Action.SWAP:
+            zeros = self._zeros(flat, layout)
+        if decision is not None:
+            compress_launch = decision.compress_launch
+            stored.decompress_launch = decision.decompress_launch
+        elif action.compresses:
+            compress_launch = self._launch("compress", layout)
+            stored.decompress_launch = self._launch("decompress", layout)
+        else:
+            compress_launch = None
+        side = self.side_stream
+        if side is not None:
+            # Captured here, outside the side stream's context: inside it, current_stream() is the side stream.
+            compute = torch.cuda.current_stream(self.device)
+            with torch.cuda.stream(side):
+                side.wait_stream(compute)
+                self._store_on_stream(stored, flat, action, compress_launch)
+                event = torch.cuda.Event()
+                event.record(side)
+            flat.record_stream(side)
+            if action.offloads:
+                # The source stays resident until its copy to the host has finished.
+                counters.add_resident(layout.nbytes)
+                self._inflight.append((event, layout.nbytes))
+            else:
+                stored.ready = event
+        else:
+            self._store_on_stream(stored, flat, action, compress_launch)
+        if action.compresses:
+            packed = stored.packed
+            assert packed is not None
+            counters.compressed_input_bytes += layout.nbytes
+            counters.compressed_bytes += packed.compressed_nbytes
+            if count_zeros:
+                zeros = layout.numel - packed.nnz
+        if action.offloads:
+            counters.offloaded_bytes += layout.nbytes
+            counters.transferred_bytes += layout.nbytes if action is Action.SWAP else stored.packed.compressed_nbytes  # type: ignore[union-attr]
+        else:
+            stored.held_bytes = stored.packed.compressed_nbytes  # type: ignore[union-attr]
+            counters.add_resident(stored.held_bytes)
+        return stored, zeros
+
+    def _store_on_stream(self, stored: _Stored, flat: torch.Tensor, action: Action, launch: Any) -> None:
+        """The copies and compression of one tensor, on the current stream."""
+        non_blocking = self.cuda
+        if action is Action.SWAP:
+            host, stored.block = self._host(stored.layout.nbytes)
+            stored.host = host.view(stored.layout.dtype)
+            stored.host.copy_(flat, non_blocking=non_blocking)
+            return
+        with _torch_threads_kept():
+            packed = compress(flat, backend=self.backend, launch=launch)
+        if action is Action.ZVC_KEEP:
+            stored.packed = packed
+            return
+        parts = (packed.bitmap, packed.offsets, packed.values)
+        sizes = [p.numel() * p.element_size() for p in parts]
+        starts = [0, aligned(sizes[0]), aligned(sizes[0]) + aligned(sizes[1])]
+        host, stored.block = self._host(starts[2] + sizes[2])
+        views = []
+        for part, start, size in zip(parts, starts, sizes):
+            view = host[start : start + size].view(part.dtype)
+            view.copy_(part, non_blocking=non_blocking)
+            views.append(view)
+        stored.packed = replace(packed, bitmap=views[0], offsets=views[1], values=views[2])
+
+    @staticmethod
+    def _zeros(flat: torch.Tensor, layout: Layout) -> Any:
+        """Elements of ``flat`` whose bits are all zero (a 0-d tensor on a GPU, an int on CPU)."""
+        bits_type = _BITS_BY_ITEMSIZE.get(flat.element_size())
+        if bits_type is None:
+            return 0
+        count = layout.numel - torch.count_nonzero(flat.view(bits_type))
+        return count if flat.is_cuda else int(count)
+
+    # ------------------------------------------------------------------ unpack
+
+    def unpack(self, it: IterationState, handle: _Handle) -> torch.Tensor:
+        """The unpack hook: the saved tensor's values, with its shape, dtype, strides and device."""
+        started = time.perf_counter()
+        profiler = it.profiler
+        stamp = profiler.stamp() if profiler is not None else None
+        with self._lock:
+            self._drain()
+            stored = handle.stored
+            if stored is None:
+                out = handle.tensor
+            elif stored.action is Action.KEEP:
+                out = stored.tensor
+            else:
+                out = self._materialize(stored)
+            if stored is not None:
+                stored.unpacked = True
+            self._prefetch_after(it, handle.key)
+            counters = self.counters
+            counters.unpacks += 1
+            counters.unpack_s += time.perf_counter() - started
+        if profiler is not None:
+            profiler.record_unpack(handle.key, stamp, profiler.stamp())
+        assert out is not None
+        return out
+
+    def _materialize(self, stored: _Stored) -> torch.Tensor:
+        """The rebuilt tensor of an offloaded or compressed ``stored``, on the device, ready for the compute stream."""
+        counters = self.counters
+        if stored.prefetched is not None:
+            out, event = stored.prefetched
+            stored.prefetched = None
+            nbytes = stored.prefetched_bytes
+            # From here the rebuilt tensor is tracked as handed out, not as held by the stored data.
+            self._prefetched_bytes -= nbytes
+            stored.prefetched_bytes = 0
+            counters.prefetch_hits += 1
+        else:
+            cached = stored.last_out() if stored.last_out is not None else None
+            if cached is not None:
+                return cached
+            out, event = self._fetch(stored)
+            nbytes = out.untyped_storage().nbytes()
+            counters.add_resident(nbytes)
+        if event is not None:
+            compute = torch.cuda.current_stream(self.device)
+            compute.wait_event(event)
+            out.record_stream(compute)
+        self._handed_out.append((StorageWeakRef(out.untyped_storage()), nbytes))
+        stored.last_out = weakref.ref(out)
+        return out
+
+    def _fetch(self, stored: _Stored) -> tuple[torch.Tensor, Any]:
+        """Issue the rebuild of ``stored`` (on the side stream on a GPU); returns it and its ready event."""
+        side = self.side_stream
+        if side is None:
+            return self._rebuild(stored), None
+        with torch.cuda.stream(side):
+            if stored.ready is not None:
+                side.wait_event(stored.ready)
+            out = self._rebuild(stored)
+            event = torch.cuda.Event()
+            event.record(side)
+        return out, event
+
+    def _rebuild(self, stored: _Stored) -> torch.Tensor:
+        layout = stored.layout
+        flat, result = layout.allocate(self.device)
+        if stored.action is Action.SWAP:
+            assert stored.host is not None
+            flat.copy_(stored.host, non_blocking=self.cuda)
+        else:
+            packed = stored.packed
+            assert packed is not None
+            if stored.action is Action.ZVC_SWAP and self.cuda:
+                packed = packed.to(self.device, non_blocking=True)
+            launch = stored.decompress_launch
+            if launch is not None and getattr(launch, "chunk_words", packed.chunk_words) != packed.chunk_words:
+                launch = replace(launch, chunk_words=packed.chunk_words)
+            with _torch_threads_kept():
+                decompress(packed, backend=self.backend, out=flat, launch=launch, validate=False)
+        return result if result is not None else layout.rebuild_from(flat)
+
+    def _prefetch_after(self, it: IterationState, key: int) -> None:
+        """Fetch the offloaded tensors that follow ``key`` in the profiled unpack order, within the budget."""
+        position = it.unpack_position.get(key)
+        if position is None or self.prefetch_bytes <= 0:
+            return
+        order = it.plan.unpack_order
+        i = max(position + 1, it.prefetch_cursor)
+        while i < len(order):
+            ref = it.stored_by_key.get(order[i])
+            stored = ref() if ref is not None else None
+            if stored is None or not stored.action.offloads or stored.unpacked or stored.prefetched is not None:
+                i += 1
+                continue
+            nbytes = stored.layout.nbytes
+            if self._prefetched_bytes + nbytes > self.prefetch_bytes:
+                break
+            out, event = self._fetch(stored)
+            held = out.untyped_storage().nbytes()
+            stored.prefetched = (out, event)
+            stored.prefetched_bytes = held
+            self._prefetched_bytes += held
+            self.counters.add_resident(held)
+            self.counters.prefetches += 1
+            i += 1
+        it.prefetch_cursor = i

@@ -1,0 +1,454 @@
+"""``cswap.Runtime``: the public entry point that ties the profiler, the advisor and the executor together.
+
+Example:
+    >>> import torch, cswap
+    >>> model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    >>> rt = cswap.Runtime(policy="compress-swap", min_bytes=0, model=model, d2h_gbps=10.0, h2d_gbps=10.0)
+    >>> for epoch in range(2):
+    ...     rt.new_epoch()
+    ...     for _ in range(2):
+    ...         with rt.iteration():
+    ...             model(torch.randn(8, 64)).square().mean().backward()
+    ...         opt.step(); opt.zero_grad()
+    >>> stats = rt.stats()
+    >>> stats.iterations, stats.profiled_iterations, stats.actions["zvc-swap"] > 0
+    (4, 2, True)
+    >>> rt.trace().epoch, rt.plan().policy
+    (1, 'compress-swap')
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, replace, fields
+from types import MappingProxyType
+from typing import Any
+
+import torch
+
+from cswap.advisor import DEFAULT_ACTIONS, Action, Advisor, Plan
+from cswap.codecs.api import default_backend
+from cswap.device import bandwidth, fingerprint, resolve_device
+from cswap.executor import Counters, Executor
+from cswap.options import RuntimeOptions, load_options
+from cswap.profiler import Profiler
+from cswap.trace import Trace
+
+__all__ = ["EpochStats", "Runtime", "RuntimeStats"]
+
+
+@dataclass(frozen=True)
+class EpochStats:
+    """What happened in one epoch (the current one while it runs).
+
+    Attributes:
+        epoch: its index.
+        iterations: iterations run in it (the first was the profiling one).
+        packed_tensors: pack hook calls.
+        offloaded_bytes, transferred_bytes, compressed_input_bytes, compressed_bytes: as in :class:`RuntimeStats`.
+        peak_resident_bytes: the peak of resident bytes during the epoch.
+        iteration_s: wall seconds spent inside ``rt.iteration()`` in the epoch.
+        actions: tensors stored per action in the epoch.
+    """
+
+    epoch: int
+    iterations: int
+    packed_tensors: int
+    offloaded_bytes: int
+    transferred_bytes: int
+    compressed_input_bytes: int
+    compressed_bytes: int
+    peak_resident_bytes: int
+    iteration_s: float
+    actions: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class RuntimeStats:
+    """A snapshot of what the runtime did, cumulative since it was created.
+
+    Attributes:
+        policy: the policy.
+        epoch: the current epoch.
+        iterations: iterations run (``rt.iteration()`` blocks completed).
+        profiled_iterations: of which profiling ones.
+        packed_tensors: pack hook calls (tensors autograd saved through the runtime's hooks; the
+            ``none`` policy installs hooks only in profiling iterations).
+        deduplicated_tensors: packs of a storage and view already stored (``x * x``), stored once.
+        never_moved_tensors: packs of parameters, buffers and tensors the runtime cannot move.
+        unknown_keys: packs whose key was not in the plan (a changed graph): they got the default.
+        actions: tensors stored per action (``keep``, ``swap``, ``zvc-swap``, ``zvc-keep``),
+            deduplicated and never-moved packs not included.
+        kept_bytes: bytes of activations kept as they are.
+        offloaded_bytes: bytes of activations moved to host memory (``swap`` and ``zvc-swap``,
+            before compression).
+        transferred_bytes: bytes copied device-to-host (compressed bytes for ``zvc-swap``).
+        compressed_input_bytes: bytes of tensors compressed (``zvc-swap`` and ``zvc-keep``).
+        compressed_bytes: their ZVC size.
+        resident_bytes: activation bytes the runtime holds on the device now.
+        peak_resident_bytes: the most resident bytes ever: kept tensors at full (compact) size,
+            ``zvc-keep`` tensors at compressed size, sources of device-to-host copies until the
+            copy finished (GPU), and tensors rebuilt for backward from fetch or prefetch until
+            their storage is freed. Parameters and buffers are not counted. On CPU the "device"
+            is host memory and the same rules apply (so CPU runs measure the same quantity).
+        pack_s, unpack_s: wall seconds spent in the pack and unpack hooks.
+        unpacks: unpack hook calls.
+        prefetches: tensors fetched ahead of their unpack; prefetch_hits: of which used.
+        arena_bytes: host arena capacity now.
+        arena_misses: host allocations that did not fit in the arena (they used fresh memory).
+        iteration_s: wall seconds spent inside ``rt.iteration()`` (host time).
+        history: per epoch, oldest first, the current one last.
+    """
+
+    policy: str
+    epoch: int
+    iterations: int
+    profiled_iterations: int
+    packed_tensors: int
+    deduplicated_tensors: int
+    never_moved_tensors: int
+    unknown_keys: int
+    actions: Mapping[str, int]
+    kept_bytes: int
+    offloaded_bytes: int
+    transferred_bytes: int
+    compressed_input_bytes: int
+    compressed_bytes: int
+    resident_bytes: int
+    peak_resident_bytes: int
+    pack_s: float
+    unpack_s: float
+    unpacks: int
+    prefetches: int
+    prefetch_hits: int
+    arena_bytes: int
+    arena_misses: int
+    iteration_s: float
+    history: tuple[EpochStats, ...] = field(default_factory=tuple)
+
+    @property
+    def compression_ratio(self) -> float:
+        """``compressed_input_bytes / compressed_bytes`` (1.0 when nothing was compressed)."""
+        return self.compressed_input_bytes / self.compressed_bytes if self.compressed_bytes else 1.0
+
+    @property
+    def mean_iteration_s(self) -> float:
+        """Average wall seconds per iteration (0 before the first)."""
+        return self.iteration_s / self.iterations if self.iterations else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        # asdict() would deep-copy the read-only action mappings, which cannot be copied.
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["actions"] = dict(self.actions)
+        data["history"] = [{**{f.name: getattr(e, f.name) for f in fields(e)}, "actions": dict(e.actions)} for e in self.history]
+        data["compression_ratio"] = self.compression_ratio
+        return data
+
+
+_EPOCH_FIELDS = ("packed_tensors", "offloaded_bytes", "transferred_bytes", "compressed_input_bytes", "compressed_bytes")
+
+
+class Runtime:
+    """Compressed swapping of saved activations for PyTorch training.
+
+    Wrap each forward + backward in :meth:`iteration`; call :meth:`new_epoch` at the start of each
+    epoch so the next iteration re-profiles and the plan follows the activations' new sparsity.
+
+    Args:
+        policy: ``none``, ``swap``, ``compress-swap``, ``cswap`` or ``compress-keep``
+            (default from ``configs/default.yaml``).
+        **options: any :class:`cswap.options.RuntimeOptions` field: ``min_bytes``, ``backend``,
+            ``prefetch_bytes``, ``device``, ``model``, ``time_model``, ``launch_lookup``, ``decider``,
+            ``logistic_model``, ``passive_profile``, ``paper_size``, ``arena_slack``, ``d2h_gbps``,
+            ``h2d_gbps``.
+
+    Raises:
+        TypeError: an unknown option (the message lists the valid ones).
+        ValueError: an unknown policy (the message lists the choices) or another bad value.
+
+    Example:
+        >>> rt = Runtime("swap", device="cpu", min_bytes=0)
+        >>> x = torch.randn(32, requires_grad=True)
+        >>> with rt.iteration():
+        ...     x.exp().sum().backward()
+        >>> rt.stats().actions["swap"], torch.equal(x.grad, x.exp().detach())
+        (1, True)
+    """
+
+    def __init__(self, policy: str | None = None, **options: Any) -> None:
+        if policy is not None:
+            options["policy"] = policy
+        self._options = load_options(**options)
+        opts = self._options
+        device = resolve_device(None if opts.device == "auto" else opts.device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        self._device = device
+        self._backend = default_backend(device) if opts.backend == "auto" else opts.backend
+        if self._backend == "cuda" and device.type != "cuda":
+            raise ValueError(f"backend 'cuda' compresses GPU tensors but the device is {device}: use backend='cpu' or 'auto'")
+        if self._backend == "cpu" and device.type == "cuda":
+            raise ValueError(f"backend 'cpu' compresses host tensors but the device is {device}: use backend='cuda' or 'auto'")
+        self._executor = Executor(device, self._backend, opts.min_bytes, opts.prefetch_bytes, opts.arena_slack, opts.launch_lookup)
+        self._lock = threading.Lock()
+        self._active_thread: int | None = None
+        self._epoch = 0
+        self._needs_profile = True
+        self._trace: Trace | None = None
+        self._plan = Plan(policy=opts.policy, epoch=0, default_action=DEFAULT_ACTIONS[opts.policy])
+        self._bandwidths: tuple[float, float] | None = None
+        self._time_model: Any = opts.time_model
+        self._fingerprint: dict[str, Any] | None = None
+        self._iterations = 0
+        self._profiled = 0
+        self._iteration_s = 0.0
+        self._history: list[EpochStats] = []
+        self._epoch_iterations = 0
+        self._epoch_iteration_s = 0.0
+        self._epoch_start = replace(self._executor.counters, actions=dict(self._executor.counters.actions))
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def options(self) -> RuntimeOptions:
+        """The validated options."""
+        return self._options
+
+    @property
+    def policy(self) -> str:
+        """The policy."""
+        return self._options.policy
+
+    @property
+    def device(self) -> torch.device:
+        """The training device."""
+        return self._device
+
+    @property
+    def backend(self) -> str:
+        """The ZVC codec backend."""
+        return self._backend
+
+    @property
+    def epoch(self) -> int:
+        """The current epoch (0-based)."""
+        return self._epoch
+
+    def __repr__(self) -> str:
+        return f"Runtime(policy={self.policy!r}, device={str(self._device)!r}, backend={self._backend!r}, epoch={self._epoch})"
+
+    # ------------------------------------------------------------------ the training loop
+
+    def new_epoch(self) -> None:
+        """Start a new epoch: its first iteration re-profiles and the plan is remade from it.
+
+        Calling it before any iteration of the current epoch ran only re-arms profiling (so the
+        usual ``for epoch ...: rt.new_epoch(); ...`` loop starts at epoch 0).
+        """
+        with self._lock:
+            if self._epoch_iterations:
+                self._history.append(self._epoch_stats())
+                self._epoch += 1
+                self._epoch_iterations = 0
+                self._epoch_iteration_s = 0.0
+                counters = self._executor.counters
+                self._epoch_start = replace(counters, actions=dict(counters.actions))
+                self._executor.new_epoch()
+            self._needs_profile = True
+
+    @contextmanager
+    def iteration(self) -> Iterator[None]:
+        """One forward + backward under the runtime's saved-tensor hooks.
+
+        The first iteration (and the first after :meth:`new_epoch`) profiles. Iterations of one
+        runtime cannot nest or overlap (``RuntimeError``); the hooks apply to the entering thread only.
+
+        Example:
+            >>> rt = Runtime("none", device="cpu")
+            >>> with rt.iteration():
+            ...     torch.ones(2, requires_grad=True).exp().sum().backward()
+        """
+        with self._lock:
+            if self._active_thread is not None:
+                raise RuntimeError(
+                    "rt.iteration() is already active"
+                    + (" in this thread" if self._active_thread == threading.get_ident() else " in another thread")
+                    + ": iterations of one Runtime cannot nest or overlap; use one Runtime per training loop"
+                )
+            self._active_thread = threading.get_ident()
+            profiling = self._needs_profile
+        started = time.perf_counter()
+        try:
+            if not profiling and self.policy == "none":
+                yield
+            else:
+                yield from self._hooked(profiling)
+        finally:
+            with self._lock:
+                self._active_thread = None
+        elapsed = time.perf_counter() - started
+        with self._lock:
+            self._iterations += 1
+            self._epoch_iterations += 1
+            self._iteration_s += elapsed
+            self._epoch_iteration_s += elapsed
+            if profiling:
+                self._profiled += 1
+
+    def _hooked(self, profiling: bool) -> Iterator[None]:
+        executor = self._executor
+        profiler = None
+        forced = None
+        if profiling:
+            mode = self._profile_mode()
+            forced = {"keep-all": Action.KEEP, "passive": Action.SWAP}.get(mode)
+            meta = {"mode": mode, "backend": self._backend, "min_bytes": self._options.min_bytes}
+            if self._options.model is not None:
+                meta["model"] = type(self._options.model).__name__
+            profiler = Profiler(self._device, self._epoch, self.policy, model=self._options.model, meta=meta)
+        it = executor.begin(self._plan, profiler, forced, self._options.model)
+        if profiler is not None:
+            profiler.begin()
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(*executor.hooks(it)):
+                yield
+        except BaseException:
+            if profiler is not None:
+                profiler.remove_hooks()
+            executor.end(it)
+            raise
+        if profiler is not None:
+            profiler.end()
+        executor.end(it)
+        if profiler is not None:
+            self._finish_profile(profiler)
+
+    def _profile_mode(self) -> str:
+        """``passive`` (swap all), ``keep-all``, or ``plan`` (follow the current plan while recording)."""
+        if self._options.passive_profile:
+            return "passive"
+        if self.policy == "none" or (self.policy == "cswap" and self._trace is None):
+            return "passive" if self._memory_short() else "keep-all"
+        return "plan"
+
+    def _memory_short(self) -> bool:
+        """Whether free device memory is below what keeping every saved tensor needed last time."""
+        if self._device.type != "cuda" or self._trace is None:
+            return False
+        need = sum(r.nbytes for r in self._trace.tensors if r.offloadable)
+        free, _ = torch.cuda.mem_get_info(self._device)
+        cached = torch.cuda.memory_reserved(self._device) - torch.cuda.memory_allocated(self._device)
+        return free + cached < need
+
+    def _finish_profile(self, profiler: Profiler) -> None:
+        d2h, h2d = self._bandwidth()
+        trace = profiler.trace(d2h, h2d, self._device_dict())
+        plan = self._advisor().plan(trace, self._epoch)
+        with self._lock:
+            self._trace = trace
+            self._plan = plan
+            self._needs_profile = False
+
+    def _bandwidth(self) -> tuple[float, float]:
+        if self._bandwidths is None:
+            d2h, h2d = self._options.d2h_gbps, self._options.h2d_gbps
+            if d2h is None or h2d is None:
+                measured = bandwidth(self._device)
+                d2h = d2h if d2h is not None else measured.d2h_gbps
+                h2d = h2d if h2d is not None else measured.h2d_gbps
+            self._bandwidths = (float(d2h), float(h2d))
+        return self._bandwidths
+
+    def _device_dict(self) -> dict[str, Any]:
+        if self._fingerprint is None:
+            self._fingerprint = fingerprint(self._device).to_dict()
+        return self._fingerprint
+
+    def _advisor(self) -> Advisor:
+        opts = self._options
+        d2h, h2d = self._bandwidth()
+        time_model = None
+        if self.policy == "cswap":
+            if self._time_model is None:
+                from cswap.codec_speed import codec_speed  # measured only when the cost model needs it
+
+                self._time_model = codec_speed(self._device, self._backend)
+            time_model = self._time_model
+        return Advisor(
+            policy=opts.policy,
+            backend=self._backend,
+            min_bytes=opts.min_bytes,
+            d2h_gbps=d2h,
+            h2d_gbps=h2d,
+            time_model=time_model,
+            decider=opts.decider,
+            logistic_model=opts.logistic_model,
+            paper_size=opts.paper_size,
+            launch_lookup=opts.launch_lookup,
+        )
+
+    # ------------------------------------------------------------------ what it did
+
+    def plan(self) -> Plan:
+        """The current plan: per saved-tensor key the action, its reason, and for ``cswap`` T and T'."""
+        return self._plan
+
+    def trace(self) -> Trace:
+        """The last profile.
+
+        Raises:
+            RuntimeError: no iteration has been profiled yet.
+        """
+        if self._trace is None:
+            raise RuntimeError("no iteration has been profiled yet: run one `with rt.iteration():` block first")
+        return self._trace
+
+    def _epoch_stats(self, counters: Counters | None = None) -> EpochStats:
+        counters = counters or self._executor.snapshot()
+        start = self._epoch_start
+        return EpochStats(
+            epoch=self._epoch,
+            iterations=self._epoch_iterations,
+            **{name: getattr(counters, name) - getattr(start, name) for name in _EPOCH_FIELDS},
+            peak_resident_bytes=counters.epoch_peak_resident_bytes,
+            iteration_s=self._epoch_iteration_s,
+            actions=MappingProxyType({k: v - start.actions.get(k, 0) for k, v in counters.actions.items()}),
+        )
+
+    def stats(self) -> RuntimeStats:
+        """A snapshot of the counters (safe to call any time, from any thread)."""
+        with self._lock:
+            counters: Counters = self._executor.snapshot()
+            arena = self._executor.arena
+            return RuntimeStats(
+                policy=self.policy,
+                epoch=self._epoch,
+                iterations=self._iterations,
+                profiled_iterations=self._profiled,
+                packed_tensors=counters.packed_tensors,
+                deduplicated_tensors=counters.deduplicated_tensors,
+                never_moved_tensors=counters.never_moved_tensors,
+                unknown_keys=counters.unknown_keys,
+                actions=MappingProxyType(dict(counters.actions)),
+                kept_bytes=counters.kept_bytes,
+                offloaded_bytes=counters.offloaded_bytes,
+                transferred_bytes=counters.transferred_bytes,
+                compressed_input_bytes=counters.compressed_input_bytes,
+                compressed_bytes=counters.compressed_bytes,
+                resident_bytes=counters.resident_bytes,
+                peak_resident_bytes=counters.peak_resident_bytes,
+                pack_s=counters.pack_s,
+                unpack_s=counters.unpack_s,
+                unpacks=counters.unpacks,
+                prefetches=counters.prefetches,
+                prefetch_hits=counters.prefetch_hits,
+                arena_bytes=arena.capacity_bytes,
+                arena_misses=arena.misses,
+                iteration_s=self._iteration_s,
+                history=(*self._history, self._epoch_stats(counters)),
+            )
