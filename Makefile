@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.cswap-installed
 .PHONY: demo test install bench clean
 
 demo: $(STAMP)
-	$(VENV)/bin/cswap demo
+	$(VENV)/bin/cswap train --model vgg16 --dataset digits --epochs 2 --policy cswap --tune bo
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -14,7 +14,7 @@ import typer
 __all__ = ["app", "main"]
 
 #: Subcommand modules, each exposing ``register(app: typer.Typer) -> None``.
-COMMAND_MODULES: tuple[str, ...] = ("demo",)
+COMMAND_MODULES: tuple[str, ...] = ("demo", "train", "max_batch", "serve", "configs", "simulate", "tune", "calibrate")
 
 app = typer.Typer(
     name="cswap",

@@ -1,0 +1,63 @@
+"""``cswap train``: real training under a policy, tuning the kernels first when asked.
+
+Example:
+    $ cswap train --model vgg16 --dataset digits --epochs 2 --policy cswap --tune bo
+    $ torchrun --nproc_per_node=2 -m cswap.train --model vgg11 --device cpu
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+__all__ = ["register", "train_command"]
+
+
+def train_command(
+    model: Optional[str] = typer.Option(None, help="Model name (cswap.models.MODEL_NAMES) or package.module:function."),
+    dataset: Optional[str] = typer.Option(None, help="digits, synthetic, or package.module:function."),
+    epochs: Optional[int] = typer.Option(None, help="Passes over the training set."),
+    batch_size: Optional[int] = typer.Option(None, help="Global batch size (split across torchrun ranks)."),
+    lr: Optional[float] = typer.Option(None, help="Peak learning rate (SGD, momentum, cosine schedule)."),
+    policy: Optional[str] = typer.Option(None, help="none | swap | compress-swap | cswap | compress-keep."),
+    tune: Optional[str] = typer.Option(None, help="off | cached | bo | grid | random."),
+    tune_budget: Optional[int] = typer.Option(None, help="Evaluations per tuned kernel (bo, random)."),
+    tuner_url: Optional[str] = typer.Option(None, help="A running `cswap serve` to read configs from and publish to."),
+    device: Optional[str] = typer.Option(None, help="auto | cpu | cuda."),
+    amp: Optional[str] = typer.Option(None, help="off | fp16 | bf16 autocast."),
+    image_size: Optional[int] = typer.Option(None, help="Input resolution."),
+    width_mult: Optional[float] = typer.Option(None, help="Channel multiplier of the model."),
+    train_samples: Optional[int] = typer.Option(None, help="Use only this many training images."),
+    min_bytes: Optional[int] = typer.Option(None, help="Saved tensors below this many bytes stay on the device."),
+    report: Optional[Path] = typer.Option(None, help="JSON report path."),
+    plots: Optional[Path] = typer.Option(None, help="Directory for PNG plots."),
+    seed: Optional[int] = typer.Option(None, help="Random seed."),
+    save_model: Optional[Path] = typer.Option(None, help="Write the trained state_dict here."),
+    config: Optional[Path] = typer.Option(None, help="A recipe: configs/recipes/NAME.yaml."),
+    progress: bool = typer.Option(True, help="Show progress bars."),
+) -> None:
+    """Train a model under a policy and write a report with plots."""
+    from cswap.train import OutOfMemoryAdvice, train  # noqa: PLC0415 - keep `cswap --help` fast
+    from cswap.trainconfig import RecipeError, load_config  # noqa: PLC0415
+
+    console = Console()
+    overrides = {
+        "model": model, "dataset": dataset, "epochs": epochs, "batch_size": batch_size, "lr": lr, "policy": policy,
+        "tune": tune, "tune_budget": tune_budget, "tuner_url": tuner_url, "device": device, "amp": amp,
+        "image_size": image_size, "width_mult": width_mult, "train_samples": train_samples, "min_bytes": min_bytes,
+        "report": report, "plots": plots, "seed": seed, "save_model": save_model,
+    }
+    try:
+        cfg = load_config(config, overrides)
+        train(cfg, console=console, show_progress=progress)
+    except (RecipeError, ValueError, RuntimeError, OutOfMemoryAdvice) as error:
+        console.print(f"[red]error:[/] {error}")
+        raise typer.Exit(2) from None
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``train`` to the ``cswap`` command."""
+    app.command("train")(train_command)

@@ -1,0 +1,108 @@
+"""PNG plots of a training run (matplotlib, Agg): sparsity, decisions, memory, BO convergence.
+
+Every function takes plain data (what the JSON report holds) and a path, so plots can be redrawn
+from a saved report.
+
+Example:
+    >>> import tempfile, pathlib
+    >>> out = pathlib.Path(tempfile.mkdtemp()) / "s.png"
+    >>> plot_sparsity([{"epoch": 0, "sparsity": {"0": 0.5, "1": 0.1}}], out).exists()
+    True
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
+from matplotlib.colors import ListedColormap  # noqa: E402
+
+__all__ = ["ACTION_COLORS", "plot_convergence", "plot_decisions", "plot_memory", "plot_sparsity"]
+
+#: One colour per runtime action, in the order of the decision map's legend.
+ACTION_COLORS: dict[str, str] = {"keep": "#9e9e9e", "swap": "#1f77b4", "zvc-swap": "#2ca02c", "zvc-keep": "#ff7f0e"}
+
+
+def _keys(epochs: Sequence[Mapping[str, Any]], field: str) -> list[str]:
+    keys = sorted({k for e in epochs for k in e.get(field, {})}, key=int)
+    return keys
+
+
+def _save(fig: plt.Figure, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_sparsity(epochs: Sequence[Mapping[str, Any]], path: Path) -> Path:
+    """Heat map of each saved tensor's sparsity (rows, by pack order) over epochs (columns)."""
+    keys = _keys(epochs, "sparsity")
+    grid = [[e.get("sparsity", {}).get(k, float("nan")) for e in epochs] for k in keys]
+    fig, ax = plt.subplots(figsize=(2.5 + 0.6 * len(epochs), 2 + 0.12 * max(len(keys), 1)))
+    image = ax.imshow(grid or [[float("nan")]], aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest")
+    fig.colorbar(image, ax=ax, label="sparsity (fraction of zeros)")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("saved tensor (pack order)")
+    ax.set_xticks(range(len(epochs)), [str(e["epoch"]) for e in epochs])
+    ax.set_title("Sparsity of each saved activation")
+    return _save(fig, path)
+
+
+def plot_decisions(epochs: Sequence[Mapping[str, Any]], path: Path) -> Path:
+    """Decision map: saved tensor x epoch, coloured by the action the plan chose."""
+    actions = list(ACTION_COLORS)
+    keys = sorted({d["key"] for e in epochs for d in e.get("plan", [])})
+    row = {k: i for i, k in enumerate(keys)}
+    grid = [[float("nan")] * len(epochs) for _ in keys]
+    for column, epoch in enumerate(epochs):
+        for decision in epoch.get("plan", []):
+            grid[row[decision["key"]]][column] = actions.index(decision["action"])
+    fig, ax = plt.subplots(figsize=(3.5 + 0.6 * len(epochs), 2 + 0.12 * max(len(keys), 1)))
+    ax.imshow(grid or [[float("nan")]], aspect="auto", interpolation="nearest",
+              cmap=ListedColormap(list(ACTION_COLORS.values())), vmin=-0.5, vmax=len(actions) - 0.5)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in ACTION_COLORS.values()]
+    ax.legend(handles, actions, loc="upper left", bbox_to_anchor=(1.02, 1), fontsize="small")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("saved tensor (pack order)")
+    ax.set_xticks(range(len(epochs)), [str(e["epoch"]) for e in epochs])
+    ax.set_title("What the plan did with each tensor")
+    return _save(fig, path)
+
+
+def plot_memory(lines: Mapping[str, Sequence[Sequence[float]]], path: Path, ylabel: str = "device memory (MiB)") -> Path:
+    """Memory over one iteration, one line per policy (samples are ``(seconds, bytes)``)."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for policy, samples in lines.items():
+        if samples:
+            ax.step([s[0] * 1e3 for s in samples], [s[1] / 2**20 for s in samples], where="post", label=policy)
+    ax.set_xlabel("time in the iteration (ms)")
+    ax.set_ylabel(ylabel)
+    ax.set_title("Memory over one iteration, per policy")
+    ax.legend()
+    return _save(fig, path)
+
+
+def plot_convergence(runs: Sequence[Mapping[str, Any]], path: Path) -> Path:
+    """Best time found so far against evaluations, one line per tuning run (``kernel``, ``evaluations``)."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for run in runs:
+        best = float("inf")
+        xs, ys = [], []
+        for index, evaluation in enumerate(run.get("evaluations", []), start=1):
+            best = min(best, evaluation["time_s"])
+            if best != float("inf"):
+                xs.append(index)
+                ys.append(best * 1e3)
+        if xs:
+            ax.plot(xs, ys, marker="o", markersize=3, label=f"{run.get('kernel')} ({run.get('method')}, bucket {run.get('bucket')})")
+    ax.set_xlabel("evaluations")
+    ax.set_ylabel("best time so far (ms)")
+    ax.set_title("Launch-config search convergence")
+    ax.legend(fontsize="small")
+    return _save(fig, path)

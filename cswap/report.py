@@ -1,0 +1,86 @@
+"""The report of a training run: a JSON file, its plots, and a summary table on the console.
+
+The JSON holds ``model, policy, device, tune, epochs: [...]``; each epoch has ``loss, accuracy,
+samples_per_s, peak_memory_bytes``, the bytes kept / offloaded / compressed, ``decisions`` per
+action, and predicted against measured compression seconds.
+
+Example:
+    >>> from rich.console import Console
+    >>> summarize({"model": "m", "policy": "none", "epochs": []}, Console(quiet=True))
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Mapping
+
+from rich.console import Console
+from rich.table import Table
+
+from cswap.plots import plot_convergence, plot_decisions, plot_memory, plot_sparsity
+from cswap.progress import format_bytes
+from cswap.trainconfig import TrainConfig
+
+__all__ = ["draw_plots", "summarize", "write_report"]
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def draw_plots(report: Mapping[str, Any], directory: Path) -> dict[str, str]:
+    """Draw every plot the report has data for; returns plot name -> file path."""
+    epochs = report.get("epochs", [])
+    paths = {
+        "sparsity": plot_sparsity(epochs, directory / "sparsity.png"),
+        "decisions": plot_decisions(epochs, directory / "decisions.png"),
+    }
+    timeline = report.get("memory_timeline")
+    if timeline:
+        unit = "device memory allocated (MiB)" if report.get("device", {}).get("kind") == "cuda" else "resident activation memory (MiB)"
+        paths["memory"] = plot_memory(timeline, directory / "memory.png", ylabel=unit)
+    runs = [r for r in report.get("tune", {}).get("runs", []) if r.get("evaluations")]
+    if runs:
+        paths["convergence"] = plot_convergence(runs, directory / "convergence.png")
+    return {name: str(path) for name, path in paths.items()}
+
+
+def write_report(report: dict[str, Any], cfg: TrainConfig, console: Console) -> Path:
+    """Draw the plots into ``cfg.plots_dir``, then write the JSON report to ``cfg.report_path``."""
+    report["plots"] = draw_plots(report, cfg.plots_dir)
+    path = cfg.report_path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(_json_safe(report), indent=1))
+    console.print(f"report: [bold]{path}[/]")
+    console.print(f"plots:  [bold]{cfg.plots_dir}[/] ({', '.join(sorted(report['plots']))})")
+    return path
+
+
+def summarize(report: Mapping[str, Any], console: Console) -> None:
+    """Print one row per epoch."""
+    table = Table(title=f"{report['model']} under policy {report['policy']}")
+    for column in ("epoch", "loss", "accuracy", "samples/s", "peak memory", "offloaded", "ratio", "keep/swap/zvc-swap/zvc-keep"):
+        table.add_column(column, justify="right")
+    for epoch in report["epochs"]:
+        compressed = epoch.get("compressed_bytes") or 0
+        ratio = epoch.get("compressed_input_bytes", 0) / compressed if compressed else 1.0
+        decisions = epoch.get("decisions", {})
+        table.add_row(
+            str(epoch["epoch"]),
+            f"{epoch['loss']:.4f}",
+            f"{epoch['accuracy']:.1%}",
+            f"{epoch['samples_per_s']:.1f}",
+            format_bytes(epoch["peak_memory_bytes"]),
+            format_bytes(epoch.get("offloaded_bytes", 0)),
+            f"{ratio:.2f}x",
+            "/".join(str(decisions.get(a, 0)) for a in ("keep", "swap", "zvc-swap", "zvc-keep")),
+        )
+    console.print(table)

@@ -1,0 +1,148 @@
+"""What one ``cswap train`` run does: a validated, frozen configuration, from defaults, a recipe and flags.
+
+Precedence: the defaults below, then a recipe file (``--config configs/recipes/NAME.yaml``), then
+the flags given on the command line. A recipe is YAML whose keys are field names of
+:class:`TrainConfig`; an unknown key or a bad value is an error naming the key and the file.
+
+Example:
+    >>> cfg = TrainConfig(model="vgg11", epochs=1)
+    >>> cfg.policy, cfg.tune
+    ('cswap', 'off')
+    >>> TrainConfig(policy="fast")
+    Traceback (most recent call last):
+    ...
+    pydantic_core._pydantic_core.ValidationError: 1 validation error for TrainConfig
+    ...
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+__all__ = ["RecipeError", "TrainConfig", "load_config"]
+
+Policy = Literal["none", "swap", "compress-swap", "cswap", "compress-keep"]
+TuneMode = Literal["off", "cached", "bo", "grid", "random"]
+
+
+class RecipeError(ValueError):
+    """A recipe file that cannot be used; the message names the file and the key."""
+
+
+class TrainConfig(BaseModel):
+    """One training run.
+
+    Attributes:
+        model: a name from ``cswap.models.MODEL_NAMES`` or ``package.module:function``.
+        dataset: ``digits``, ``synthetic`` or ``package.module:function``.
+        epochs: passes over the training set.
+        batch_size: the global batch (split evenly across ranks under torchrun).
+        lr: peak learning rate of SGD with momentum under a cosine schedule.
+        momentum, weight_decay: SGD settings.
+        policy: what the runtime does with saved activations.
+        tune: ``off`` (codec defaults), ``cached`` (store or service only), or a search method run now on a miss.
+        tune_budget: evaluations per tuned kernel for ``bo``/``random``.
+        tuner_url: a ``cswap serve`` to read configs from and publish to.
+        device: ``auto``, ``cpu`` or ``cuda``.
+        amp: autocast dtype for forward, or ``off``.
+        image_size: input resolution the dataset is resized to.
+        width_mult: channel multiplier of the model (1.0 is the published architecture).
+        train_samples: cap on training images (``None``: all).
+        min_bytes: tensors below it stay on the device.
+        report: JSON report path (``None``: ``runs/<model>-<policy>/report.json``).
+        plots: directory for PNG plots (``None``: next to the report).
+        seed: seeds model init, data order and dropout.
+        save_model: write the trained model's ``state_dict`` here (rank 0), or ``None``.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: str = "vgg16"
+    dataset: str = "digits"
+    epochs: int = Field(2, ge=1)
+    batch_size: int = Field(32, ge=1)
+    lr: float = Field(0.02, gt=0)
+    momentum: float = Field(0.9, ge=0, lt=1)
+    weight_decay: float = Field(5e-4, ge=0)
+    policy: Policy = "cswap"
+    tune: TuneMode = "off"
+    tune_budget: int = Field(12, ge=1)
+    tuner_url: str | None = None
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    amp: Literal["off", "fp16", "bf16"] = "off"
+    image_size: int = Field(32, ge=8)
+    width_mult: float = Field(1.0, gt=0)
+    train_samples: int | None = Field(None, ge=1)
+    min_bytes: int | None = Field(None, ge=0)
+    report: Path | None = None
+    plots: Path | None = None
+    seed: int = 0
+    save_model: Path | None = None
+
+    @property
+    def report_path(self) -> Path:
+        """Where the JSON report goes."""
+        return self.report or Path("runs") / f"{self.model.replace(':', '_')}-{self.policy}" / "report.json"
+
+    @property
+    def plots_dir(self) -> Path:
+        """Where the plots go."""
+        return self.plots or self.report_path.parent / "plots"
+
+
+def _recipe(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as error:
+        raise RecipeError(f"cannot read recipe {path}: {error.strerror}") from error
+    except yaml.YAMLError as error:
+        raise RecipeError(f"recipe {path} is not valid YAML: {error}") from error
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise RecipeError(f"recipe {path} must be a mapping of TrainConfig keys, got {type(data).__name__}")
+    return data
+
+
+def load_config(recipe: str | Path | None = None, overrides: Mapping[str, Any] | None = None) -> TrainConfig:
+    """Defaults, then ``recipe``, then ``overrides`` (entries that are ``None`` are ignored).
+
+    Args:
+        recipe: path of a YAML recipe, or ``None``.
+        overrides: flag values from the command line.
+
+    Raises:
+        RecipeError: the recipe is unreadable, not a mapping, has an unknown key or a bad value
+            (the message names the key and the file).
+    """
+    values: dict[str, Any] = {}
+    source = "the command line"
+    if recipe is not None:
+        recipe = Path(recipe)
+        values.update(_recipe(recipe))
+        source = str(recipe)
+        try:
+            TrainConfig(**values)
+        except ValidationError as error:
+            raise RecipeError(_explain(error, source)) from None
+    values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    try:
+        return TrainConfig(**values)
+    except ValidationError as error:
+        raise RecipeError(_explain(error, source)) from None
+
+
+def _explain(error: ValidationError, source: str) -> str:
+    problems = []
+    for item in error.errors():
+        key = ".".join(str(p) for p in item["loc"]) or "<root>"
+        if item["type"] == "extra_forbidden":
+            valid = ", ".join(sorted(TrainConfig.model_fields))
+            problems.append(f"unknown key {key!r} (valid keys: {valid})")
+        else:
+            problems.append(f"key {key!r}: {item['msg']} (got {item.get('input')!r})")
+    return f"bad training config in {source}: " + "; ".join(problems)
