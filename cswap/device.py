@@ -26,12 +26,13 @@ import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 
 from cswap.paths import cswap_home
 
-__all__ = ["Bandwidth", "DeviceFingerprint", "bandwidth", "fingerprint", "measure_bandwidth", "resolve_device"]
+__all__ = ["Bandwidth", "DeviceFingerprint", "bandwidth", "fingerprint", "measure_bandwidth", "resolve_device", "time_call_s"]
 
 
 @dataclass(frozen=True)
@@ -165,6 +166,25 @@ class Bandwidth:
     def d2h_s(self, nbytes: int) -> float:
         """Seconds to move ``nbytes`` device -> host."""
         return nbytes / (self.d2h_gbps * 1e9)
+
+
+def time_call_s(call: Callable[[], Any], device: torch.device) -> float:
+    """Seconds one call of ``call`` takes on ``device``: CUDA events on a GPU, ``perf_counter`` on the CPU.
+
+    Example:
+        >>> time_call_s(lambda: sum(range(1000)), torch.device("cpu")) > 0
+        True
+    """
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        call()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+    start_s = time.perf_counter()
+    call()
+    return time.perf_counter() - start_s
 
 
 def _median_copy_s(dst: torch.Tensor, src: torch.Tensor, repeats: int, sync: bool) -> float:

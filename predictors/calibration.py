@@ -49,6 +49,7 @@ from cswap.codecs import compress, decompress
 from cswap.codecs.format import bits_dtype
 from cswap.codecs.launch import Launch
 from cswap.device import fingerprint as device_fingerprint
+from cswap.device import time_call_s
 from tuner.lookup import launch_for
 from tuner.store import ConfigStore
 
@@ -342,23 +343,13 @@ class _Progress:
 
 
 class _Timer:
-    """Seconds of a callable: CUDA events on the GPU, ``perf_counter`` on the CPU."""
+    """Seconds of a callable on the calibrated device (see :func:`cswap.device.time_call_s`)."""
 
     def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
+        self.device = device
 
     def __call__(self, call: Callable[[], Any]) -> float:
-        if self.cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize()
-            start.record()
-            call()
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end) / 1e3
-        start_s = time.perf_counter()
-        call()
-        return time.perf_counter() - start_s
+        return time_call_s(call, self.device)
 
 
 @dataclass

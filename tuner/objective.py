@@ -29,6 +29,7 @@ import torch
 from cswap.codecs import compress, decompress
 from cswap.codecs.format import bits_dtype
 from cswap.codecs.launch import launch_from_params
+from cswap.device import time_call_s
 from tuner.kernels import dtype_name, kernel_name, parse_dtype
 from tuner.space import OPS
 
@@ -203,13 +204,4 @@ class KernelObjective:
             raise RuntimeError(f"{self.kernel} with this config did not round-trip bit-exactly")
 
     def _time(self, call: Callable[[], Any]) -> float:
-        if self.device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            call()
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end) / 1e3
-        start_s = time.perf_counter()
-        call()
-        return time.perf_counter() - start_s
+        return time_call_s(call, self.device)
