@@ -16,7 +16,9 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import os
+import sys
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -161,6 +163,7 @@ def launcher(device: torch.device) -> Iterator[Launcher]:
         device: the device of the tensors the kernels will touch.
     """
     if simulator_enabled():
+        _thread_safe_simulator_shared_arrays()
         yield Launcher(stream=None)
         return
     from numba import cuda
@@ -169,3 +172,39 @@ def launcher(device: torch.device) -> Iterator[Launcher]:
     with cuda.gpus[index]:
         stream = cuda.external_stream(torch.cuda.current_stream(index).cuda_stream)
         yield Launcher(stream=stream)
+
+
+@functools.cache
+def _thread_safe_simulator_shared_arrays() -> None:
+    """Make the simulator hand every thread of a block the same ``cuda.shared.array``.
+
+    Numba's simulator runs a block's threads as Python threads, and its ``FakeCUDAShared.array``
+    looks the array up by call site and, if missing, creates and stores one: an unlocked
+    check-then-insert. When the interpreter switches threads between the two, two threads each
+    create their own "shared" array, and a thread then reads slots the others never wrote to its
+    copy: uninitialised ``np.empty`` memory. That is what gave the scan garbage offsets (and nnz)
+    now and then; on a GPU shared memory is one per block, so the kernels need no change.
+    ``dict.setdefault`` is atomic under the GIL, so every thread ends up with the first array stored.
+    """
+    try:
+        from numba.core import types
+        from numba.cuda.simulator.kernelapi import FakeCUDAShared
+        from numba.np import numpy_support
+    except ImportError:  # a Numba without this simulator layout: leave it as it is
+        return
+    racy_array = FakeCUDAShared.array
+
+    def array(self: Any, shape: Any, dtype: Any) -> Any:
+        if shape == 0 or not isinstance(getattr(self, "_allocations", None), dict):
+            return racy_array(self, shape, dtype)  # dynamic shared memory is allocated up front: no race
+        if isinstance(dtype, types.Type):
+            dtype = numpy_support.as_dtype(dtype)
+        caller = sys._getframe(1)
+        # Keyed by call site, as Numba does (one shared array per line of kernel source).
+        key = (caller.f_code.co_filename, caller.f_lineno)
+        found = self._allocations.get(key)
+        if found is not None:
+            return found
+        return self._allocations.setdefault(key, np.empty(shape, dtype))
+
+    FakeCUDAShared.array = array
