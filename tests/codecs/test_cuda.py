@@ -17,10 +17,12 @@ import os
 import re
 import subprocess
 import sys
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -281,6 +283,29 @@ def test_corrupt_packed_raises(corrupt: Callable[[Packed], Packed], message: str
     packed = compress(sparse_tensor(3000, torch.float32, seed=2), backend="cuda", launch=launch(chunk_words=4))
     with pytest.raises(ValueError, match=message):
         decompress(corrupt(packed), backend="cuda", launch=SMALL)
+
+
+@simulator_only
+def test_simulated_threads_of_a_block_share_its_shared_arrays(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: this compress once read nnz = 700473598347376 in the simulator child.
+
+    Numba's simulator created a ``cuda.shared.array`` with an unlocked check-then-insert, so a thread
+    switch there gave two threads of one block different arrays, and the scan read uninitialised
+    slots. A thread switch is forced at that point (every ``np.empty``) so the race, if back, shows
+    up in every run rather than once in hundreds.
+    """
+    t = sparse_tensor(3000, torch.float32, seed=2)
+    cuda_launch = launch(chunk_words=4)
+    want = compress(t, backend="torch", launch=cuda_launch)
+    real_empty = np.empty
+
+    def empty_after_a_thread_switch(*args, **kwargs):  # type: ignore[no-untyped-def]
+        time.sleep(1e-4)
+        return real_empty(*args, **kwargs)
+
+    monkeypatch.setattr(np, "empty", empty_after_a_thread_switch)
+    for _ in range(4):
+        assert_same_packed(compress(t, backend="cuda", launch=cuda_launch), want)
 
 
 # --- a launch the device refuses falls back to the defaults ------------------------------------------
