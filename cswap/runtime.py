@@ -99,6 +99,7 @@ class RuntimeStats:
         unpacks: unpack hook calls.
         prefetches: tensors fetched ahead of their unpack; prefetch_hits: of which used.
         arena_bytes: host arena capacity now.
+        arena_used_bytes: host arena bytes held by live saved tensors now.
         arena_misses: host allocations that did not fit in the arena (they used fresh memory).
         iteration_s: wall seconds spent inside ``rt.iteration()`` (host time).
         history: per epoch, oldest first, the current one last.
@@ -126,6 +127,7 @@ class RuntimeStats:
     prefetches: int
     prefetch_hits: int
     arena_bytes: int
+    arena_used_bytes: int
     arena_misses: int
     iteration_s: float
     history: tuple[EpochStats, ...] = field(default_factory=tuple)
@@ -448,6 +450,7 @@ class Runtime:
                 prefetches=counters.prefetches,
                 prefetch_hits=counters.prefetch_hits,
                 arena_bytes=arena.capacity_bytes,
+                arena_used_bytes=arena.used_bytes,
                 arena_misses=arena.misses,
                 iteration_s=self._iteration_s,
                 history=(*self._history, self._epoch_stats(counters)),

@@ -1,0 +1,138 @@
+"""Stats: resident bytes and their peak (exact, on hand-sized chains), bytes per action, the host arena's
+reuse across iterations, buffers released when their handles die, and the per-epoch history."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+import cswap
+from cswap.codecs import compress
+
+N = 64 * 1024  # elements per tensor: 256 KiB of float32
+NBYTES = 4 * N
+
+
+def chain_runtime(policy: str, **options) -> cswap.Runtime:
+    return cswap.Runtime(policy, device="cpu", min_bytes=0, d2h_gbps=1.0, h2d_gbps=1.0, **options)
+
+
+def run_chain(rt: cswap.Runtime, x: torch.Tensor, links: int = 3) -> None:
+    """``x.exp().exp().exp().sum()``: each exp saves its result, one tensor of NBYTES per link."""
+    with rt.iteration():
+        y = x
+        for _ in range(links):
+            y = y.exp()
+        y.sum().backward()
+
+
+def small_input() -> torch.Tensor:
+    return (torch.rand(N) * 0.1).requires_grad_()
+
+
+def test_none_holds_every_saved_tensor_at_once() -> None:
+    rt = chain_runtime("none")
+    run_chain(rt, small_input())
+    stats = rt.stats()
+    assert stats.peak_resident_bytes == 3 * NBYTES
+    assert stats.kept_bytes == 3 * NBYTES
+    assert stats.resident_bytes == 0
+
+
+def test_swap_without_prefetch_holds_one_tensor_at_a_time() -> None:
+    rt = chain_runtime("swap", prefetch_bytes=0)
+    run_chain(rt, small_input())
+    stats = rt.stats()
+    # Forward keeps nothing; backward rebuilds one tensor, which autograd frees before the next.
+    assert stats.peak_resident_bytes == NBYTES
+    assert stats.offloaded_bytes == stats.transferred_bytes == 3 * NBYTES
+    assert stats.prefetches == 0
+
+
+@pytest.mark.parametrize("budget, peak, prefetches", [(NBYTES, 2 * NBYTES, 2), (10 * NBYTES, 3 * NBYTES, 2)])
+def test_prefetch_budget_bounds_what_is_fetched_ahead(budget: int, peak: int, prefetches: int) -> None:
+    rt = chain_runtime("swap", prefetch_bytes=budget)
+    x = small_input()
+    run_chain(rt, x)  # profiles the unpack order
+    first = rt.stats()
+    run_chain(rt, x)
+    stats = rt.stats()
+    assert stats.peak_resident_bytes == peak
+    assert stats.prefetches - first.prefetches == prefetches
+    assert stats.prefetch_hits == stats.prefetches
+
+
+def test_compress_keep_holds_compressed_sizes() -> None:
+    rt = chain_runtime("compress-keep", prefetch_bytes=0)
+    x = torch.zeros(N, requires_grad=True)  # relu(x - 1) chains are all zeros: tiny compressed tensors
+    with rt.iteration():
+        a = torch.relu(x - 1.0)
+        b = torch.relu(a - 1.0)
+        (b * 2.0).sum().backward()
+    compressed = compress(torch.zeros(N)).compressed_nbytes
+    stats = rt.stats()
+    assert stats.compressed_input_bytes == 2 * NBYTES
+    assert stats.compressed_bytes == 2 * compressed
+    # Both compressed tensors, plus b rebuilt for its ReLU's backward.
+    assert stats.peak_resident_bytes == 2 * compressed + NBYTES
+    assert stats.compression_ratio == pytest.approx(NBYTES / compressed)
+
+
+def test_host_arena_is_reused_across_iterations() -> None:
+    rt = chain_runtime("swap")
+    x = small_input()
+    run_chain(rt, x)
+    first = rt.stats()
+    # The first iteration had no profile to size the arena from: its copies went to fresh memory.
+    assert first.arena_misses == 3
+    run_chain(rt, x)
+    second = rt.stats()
+    run_chain(rt, x)
+    third = rt.stats()
+    assert second.arena_bytes >= 3 * NBYTES
+    assert third.arena_bytes == second.arena_bytes  # no growth once sized
+    assert third.arena_misses == second.arena_misses == first.arena_misses
+    assert third.arena_used_bytes == 0
+
+
+def test_buffers_live_until_the_graph_dies() -> None:
+    rt = chain_runtime("swap")
+    x = small_input()
+    run_chain(rt, x)  # sizes the arena
+    with rt.iteration():
+        y = x.exp().exp()
+        loss = y.sum()
+        loss.backward(retain_graph=True)
+    held = rt.stats()
+    assert held.arena_used_bytes >= 2 * NBYTES  # the retained graph still holds its handles
+    del loss, y
+    gc.collect()
+    released = rt.stats()
+    assert released.arena_used_bytes == 0
+    assert released.resident_bytes == 0
+
+
+def test_per_epoch_history() -> None:
+    rt = chain_runtime("compress-swap")
+    x = small_input()
+    for epoch in range(2):
+        rt.new_epoch()
+        for _ in range(epoch + 1):
+            run_chain(rt, x)
+    stats = rt.stats()
+    assert [e.epoch for e in stats.history] == [0, 1]
+    assert [e.iterations for e in stats.history] == [1, 2]
+    assert [e.packed_tensors for e in stats.history] == [3, 6]
+    assert sum(e.compressed_input_bytes for e in stats.history) == stats.compressed_input_bytes
+    assert stats.iterations == 3 and stats.profiled_iterations == 2 and stats.epoch == 1
+    assert stats.to_dict()["history"][1]["actions"]["zvc-swap"] == 6
+
+
+def test_new_epoch_before_any_iteration_stays_at_epoch_zero() -> None:
+    rt = chain_runtime("swap")
+    rt.new_epoch()
+    rt.new_epoch()
+    run_chain(rt, small_input())
+    assert rt.epoch == 0 and rt.trace().epoch == 0
