@@ -108,6 +108,7 @@ class Profiler:
         policy: the runtime's policy.
         model: optional module whose submodule names label producers.
         meta: extra context stored in the trace's ``meta``.
+        clock: the timestamps' source (default :class:`Clock` of ``device``).
     """
 
     def __init__(
@@ -117,13 +118,14 @@ class Profiler:
         policy: str,
         model: torch.nn.Module | None = None,
         meta: dict[str, Any] | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.device = device
         self.epoch = epoch
         self.policy = policy
         self.model = model
         self.meta = dict(meta or {})
-        self.clock = Clock(device)
+        self.clock = clock if clock is not None else Clock(device)
         self._packs: dict[int, _Pack] = {}
         self._unpacks: dict[int, tuple[Any, Any]] = {}
         self._reasons: dict[int, str] = {}
