@@ -1,0 +1,141 @@
+"""Runtime options: defaults from configs/default.yaml, overrides, and errors that name the problem."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+import cswap
+from cswap.options import DEFAULTS_ENV, FILE_OPTIONS, POLICIES, RuntimeOptions, default_options_path, load_options
+
+SHIPPED = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"
+
+
+def test_defaults_come_from_the_shipped_yaml() -> None:
+    assert default_options_path() == SHIPPED
+    expected = yaml.safe_load(SHIPPED.read_text())["runtime"]
+    options = load_options()
+    assert set(expected) == set(FILE_OPTIONS)
+    for name, value in expected.items():
+        assert getattr(options, name) == value, name
+    assert options.model is options.time_model is options.launch_lookup is options.logistic_model is None
+
+
+def test_defaults_load_from_any_working_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert load_options().min_bytes == yaml.safe_load(SHIPPED.read_text())["runtime"]["min_bytes"]
+
+
+def test_keyword_options_override_the_file() -> None:
+    rt = cswap.Runtime("compress-keep", device="cpu", min_bytes=123, prefetch_bytes=0, backend="torch", d2h_gbps=3.5)
+    assert (rt.policy, rt.options.min_bytes, rt.options.prefetch_bytes, rt.backend, rt.options.d2h_gbps) == (
+        "compress-keep", 123, 0, "torch", 3.5)
+    assert rt.device == torch.device("cpu")
+    assert isinstance(rt.options, RuntimeOptions)
+
+
+def test_auto_backend_is_cpu_on_cpu() -> None:
+    assert cswap.Runtime("swap", device="cpu").backend == "cpu"
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_every_policy_is_accepted(policy: str) -> None:
+    assert cswap.Runtime(policy, device="cpu").policy == policy
+
+
+def test_unknown_options_are_named_with_the_valid_ones() -> None:
+    with pytest.raises(TypeError, match=r"unknown Runtime options 'min_byte', 'prefetch'; valid options are .*min_bytes.*prefetch_bytes"):
+        cswap.Runtime("swap", min_byte=0, prefetch=1)
+
+
+def test_unknown_policy_lists_the_choices() -> None:
+    with pytest.raises(ValueError, match="policy='vdnn'.*none, swap, compress-swap, cswap, compress-keep"):
+        cswap.Runtime("vdnn")
+
+
+@pytest.mark.parametrize(
+    "name, value, message",
+    [
+        ("min_bytes", -1, "min_bytes=-1.*int >= 0"),
+        ("min_bytes", 1.5, "min_bytes=1.5.*int >= 0"),
+        ("prefetch_bytes", True, "prefetch_bytes=True"),
+        ("decider", "neural", "decider='neural'.*cost-model, logistic"),
+        ("backend", "gpu", "backend='gpu'.*auto, torch, cpu, cuda"),
+        ("device", "tpu:0:1", "device='tpu:0:1'.*device name"),
+        ("arena_slack", -0.5, "arena_slack=-0.5"),
+        ("d2h_gbps", 0, "d2h_gbps=0.*positive number"),
+        ("paper_size", "yes", "paper_size='yes'.*true or false"),
+        ("model", "vgg16", "model='vgg16'.*nn.Module"),
+        ("time_model", object(), "time_model=.*compress_s"),
+        ("launch_lookup", 3, "launch_lookup=3.*callable"),
+    ],
+)
+def test_bad_values_name_the_option(name: str, value: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        load_options(**{name: value})
+
+
+def test_logistic_decider_needs_its_model() -> None:
+    with pytest.raises(ValueError, match="decider='logistic' needs logistic_model"):
+        load_options(decider="logistic")
+
+
+def test_backend_must_match_the_device() -> None:
+    with pytest.raises(ValueError, match="backend 'cuda' compresses GPU tensors.*backend='cpu'"):
+        cswap.Runtime("swap", device="cpu", backend="cuda")
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "defaults.yaml"
+    path.write_text(text)
+    return path
+
+
+def _shipped_with(old: str, new: str) -> str:
+    text = SHIPPED.read_text()
+    assert old in text
+    return text.replace(old, new)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("runtime: [unclosed", "not valid YAML"),
+        ("- a list\n", "expected a mapping with a 'runtime' mapping"),
+        ("other: {}\n", "expected a mapping with a 'runtime' mapping"),
+        (None, "unknown key runtime.min_byte; valid keys are"),
+        ("missing", "missing key runtime.min_bytes"),
+        ("bad-type", r"runtime.min_bytes is 'lots': must be an int >= 0"),
+        ("bad-policy", r"runtime.policy is 'fastest': choose one of"),
+    ],
+)
+def test_malformed_defaults_name_the_file_and_key(tmp_path: Path, text: str | None, message: str) -> None:
+    if text is None:
+        text = _shipped_with("  min_bytes:", "  min_byte:")
+    elif text == "missing":
+        text = "\n".join(line for line in SHIPPED.read_text().splitlines() if not line.startswith("  min_bytes:"))
+    elif text == "bad-type":
+        text = _shipped_with("min_bytes: 262144", "min_bytes: lots")
+    elif text == "bad-policy":
+        text = _shipped_with("policy: cswap", "policy: fastest")
+    path = _write(tmp_path, text)
+    with pytest.raises(ValueError, match=message) as error:
+        load_options(path)
+    assert str(path) in str(error.value)
+
+
+def test_missing_defaults_file_names_the_fix(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=f"cannot read the runtime defaults .*{DEFAULTS_ENV}"):
+        load_options(tmp_path / "absent.yaml")
+
+
+def test_defaults_file_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = _write(tmp_path, _shipped_with("policy: cswap", "policy: compress-keep"))
+    monkeypatch.setenv(DEFAULTS_ENV, str(path))
+    assert default_options_path() == path
+    assert cswap.Runtime(device="cpu").policy == "compress-keep"
+    assert os.environ[DEFAULTS_ENV] == str(path)
