@@ -25,10 +25,11 @@ grown only between iterations. During backward, each unpack prefetches the next 
 in the profiled unpack order, up to ``prefetch_bytes`` fetched ahead. On CPU the same code runs
 without streams: swapping copies into the (unpinned) arena, compression uses the ``cpu`` backend.
 
-Compression is ZVC, with one exact pre-step: an int64 tensor whose values all fit in int32
-(max-pool, gather and embedding indices) is narrowed to int32 before ZVC and widened back when
-rebuilt, which halves what ZVC keeps of such dense index tensors. The check is one pass over the
-tensor (and, on a GPU, one synchronisation of the side stream, like the compressor's own).
+Compression is ZVC, with one exact pre-step: an int64 tensor whose values all fit in a narrower
+signed integer (max-pool, gather and embedding indices) is narrowed to the narrowest of int8, int16
+and int32 that holds them before ZVC, and widened back when rebuilt. ZVC drops only all-zero
+elements, and such index tensors are dense, so this is where they shrink: 2x to 8x. The check is one
+pass over the tensor (and, on a GPU, one synchronisation of the side stream, like the compressor's).
 
 Resident bytes (:attr:`Counters.resident_bytes`) count what the saved-tensor machinery holds on the
 device: kept tensors at their compact size, compress-keep tensors at their compressed size,
@@ -73,7 +74,7 @@ from cswap.codecs.format import Packed
 from cswap.layout import Layout
 from cswap.profiler import Profiler
 
-__all__ = ["Counters", "Executor", "IterationState"]
+__all__ = ["Counters", "Executor", "IterationState", "narrowest_int"]
 
 _BITS_BY_ITEMSIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
@@ -95,11 +96,27 @@ def _torch_threads_kept() -> Iterator[None]:
             torch.set_num_threads(threads)
 
 
-def _fits_int32(t: torch.Tensor) -> bool:
-    """Whether every element of the int64 tensor ``t`` is representable as int32 (one device sync on a GPU)."""
+_NARROW_INTS: tuple[torch.dtype, ...] = (torch.int8, torch.int16, torch.int32)
+
+
+def narrowest_int(t: torch.Tensor) -> torch.dtype | None:
+    """The narrowest of int8, int16 and int32 that holds every element of int64 ``t`` exactly, else None.
+
+    One pass over ``t`` (and one device synchronisation on a GPU).
+
+    Example:
+        >>> narrowest_int(torch.tensor([0, 1023, -5]))
+        torch.int16
+    """
+    if t.numel() == 0:
+        return torch.int8
     low, high = torch.aminmax(t)
     low_value, high_value = torch.stack((low, high)).tolist()
-    return -(2**31) <= low_value and high_value < 2**31
+    for dtype in _NARROW_INTS:
+        info = torch.iinfo(dtype)
+        if info.min <= low_value and high_value <= info.max:
+            return dtype
+    return None
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -189,7 +206,7 @@ class _Stored:
         self.unpacked = False
         self.decompress_launch: Any = None
         self.storage_ref: StorageWeakRef | None = None
-        self.narrowed = False
+        self.narrowed: torch.dtype | None = None
         self._sink = sink
 
     def __del__(self) -> None:
@@ -526,11 +543,12 @@ class Executor:
             stored.host.copy_(flat, non_blocking=non_blocking)
             return
         source = flat
-        if flat.dtype == torch.int64 and _fits_int32(flat):
-            # Indices (max-pool, gather, embedding) are int64 but small: narrowing them is exact and
-            # halves what ZVC, which only drops all-zero elements, must keep.
-            source = flat.to(torch.int32)
-            stored.narrowed = True
+        narrow = narrowest_int(flat) if flat.dtype == torch.int64 else None
+        if narrow is not None:
+            # Indices (max-pool, gather, embedding) are int64 but small: narrowing them is exact, and
+            # ZVC, which only drops all-zero elements, cannot shrink such dense tensors otherwise.
+            source = flat.to(narrow)
+            stored.narrowed = narrow
         with _torch_threads_kept():
             packed = compress(source, backend=self.backend, launch=launch)
         if action is Action.ZVC_KEEP:
@@ -636,10 +654,11 @@ class Executor:
             launch = stored.decompress_launch
             if launch is not None and getattr(launch, "chunk_words", packed.chunk_words) != packed.chunk_words:
                 launch = replace(launch, chunk_words=packed.chunk_words)
-            target = torch.empty(layout.numel, dtype=torch.int32, device=self.device) if stored.narrowed else flat
+            narrowed = stored.narrowed
+            target = flat if narrowed is None else torch.empty(layout.numel, dtype=narrowed, device=self.device)
             with _torch_threads_kept():
                 decompress(packed, backend=self.backend, out=target, launch=launch, validate=False)
-            if stored.narrowed:
+            if narrowed is not None:
                 flat.copy_(target)
         return result if result is not None else layout.rebuild_from(flat)
 

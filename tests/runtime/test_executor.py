@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 import cswap
 from cswap.codecs import zvc_compressed_nbytes
+from cswap.executor import narrowest_int
 from tests.runtime.helpers import assert_bit_equal, one_thread_below_1mib
 
 MOVING_POLICIES = ("swap", "compress-swap", "cswap", "compress-keep")
@@ -199,22 +200,33 @@ class _SavesInt64(torch.autograd.Function):
 
 
 @pytest.mark.parametrize("policy", ("compress-swap", "compress-keep"))
-@pytest.mark.parametrize("wide", (False, True), ids=("fits-int32", "needs-int64"))
-def test_int64_narrowed_only_when_exact(policy: str, wide: bool) -> None:
-    codes = torch.arange(-2048, 2048, dtype=torch.int64) * 3
+@pytest.mark.parametrize(
+    ("largest", "itemsize"),
+    [(100, 1), (2**15 - 1, 2), (-(2**15) - 1, 4), (2**31 - 1, 4), (2**31, 8), (-(2**40), 8)],
+    ids=("int8", "int16", "int32-below", "int32", "needs-int64", "needs-int64-negative"),
+)
+def test_int64_narrowed_only_when_exact(policy: str, largest: int, itemsize: int) -> None:
+    codes = torch.arange(-48, 48, dtype=torch.int64).repeat(4096 // 96 + 1)[:4096]
     codes[::2] = 0
-    if wide:
-        codes[5] = 2**40  # one value outside int32: the tensor must stay 8 bytes wide
+    codes[5] = largest  # the one value that decides the width
     rt = make_runtime(policy)
     x = leaves((4096,))[0]
     with rt.iteration():
         _SavesInt64.apply(x * 1.0, codes).sum().backward()
     assert torch.equal(x.grad, codes.to(torch.float32))
-    itemsize = 8 if wide else 4
     nnz = int((codes != 0).sum())
     stats = rt.stats()
     assert stats.compressed_input_bytes == 4096 * 8
     assert stats.compressed_bytes == zvc_compressed_nbytes(4096, nnz, itemsize)
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [([0], torch.int8), ([-128, 127], torch.int8), ([128], torch.int16), ([-32769], torch.int32),
+     ([2**31 - 1, -(2**31)], torch.int32), ([2**31], None), ([], torch.int8)],
+)
+def test_narrowest_int(values: list[int], expected: torch.dtype | None) -> None:
+    assert narrowest_int(torch.tensor(values, dtype=torch.int64)) == expected
 
 
 # ---------------------------------------------------------------------------------- unpacks
