@@ -219,6 +219,21 @@ class Plan:
         return "\n".join(lines)
 
 
+def _itemsize(dtype_name: str) -> int:
+    return torch.empty((), dtype=_DTYPE_NAMES[dtype_name]).element_size()
+
+
+def _encoded(record: Any) -> tuple[int, int]:
+    """Bytes and bytes per element of ``record`` as ZVC encodes it: int64 tensors that fit a
+    narrower int are narrowed exactly before compression (see :mod:`cswap.codecs.narrow`)."""
+    itemsize = _itemsize(record.dtype)
+    narrow = getattr(record, "narrow_dtype", None)
+    if narrow is None:
+        return record.nbytes, itemsize
+    encoded_itemsize = _itemsize(narrow)
+    return record.nbytes // itemsize * encoded_itemsize, encoded_itemsize
+
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3f} ms"
 
@@ -298,8 +313,8 @@ class Advisor:
             if decision.action is Action.SWAP:
                 host_bytes += record.nbytes
             elif decision.action is Action.ZVC_SWAP:
-                itemsize = torch.empty((), dtype=_DTYPE_NAMES[record.dtype]).element_size()
-                host_bytes += zvc_nbytes_for(record.nbytes, record.sparsity, itemsize, self._chunk_words(decision))
+                encoded_nbytes, encoded_itemsize = _encoded(record)
+                host_bytes += zvc_nbytes_for(encoded_nbytes, record.sparsity, encoded_itemsize, self._chunk_words(decision))
         unpacked = sorted((r for r in trace.tensors if r.unpack_at_s is not None), key=lambda r: (r.unpack_at_s, r.key))
         return Plan(
             policy=self.policy,
@@ -329,9 +344,10 @@ class Advisor:
         return self._cost_decision(record, base, launches)
 
     def _cost_decision(self, record: Any, base: dict[str, Any], launches: dict[str, Launch | None]) -> Decision:
-        itemsize = torch.empty((), dtype=_DTYPE_NAMES[record.dtype]).element_size()
-        compress_s = float(self.time_model.compress_s(record.nbytes, record.density, itemsize, self.backend))
-        decompress_s = float(self.time_model.decompress_s(record.nbytes, record.density, itemsize, self.backend))
+        itemsize = _itemsize(record.dtype)
+        encoded_nbytes, encoded_itemsize = _encoded(record)
+        compress_s = float(self.time_model.compress_s(encoded_nbytes, record.density, encoded_itemsize, self.backend))
+        decompress_s = float(self.time_model.decompress_s(encoded_nbytes, record.density, encoded_itemsize, self.backend))
         cost = decide(
             nbytes=record.nbytes,
             sparsity=record.sparsity,
@@ -342,6 +358,7 @@ class Advisor:
             compress_s=compress_s,
             decompress_s=decompress_s,
             itemsize=itemsize,
+            encoded_itemsize=encoded_itemsize,
             paper_size=self.paper_size,
             chunk_words=getattr(launches["compress_launch"], "chunk_words", DEFAULT_CHUNK_WORDS),
         )

@@ -69,12 +69,12 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from cswap.advisor import Action, Decision, Plan, zvc_supported
 from cswap.arena import ArenaBlock, HostArena, aligned
-from cswap.codecs import compress, decompress
+from cswap.codecs import compress, decompress, narrowest_int
 from cswap.codecs.format import Packed
 from cswap.layout import Layout
 from cswap.profiler import Profiler
 
-__all__ = ["Counters", "Executor", "IterationState", "narrowest_int"]
+__all__ = ["Counters", "Executor", "IterationState"]
 
 _BITS_BY_ITEMSIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
@@ -94,29 +94,6 @@ def _torch_threads_kept() -> Iterator[None]:
     finally:
         if torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
-
-
-_NARROW_INTS: tuple[torch.dtype, ...] = (torch.int8, torch.int16, torch.int32)
-
-
-def narrowest_int(t: torch.Tensor) -> torch.dtype | None:
-    """The narrowest of int8, int16 and int32 that holds every element of int64 ``t`` exactly, else None.
-
-    One pass over ``t`` (and one device synchronisation on a GPU).
-
-    Example:
-        >>> narrowest_int(torch.tensor([0, 1023, -5]))
-        torch.int16
-    """
-    if t.numel() == 0:
-        return torch.int8
-    low, high = torch.aminmax(t)
-    low_value, high_value = torch.stack((low, high)).tolist()
-    for dtype in _NARROW_INTS:
-        info = torch.iinfo(dtype)
-        if info.min <= low_value and high_value <= info.max:
-            return dtype
-    return None
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -439,10 +416,10 @@ class Executor:
             counters.packed_tensors += 1
             counters.pack_s += time.perf_counter() - started
         if profiler is not None and record is not None:
-            profiler.record_pack(*record, start=stamp, end=profiler.stamp())
+            profiler.record_pack(**record, start=stamp, end=profiler.stamp())
         return handle
 
-    def _pack(self, it: IterationState, key: int, tensor: torch.Tensor, profiler: Profiler | None) -> tuple[_Handle, tuple[Any, ...] | None]:
+    def _pack(self, it: IterationState, key: int, tensor: torch.Tensor, profiler: Profiler | None) -> tuple[_Handle, dict[str, Any] | None]:
         counters = self.counters
         reason = self._never_move(it, tensor)
         if reason is not None:
@@ -450,13 +427,15 @@ class Executor:
             record = None
             if profiler is not None:
                 nbytes = tensor.numel() * tensor.element_size()
-                record = (key, tuple(tensor.shape), _dtype_name(tensor.dtype), nbytes, tensor.numel(), 0, profiler.producer(tensor), False, reason)
+                record = dict(key=key, shape=tuple(tensor.shape), dtype=_dtype_name(tensor.dtype), nbytes=nbytes, numel=tensor.numel(),
+                              zeros=0, producer=profiler.producer(tensor), offloadable=False, reason=reason)
             return _Handle(key, None, tensor.detach()), record
         layout = Layout.of(tensor)
         dedupe_key = (_storage_id(tensor), tensor.storage_offset(), layout.shape, layout.stride, tensor.dtype, tensor._version)
         stored = self._dedupe.get(dedupe_key)
         producer = profiler.producer(tensor) if profiler is not None else ""
         zeros: Any = 0
+        int_range: Any = None
         if stored is not None:
             counters.deduplicated_tensors += 1
             if profiler is not None:
@@ -464,12 +443,16 @@ class Executor:
         else:
             action, decision = self._choose(it, key, layout)
             stored, zeros = self._store(key, tensor.detach(), layout, action, decision, count_zeros=profiler is not None)
+            if profiler is not None and layout.dtype == torch.int64 and tensor.numel():
+                # Deferred like the zero count: the advisor costs int64 tensors at their narrowed size.
+                int_range = torch.stack(torch.aminmax(tensor.detach()))
             self._dedupe[dedupe_key] = stored
             counters.actions[action.value] += 1
         it.stored_by_key[key] = weakref.ref(stored)
         record = None
         if profiler is not None:
-            record = (key, layout.shape, _dtype_name(layout.dtype), layout.nbytes, layout.numel, zeros, producer, True, "")
+            record = dict(key=key, shape=layout.shape, dtype=_dtype_name(layout.dtype), nbytes=layout.nbytes, numel=layout.numel,
+                          zeros=zeros, producer=producer, offloadable=True, reason="", int_range=int_range)
         return _Handle(key, stored), record
 
     def _store(

@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from cswap.codecs.narrow import narrowest_int_for_range
 from cswap.trace import Trace, TensorRecord
 
 __all__ = ["Clock", "Profiler", "producer_name"]
@@ -97,6 +98,7 @@ class _Pack:
     offloadable: bool
     start: Any
     end: Any
+    int_range: Any = None  # (min, max) of an int64 tensor: a 2-element tensor until the trace is built
 
 
 class Profiler:
@@ -197,6 +199,8 @@ class Profiler:
         reason: str,
         start: Any,
         end: Any,
+        *,
+        int_range: Any = None,
     ) -> None:
         """One pack hook call.
 
@@ -209,8 +213,10 @@ class Profiler:
             offloadable: whether the runtime may move it.
             reason: why not, when it may not.
             start, end: :meth:`stamp` at the hook's start and end.
+            int_range: for an int64 tensor, its smallest and largest value as a 2-element tensor,
+                which gives the record's ``narrow_dtype``; None otherwise.
         """
-        self._packs[key] = _Pack(key, shape, dtype, nbytes, numel, zeros, producer, offloadable, start, end)
+        self._packs[key] = _Pack(key, shape, dtype, nbytes, numel, zeros, producer, offloadable, start, end, int_range)
         if not offloadable:
             self._reasons[key] = reason
 
@@ -239,6 +245,7 @@ class Profiler:
         unpack_at = {key: (seconds(s), seconds(e)) for key, (s, e) in self._unpacks.items()}
         backward_start = min((s for s, _ in unpack_at.values()), default=end_s)
         zeros = self._zero_counts(packs)
+        narrow = self._narrow_dtypes(packs)
 
         def offloadable(p: _Pack) -> bool:
             return p.offloadable and p.key not in self._duplicates
@@ -271,6 +278,7 @@ class Profiler:
                     dtype=p.dtype,
                     nbytes=p.nbytes,
                     sparsity=min(max(sparsity, 0.0), 1.0),
+                    narrow_dtype=narrow.get(source.key),
                     producer=p.producer,
                     offloadable=offloadable(p),
                     pack_s=pack_at[p.key][1] - pack_at[p.key][0],
@@ -295,6 +303,20 @@ class Profiler:
             policy=self.policy,
             meta=meta,
         )
+
+    @staticmethod
+    def _narrow_dtypes(packs: list[_Pack]) -> dict[int, str]:
+        """Per int64 tensor that fits a narrower int, that int's name (one transfer for all ranges)."""
+        ranged = [p for p in packs if p.int_range is not None]
+        if not ranged:
+            return {}
+        ranges = torch.stack([p.int_range.reshape(2) for p in ranged]).cpu().tolist()
+        found = {}
+        for p, (low, high) in zip(ranged, ranges):
+            dtype = narrowest_int_for_range(low, high)
+            if dtype is not None:
+                found[p.key] = str(dtype).removeprefix("torch.")
+        return found
 
     def _zero_counts(self, packs: list[_Pack]) -> dict[int, int]:
         """Zero counts as ints, moving any device tensors to the host in one transfer."""

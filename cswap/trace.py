@@ -53,6 +53,9 @@ class TensorRecord:
         hidden_forward_s: ``Hidden_f`` (module docstring).
         hidden_backward_s: ``Hidden_b`` (module docstring).
         flops: forward FLOPs of the producing op when known (simulated traces), else 0.
+        narrow_dtype: for an int64 tensor whose values all fit a narrower signed int, that int's
+            name (``"int16"``): compression narrows it exactly first, so it is costed at that
+            width. None otherwise.
     """
 
     key: int
@@ -69,6 +72,7 @@ class TensorRecord:
     hidden_forward_s: float = 0.0
     hidden_backward_s: float = 0.0
     flops: float = 0.0
+    narrow_dtype: str | None = None
 
     @property
     def density(self) -> float:

@@ -18,6 +18,7 @@ from cswap.codecs.format import (
     zvc_compressed_nbytes,
 )
 from cswap.codecs.launch import CUDA_KERNELS, CpuLaunch, CudaLaunch, Launch, launch_from_params
+from cswap.codecs.narrow import NARROW_INTS, narrowest_int, narrowest_int_for_range
 from cswap.codecs.registry import CODECS, CodecRegistry
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "CudaLaunch",
     "DEFAULT_CHUNK_WORDS",
     "Launch",
+    "NARROW_INTS",
     "Packed",
     "SUPPORTED_DTYPES",
     "bits_dtype",
@@ -35,5 +37,7 @@ __all__ = [
     "decompress",
     "default_backend",
     "launch_from_params",
+    "narrowest_int",
+    "narrowest_int_for_range",
     "zvc_compressed_nbytes",
 ]

@@ -9,6 +9,7 @@ import torch
 import cswap
 from cswap.advisor import Action, Advisor, Plan
 from cswap.codec_speed import CodecSpeed, OpSpeed
+from cswap.codecs import zvc_compressed_nbytes
 from cswap.codecs.launch import CpuLaunch
 from cswap.costmodel import decide
 from cswap.trace import TensorRecord, Trace
@@ -131,6 +132,21 @@ def test_failing_launch_lookup_falls_back_with_a_warning() -> None:
     with pytest.warns(UserWarning, match="tuning service unreachable.*default launch"):
         plan = Advisor(policy="compress-keep", backend="cpu", min_bytes=0, launch_lookup=broken).plan(TRACE, 0)
     assert plan.decisions[0].compress_launch is None and plan.decisions[0].action is Action.ZVC_KEEP
+
+
+@pytest.mark.parametrize("narrow_dtype", (None, "int16"))
+def test_narrowed_indices_are_costed_at_their_narrow_width(narrow_dtype: str | None) -> None:
+    """Dense int64 indices: swapped plainly at full width, compressed when they narrow to int16."""
+    free_codec = CodecSpeed(backend="cpu", compress=OpSpeed(0.0, 0.0, 0.0), decompress=OpSpeed(0.0, 0.0, 0.0))
+    advisor = Advisor(policy="cswap", backend="cpu", min_bytes=0, time_model=free_codec, d2h_gbps=1, h2d_gbps=1)
+    record = _record(0, dtype="int64", sparsity=0.0, narrow_dtype=narrow_dtype)
+    plan = advisor.plan(Trace(tensors=(record,)), 0)
+    decision = plan.decisions[0]
+    numel = 4 * MIB // 8
+    itemsize = 8 if narrow_dtype is None else 2
+    assert decision.compressed_nbytes == zvc_compressed_nbytes(numel, numel, itemsize)
+    assert decision.action is (Action.SWAP if narrow_dtype is None else Action.ZVC_SWAP)
+    assert plan.host_bytes == (4 * MIB if narrow_dtype is None else decision.compressed_nbytes)
 
 
 def test_unpack_order_host_bytes_and_guard() -> None:

@@ -86,3 +86,14 @@ def test_sparsity_out_of_range(bad: float) -> None:
 def test_zero_bandwidth_is_an_error() -> None:
     with pytest.raises(ValueError, match="bandwidth must be positive"):
         swap_s(1e6, 0, 10, 0, 0)
+
+
+@pytest.mark.parametrize("encoded_itemsize", (1, 2, 4, 8))
+def test_narrowed_int64_is_costed_at_its_encoded_width(encoded_itemsize: int) -> None:
+    numel = 1 << 20
+    cost = decide(numel * 8, 0.0, 0.0, 0.0, d2h_gbps=10, h2d_gbps=10, compress_s=0.0, decompress_s=0.0,
+                  itemsize=8, encoded_itemsize=encoded_itemsize)
+    assert cost.compressed_nbytes == zvc_compressed_nbytes(numel, numel, encoded_itemsize)
+    # Dense, so only narrowing makes the compressed transfer smaller than the plain one.
+    assert cost.compress is (encoded_itemsize < 8)
+    assert cost.swap_s == pytest.approx(2 * numel * 8 / (10 * GB))

@@ -15,7 +15,6 @@ import torch.nn.functional as F
 
 import cswap
 from cswap.codecs import zvc_compressed_nbytes
-from cswap.executor import narrowest_int
 from tests.runtime.helpers import assert_bit_equal, one_thread_below_1mib
 
 MOVING_POLICIES = ("swap", "compress-swap", "cswap", "compress-keep")
@@ -218,15 +217,6 @@ def test_int64_narrowed_only_when_exact(policy: str, largest: int, itemsize: int
     stats = rt.stats()
     assert stats.compressed_input_bytes == 4096 * 8
     assert stats.compressed_bytes == zvc_compressed_nbytes(4096, nnz, itemsize)
-
-
-@pytest.mark.parametrize(
-    ("values", "expected"),
-    [([0], torch.int8), ([-128, 127], torch.int8), ([128], torch.int16), ([-32769], torch.int32),
-     ([2**31 - 1, -(2**31)], torch.int32), ([2**31], None), ([], torch.int8)],
-)
-def test_narrowest_int(values: list[int], expected: torch.dtype | None) -> None:
-    assert narrowest_int(torch.tensor(values, dtype=torch.int64)) == expected
 
 
 # ---------------------------------------------------------------------------------- unpacks

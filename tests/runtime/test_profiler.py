@@ -101,6 +101,9 @@ def test_real_profile_of_a_model() -> None:
     assert relu.shape == (4, 8, 8, 8) and relu.dtype == "float32" and relu.nbytes == expected.numel() * 4
     assert relu.sparsity == pytest.approx(float((expected == 0).float().mean()))
     assert {t.dtype for t in trace.tensors} >= {"float32", "int64"}  # the pool's indices
+    indices = next(t for t in trace.tensors if t.dtype == "int64")
+    assert indices.narrow_dtype == "int8"  # positions in an 8x8 plane: all below 64
+    assert all(t.narrow_dtype is None for t in trace.tensors if t.dtype != "int64")
     assert trace.meta["mode"] == "keep-all" and trace.meta["model"] == "Sequential"
     assert all(t.unpack_at_s is not None for t in trace.tensors if t.offloadable)
     assert trace.forward_s > 0 and trace.backward_s > 0
