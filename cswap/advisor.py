@@ -377,6 +377,8 @@ class Advisor:
                 reason = f"T={_ms(t)} < T'={_ms(t_prime)}: compressing saves {_ms(t_prime - t)}"
             else:
                 reason = f"T={_ms(t)} >= T'={_ms(t_prime)}: a plain swap is no slower"
+        if getattr(record, "narrow_dtype", None) is not None:
+            reason += f" (T costs it narrowed exactly to {record.narrow_dtype})"
         return Decision(
             **base,
             action=Action.ZVC_SWAP if compress else Action.SWAP,

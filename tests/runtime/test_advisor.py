@@ -147,6 +147,7 @@ def test_narrowed_indices_are_costed_at_their_narrow_width(narrow_dtype: str | N
     assert decision.compressed_nbytes == zvc_compressed_nbytes(numel, numel, itemsize)
     assert decision.action is (Action.SWAP if narrow_dtype is None else Action.ZVC_SWAP)
     assert plan.host_bytes == (4 * MIB if narrow_dtype is None else decision.compressed_nbytes)
+    assert decision.reason.endswith("(T costs it narrowed exactly to int16)") is (narrow_dtype is not None)
 
 
 def test_unpack_order_host_bytes_and_guard() -> None:
