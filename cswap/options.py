@@ -29,6 +29,7 @@ import torch
 import yaml
 
 from cswap.codecs.launch import Launch
+from cswap.paths import shipped_configs_dir
 
 __all__ = [
     "BACKENDS",
@@ -174,11 +175,11 @@ def _problem(name: str, value: Any) -> str | None:
 
 
 def default_options_path() -> Path:
-    """``$CSWAP_RUNTIME_CONFIG`` when set, else ``configs/default.yaml`` next to the package."""
+    """``$CSWAP_RUNTIME_CONFIG`` when set, else the shipped ``default.yaml`` (:func:`cswap.paths.shipped_configs_dir`)."""
     env = os.environ.get(DEFAULTS_ENV)
     if env:
         return Path(env)
-    return Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
+    return shipped_configs_dir() / "default.yaml"
 
 
 def _read_defaults(path: Path) -> dict[str, Any]:

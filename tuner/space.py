@@ -31,6 +31,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from cswap.codecs.launch import CpuLaunch, CudaLaunch
+from cswap.paths import shipped_configs_dir
 
 __all__ = [
     "BACKENDS",
@@ -233,7 +234,7 @@ def search_space_dir(path: str | os.PathLike[str] | None = None) -> Path:
     env = os.environ.get(SPACES_ENV)
     if env:
         return Path(env)
-    return Path(__file__).resolve().parent.parent / "configs" / "search_spaces"
+    return shipped_configs_dir() / "search_spaces"
 
 
 def _space_file(backend: str, path: str | os.PathLike[str] | None) -> Path:

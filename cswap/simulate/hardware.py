@@ -43,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from cswap.codecs.format import DEFAULT_CHUNK_WORDS
 from cswap.costmodel import zvc_nbytes_for
+from cswap.paths import shipped_configs_dir
 
 __all__ = [
     "HARDWARE_ENV",
@@ -240,7 +241,7 @@ def hardware_dir() -> Path:
     env = os.environ.get(HARDWARE_ENV)
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[2] / "configs" / "hardware"
+    return shipped_configs_dir() / "hardware"
 
 
 def hardware_names() -> tuple[str, ...]:
