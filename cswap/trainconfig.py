@@ -1,8 +1,9 @@
 """What one ``cswap train`` run does: a validated, frozen configuration, from defaults, a recipe and flags.
 
-Precedence: the defaults below, then a recipe file (``--config configs/recipes/NAME.yaml``), then
-the flags given on the command line. A recipe is YAML whose keys are field names of
-:class:`TrainConfig`; an unknown key or a bad value is an error naming the key and the file.
+Precedence: the defaults below, then a recipe (``--config configs/recipes/NAME.yaml``, or just
+``--config NAME`` for a shipped one), then the flags given on the command line. A recipe is YAML
+whose keys are field names of :class:`TrainConfig`; an unknown key or a bad value is an error
+naming the key and the file.
 
 Example:
     >>> cfg = TrainConfig(model="vgg11", epochs=1)
@@ -23,7 +24,9 @@ from typing import Any, Literal, Mapping
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-__all__ = ["RecipeError", "TrainConfig", "load_config"]
+from cswap.paths import shipped_configs_dir
+
+__all__ = ["RecipeError", "TrainConfig", "load_config", "recipe_path", "shipped_recipes"]
 
 Policy = Literal["none", "swap", "compress-swap", "cswap", "compress-keep"]
 TuneMode = Literal["off", "cached", "bo", "grid", "random"]
@@ -94,6 +97,28 @@ class TrainConfig(BaseModel):
         return self.plots or self.report_path.parent / "plots"
 
 
+def shipped_recipes() -> tuple[str, ...]:
+    """Names of the recipes that ship with cswap (``configs/recipes/<name>.yaml``), sorted."""
+    return tuple(sorted(p.stem for p in (shipped_configs_dir() / "recipes").glob("*.yaml")))
+
+
+def recipe_path(recipe: str | Path) -> Path:
+    """The file of ``recipe``: a path to a YAML file, or the name of a shipped recipe (``vgg16-digits``).
+
+    Example:
+        >>> recipe_path("vgg16-digits").name
+        'vgg16-digits.yaml'
+    """
+    path = Path(recipe)
+    if path.exists() or path.suffix in (".yaml", ".yml") or len(path.parts) > 1:
+        return path
+    shipped = shipped_configs_dir() / "recipes" / f"{path.name}.yaml"
+    if shipped.is_file():
+        return shipped
+    names = ", ".join(shipped_recipes()) or "none"
+    raise RecipeError(f"no recipe file {recipe!r} and no shipped recipe of that name; give a YAML path or one of: {names}")
+
+
 def _recipe(path: Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_text())
@@ -112,7 +137,7 @@ def load_config(recipe: str | Path | None = None, overrides: Mapping[str, Any] |
     """Defaults, then ``recipe``, then ``overrides`` (entries that are ``None`` are ignored).
 
     Args:
-        recipe: path of a YAML recipe, or ``None``.
+        recipe: path of a YAML recipe, the name of a shipped one (:func:`shipped_recipes`), or ``None``.
         overrides: flag values from the command line.
 
     Raises:
@@ -122,7 +147,7 @@ def load_config(recipe: str | Path | None = None, overrides: Mapping[str, Any] |
     values: dict[str, Any] = {}
     source = "the command line"
     if recipe is not None:
-        recipe = Path(recipe)
+        recipe = recipe_path(recipe)
         values.update(_recipe(recipe))
         source = str(recipe)
         try:

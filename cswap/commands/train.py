@@ -36,7 +36,7 @@ def train_command(
     plots: Optional[Path] = typer.Option(None, help="Directory for PNG plots."),
     seed: Optional[int] = typer.Option(None, help="Random seed."),
     save_model: Optional[Path] = typer.Option(None, help="Write the trained state_dict here."),
-    config: Optional[Path] = typer.Option(None, help="A recipe: configs/recipes/NAME.yaml."),
+    config: Optional[Path] = typer.Option(None, help="A recipe: a YAML file, or the name of a shipped one (vgg16-digits, resnet18-digits, policies-synthetic)."),
     progress: bool = typer.Option(True, help="Show progress bars."),
 ) -> None:
     """Train a model under a policy and write a report with plots."""

@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from typer.testing import CliRunner
 
 from cswap.cli import app
 from cswap.train import GlobalBatchSampler, OutOfMemoryAdvice, _oom_advice, train
-from cswap.trainconfig import RecipeError, TrainConfig, load_config
+from cswap.paths import shipped_configs_dir
+from cswap.trainconfig import RecipeError, TrainConfig, load_config, shipped_recipes
 
 REPO = Path(__file__).resolve().parents[2]
 runner = CliRunner()
@@ -95,6 +97,24 @@ def test_recipe_then_flags(tmp_path: Path) -> None:
     recipe.write_text("model: resnet18\nepochs: 5\nlr: 0.1\n")
     cfg = load_config(recipe, {"epochs": 2, "lr": None})
     assert (cfg.model, cfg.epochs, cfg.lr) == ("resnet18", 2, 0.1)
+
+
+@pytest.mark.parametrize("name", shipped_recipes())
+def test_shipped_recipe_by_name(name: str) -> None:
+    expected = yaml.safe_load((shipped_configs_dir() / "recipes" / f"{name}.yaml").read_text())
+    cfg = load_config(name)
+    assert {key: getattr(cfg, key) for key in expected} == expected
+
+
+def test_unknown_recipe_name_lists_the_shipped_ones(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert shipped_recipes() == ("policies-synthetic", "resnet18-digits", "vgg16-digits")
+    with pytest.raises(RecipeError, match=r"'vgg99'.*one of: policies-synthetic, resnet18-digits, vgg16-digits"):
+        load_config("vgg99")
+    with pytest.raises(RecipeError, match=r"cannot read recipe missing\.yaml"):
+        load_config("missing.yaml")  # a path stays a path: no name lookup
+    (tmp_path / "vgg16-digits").write_text("epochs: 7\n")  # a file of that name wins over the shipped recipe
+    assert load_config("vgg16-digits").epochs == 7
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
