@@ -220,7 +220,7 @@ class Plan:
 
 
 def _itemsize(dtype_name: str) -> int:
-    return torch.empty((), dtype=_DTYPE_NAMES[dtype_name]).element_size()
+    return _DTYPE_NAMES[dtype_name].itemsize
 
 
 def _encoded(record: Any) -> tuple[int, int]:

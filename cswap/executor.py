@@ -554,8 +554,9 @@ class Executor:
         bits_type = _BITS_BY_ITEMSIZE.get(flat.element_size())
         if bits_type is None:
             return 0
-        count = layout.numel - torch.count_nonzero(flat.view(bits_type))
-        return count if flat.is_cuda else int(count)
+        nonzero = torch.count_nonzero(flat.view(bits_type))
+        # On a GPU the count stays on the device (read back with the trace); on CPU an int now.
+        return layout.numel - nonzero if flat.is_cuda else layout.numel - int(nonzero)
 
     # ------------------------------------------------------------------ unpack
 

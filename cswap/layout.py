@@ -102,7 +102,7 @@ class Layout:
     @property
     def itemsize(self) -> int:
         """Bytes per element."""
-        return torch.empty((), dtype=self.dtype).element_size()
+        return self.dtype.itemsize
 
     @property
     def nbytes(self) -> int:

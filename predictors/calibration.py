@@ -414,7 +414,7 @@ def _base_tensor(uniform: torch.Tensor, density: float, dtype: torch.dtype) -> t
 
 
 def _itemsize(dtype_name: str) -> int:
-    return torch.empty((), dtype=_DTYPES[dtype_name]).element_size()
+    return _DTYPES[dtype_name].itemsize
 
 
 def _device_of(backend: str) -> torch.device:

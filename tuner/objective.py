@@ -63,7 +63,7 @@ def representative_tensor(
     if not 0.0 <= density <= 1.0:
         raise ValueError(f"density is {density}, must be within [0, 1]")
     dtype = parse_dtype(dtype)
-    numel = max(1, nbytes // torch.empty((), dtype=dtype).element_size())
+    numel = max(1, nbytes // dtype.itemsize)
     generator = torch.Generator().manual_seed(seed)
     if dtype.is_floating_point:
         normal = torch.randn(numel, generator=generator)

@@ -78,7 +78,7 @@ def bits_dtype(dtype: torch.dtype) -> torch.dtype:
         torch.int16
     """
     check_dtype(dtype)
-    return _BITS_BY_ITEMSIZE[torch.empty((), dtype=dtype).element_size()]
+    return _BITS_BY_ITEMSIZE[dtype.itemsize]
 
 
 def n_words_for(numel: int) -> int:
@@ -148,7 +148,7 @@ class Packed:
     @property
     def itemsize(self) -> int:
         """Bytes per element of the original dtype."""
-        return torch.empty((), dtype=self.dtype).element_size()
+        return self.dtype.itemsize
 
     @property
     def device(self) -> torch.device:

@@ -127,7 +127,7 @@ def tensor_costs(
     costs = []
     for record in trace.tensors:
         dtype = _dtype(record.dtype)
-        itemsize = torch.empty((), dtype=dtype).element_size()
+        itemsize = dtype.itemsize
         if paper_size:
             compressed = paper_compressed_nbytes(record.nbytes, record.sparsity)
         else:
