@@ -227,7 +227,7 @@ def _encoded(record: Any) -> tuple[int, int]:
     """Bytes and bytes per element of ``record`` as ZVC encodes it: int64 tensors that fit a
     narrower int are narrowed exactly before compression (see :mod:`cswap.codecs.narrow`)."""
     itemsize = _itemsize(record.dtype)
-    narrow = getattr(record, "narrow_dtype", None)
+    narrow = record.narrow_dtype
     if narrow is None:
         return record.nbytes, itemsize
     encoded_itemsize = _itemsize(narrow)
@@ -377,7 +377,7 @@ class Advisor:
                 reason = f"T={_ms(t)} < T'={_ms(t_prime)}: compressing saves {_ms(t_prime - t)}"
             else:
                 reason = f"T={_ms(t)} >= T'={_ms(t_prime)}: a plain swap is no slower"
-        if getattr(record, "narrow_dtype", None) is not None:
+        if record.narrow_dtype is not None:
             reason += f" (T costs it narrowed exactly to {record.narrow_dtype})"
         return Decision(
             **base,
