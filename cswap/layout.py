@@ -88,6 +88,12 @@ class Layout:
         """The layout of ``t`` (a strided tensor)."""
         shape = tuple(t.shape)
         stride = tuple(t.stride())
+        itemsize = t.element_size()
+        pad = (t.storage_offset() * itemsize) % _ALIGN_BYTES // itemsize
+        if t.is_contiguous():
+            # The common case, decided in C: row-major, so dense, exact and without broadcasts.
+            numel = t.numel()
+            return cls(shape, stride, shape, t.dtype, numel, True, True, numel, pad)
         base_shape = tuple(1 if (st == 0 and sz > 1) else sz for sz, st in zip(shape, stride))
         numel = 1
         for sz in base_shape:
@@ -95,8 +101,6 @@ class Layout:
         dense = _is_dense(base_shape, stride)
         exact = dense or _is_non_overlapping(base_shape, stride)
         span = 1 + sum((sz - 1) * st for sz, st in zip(base_shape, stride)) if numel else 0
-        itemsize = t.element_size()
-        pad = (t.storage_offset() * itemsize) % _ALIGN_BYTES // itemsize
         return cls(shape, stride, base_shape, t.dtype, numel, dense, exact, span, pad)
 
     @property
