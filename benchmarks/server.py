@@ -23,8 +23,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,6 +32,11 @@ from typing import Any
 
 import httpx
 
+# This script shares its name with the `server` package: keep its own folder, which Python puts
+# first on sys.path, from hiding that package.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+from server.spawn import spawn_service, stop_service
 from tuner.store import ConfigStore, Evaluation, TuningRun, fingerprint_key
 
 __all__ = ["Measurement", "main", "measure", "seed_store"]
@@ -180,35 +183,6 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def start_server(store: Path, startup_s: float = 120.0) -> tuple[subprocess.Popen, str]:
-    """``cswap serve`` on a free loopback port; returns the process and its URL once /healthz answers."""
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if k != "CSWAP_SERVER_TOKEN"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "cswap.cli", "serve", "--host", "127.0.0.1", "--port", str(port), "--store", str(store),
-         "--log-level", "warning"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + startup_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"cswap serve exited with {process.returncode}: {process.stderr.read().decode()}")
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200:
-                return process, url
-        except httpx.TransportError:
-            time.sleep(0.1)
-    process.kill()
-    raise RuntimeError(f"cswap serve did not answer within {startup_s} s")
-
-
 def _table(lines: list[dict[str, Any]]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -239,20 +213,13 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="cswap-bench-server-") as directory:
         store = Path(directory) / "store.db"
         query = seed_store(store)
-        process, url = start_server(store)
+        process, url = spawn_service(store, startup_s=120.0)
         try:
             lines = asyncio.run(
                 run_all(url, process.pid, query, args.concurrency, args.requests, args.rounds, args.max_seconds)
             )
         finally:
-            process.terminate()
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-            if process.stderr is not None:
-                process.stderr.close()
+            stop_service(process)
     meta = {"bench": "server", "meta": True, "cpus": os.cpu_count(), "load_avg_1min": round(os.getloadavg()[0], 2),
             "python": sys.version.split()[0],
             "server": "cswap serve (uvicorn, 1 worker)", "client": "httpx.AsyncClient, same machine", "host": "127.0.0.1"}

@@ -3,4 +3,5 @@
 Example:
     >>> from server.app import create_app
     >>> from server.client import TuningClient
+    >>> from server.spawn import spawn_service
 """

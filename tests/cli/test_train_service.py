@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.server.helpers import start_cswap_serve
+from server.spawn import spawn_service
 from tuner.store import ConfigStore
 
 REPO = Path(__file__).resolve().parents[2]
@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_killing_the_service_does_not_stop_training(tmp_path: Path) -> None:
     service_store = tmp_path / "service.db"
-    server, url = start_cswap_serve(service_store)
+    server, url = spawn_service(service_store)
     home = tmp_path / "trainer-home"
     env = {**os.environ, "PYTHONPATH": str(REPO), "CSWAP_HOME": str(home)}
     command = [sys.executable, "-m", "cswap.train", "--model", "tests.cli.nets:tiny_cnn", "--dataset", "digits",

@@ -3,15 +3,10 @@
 from __future__ import annotations
 
 import math
-import os
-import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -61,40 +56,3 @@ def serve_in_thread(app: FastAPI) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=20)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def start_cswap_serve(store_path: Path, token: str | None = None, timeout_s: float = 90.0) -> tuple[subprocess.Popen, str]:
-    """Start a real ``cswap serve`` in a subprocess and wait until it answers /healthz."""
-    port = free_port()
-    command = [sys.executable, "-m", "cswap.cli", "serve", "--port", str(port), "--store", str(store_path),
-               "--log-level", "warning"]
-    env = {k: v for k, v in os.environ.items() if k != "CSWAP_SERVER_TOKEN"}
-    if token:
-        env["CSWAP_SERVER_TOKEN"] = token
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"cswap serve exited with {process.returncode}: {process.stdout.read().decode()}")
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200:
-                return process, url
-        except httpx.TransportError:
-            time.sleep(0.1)
-    process.kill()
-    raise RuntimeError(f"cswap serve did not answer within {timeout_s} s")
-
-
-def stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.kill()
-    process.wait(timeout=20)
-    if process.stdout is not None:
-        process.stdout.close()

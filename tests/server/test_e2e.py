@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 from cswap import cli
 from server.app import create_app
 from server.client import RequestRejected, ServiceUnavailable, ServiceUnavailableWarning, TuningClient, publish_or_queue
-from tests.server.helpers import BUCKET, DTYPE, GRID, H100, KERNEL, SOURCE, TOKEN, make_run, serve_in_thread, start_cswap_serve, stop
+from server.spawn import spawn_service, stop_service
+from tests.server.helpers import BUCKET, DTYPE, GRID, H100, KERNEL, SOURCE, TOKEN, make_run, serve_in_thread
 from tuner.store import ConfigStore, fingerprint_key
 
 
@@ -22,7 +23,7 @@ def test_cswap_serve_end_to_end_with_the_server_killed_mid_run(tmp_path: Path) -
     runs = [make_run(time_s=1e-3 * (i + 1), params={**GRID, "compress_grid": 100 + i}, created_at=float(i))
             for i in range(8)]
 
-    process, url = start_cswap_serve(server_store, token=TOKEN)
+    process, url = spawn_service(server_store, token=TOKEN)
     try:
         client = TuningClient(url, token=TOKEN, timeout_s=2.0, retries=1, backoff_s=0.05)
         assert client.health()["status"] == "ok"
@@ -42,7 +43,7 @@ def test_cswap_serve_end_to_end_with_the_server_killed_mid_run(tmp_path: Path) -
             assert [publish_or_queue(client, run, local) for run in runs[4:]] == [False] * 4
         assert len([w for w in caught if w.category is ServiceUnavailableWarning]) == 1
     finally:
-        stop(process)
+        stop_service(process)
     assert [r.run_id for r in local.runs()] == [r.run_id for r in runs]  # nothing lost
 
     # A later session publishes what was tuned while the service was down, to a service on the same store.
