@@ -32,12 +32,8 @@ from typing import Any
 
 import httpx
 
-# This script shares its name with the `server` package: keep its own folder, which Python puts
-# first on sys.path, from hiding that package.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-
-from server.spawn import spawn_service, stop_service
-from tuner.store import ConfigStore, Evaluation, TuningRun, fingerprint_key
+from cswap.server.spawn import spawn_service, stop_service
+from cswap.tuner.store import ConfigStore, Evaluation, TuningRun, fingerprint_key
 
 __all__ = ["Measurement", "main", "measure", "seed_store"]
 

@@ -56,11 +56,11 @@ from typing import Any, Mapping
 import torch
 
 from cswap.device import fingerprint
-from tuner.kernels import dtype_name, kernel_name, kernel_source_hash
-from tuner.objective import KernelObjective, check_tunable
-from tuner.search import SearchResult, bo_search, default_budget, expert_search, random_search
-from tuner.space import SearchSpace, load_search_space
-from tuner.store import ConfigStore, Evaluation, TuningRun, size_bucket
+from cswap.tuner.kernels import dtype_name, kernel_name, kernel_source_hash
+from cswap.tuner.objective import KernelObjective, check_tunable
+from cswap.tuner.search import SearchResult, bo_search, default_budget, expert_search, random_search
+from cswap.tuner.space import SearchSpace, load_search_space
+from cswap.tuner.store import ConfigStore, Evaluation, TuningRun, size_bucket
 
 REACH = 1.05
 

@@ -35,10 +35,10 @@ from cswap.codecs.launch import CpuLaunch, CudaLaunch, Launch, launch_from_param
 from cswap.costmodel import TimeModel
 from cswap.device import DeviceFingerprint
 from cswap.trainconfig import TrainConfig
-from server.client import TuningClient, best_lookup, publish_or_queue
-from tuner import ConfigStore, LookupResult, TuningRun, size_bucket
-from tuner.kernels import dtype_name, kernel_name, kernel_source_hash
-from tuner.lookup import default_params, launch_for, tune
+from cswap.server.client import TuningClient, best_lookup, publish_or_queue
+from cswap.tuner import ConfigStore, LookupResult, TuningRun, size_bucket
+from cswap.tuner.kernels import dtype_name, kernel_name, kernel_source_hash
+from cswap.tuner.lookup import default_params, launch_for, tune
 
 __all__ = ["KernelConfigs", "prepare_kernel_configs", "saved_bytes_by_bucket"]
 
@@ -206,7 +206,7 @@ def prepare_kernel_configs(
 
 def _calibrated_time_model(fp: DeviceFingerprint, store: ConfigStore) -> TimeModel | None:
     try:
-        from predictors import load_time_model  # noqa: PLC0415 - optional until calibrated
+        from cswap.predictors import load_time_model  # noqa: PLC0415 - optional until calibrated
     except ImportError:
         return None
     try:

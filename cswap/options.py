@@ -126,7 +126,7 @@ class RuntimeOptions:
         if self.decider == "logistic" and self.logistic_model is None:
             raise ValueError(
                 "decider='logistic' needs logistic_model=<object with should_compress(...)>, "
-                "e.g. predictors.load_decider(fingerprint, store); or use decider='cost-model'"
+                "e.g. cswap.predictors.load_decider(fingerprint, store); or use decider='cost-model'"
             )
 
 

@@ -1,11 +1,11 @@
 """Predictors of the CSWAP cost model: codec-time regression and the compress-or-not classifier.
 
-* :mod:`predictors.calibration`: micro-benchmarks of a codec backend (:func:`calibrate`).
-* :mod:`predictors.timemodel`: per (backend, codec, op, width) linear regressions of codec seconds
+* :mod:`cswap.predictors.calibration`: micro-benchmarks of a codec backend (:func:`calibrate`).
+* :mod:`cswap.predictors.timemodel`: per (backend, codec, op, width) linear regressions of codec seconds
   (:func:`fit_time_models`), bundled as a :class:`CalibratedTimeModel` (a ``cswap.costmodel.TimeModel``).
-* :mod:`predictors.decision`: the logistic compress/don't classifier (:func:`fit`, :class:`LogisticDecider`).
-* :mod:`predictors.features`: the features both are built on.
-* :mod:`predictors.persistence`: keeping them in the config store (:func:`load_time_model`, :func:`load_decider`).
+* :mod:`cswap.predictors.decision`: the logistic compress/don't classifier (:func:`fit`, :class:`LogisticDecider`).
+* :mod:`cswap.predictors.features`: the features both are built on.
+* :mod:`cswap.predictors.persistence`: keeping them in the config store (:func:`load_time_model`, :func:`load_decider`).
 
 Everything is stored as validated JSON coefficients, never pickles.
 
@@ -17,10 +17,10 @@ Example:
     True
 """
 
-from predictors.calibration import CalibrationPlan, CalibrationRun, Sample, calibrate, samples_from_dict, samples_to_dict
-from predictors.decision import LogisticDecider, fit
-from predictors.features import DECISION_FEATURES, TIME_FEATURES, decision_features, time_features
-from predictors.persistence import (
+from cswap.predictors.calibration import CalibrationPlan, CalibrationRun, Sample, calibrate, samples_from_dict, samples_to_dict
+from cswap.predictors.decision import LogisticDecider, fit
+from cswap.predictors.features import DECISION_FEATURES, TIME_FEATURES, decision_features, time_features
+from cswap.predictors.persistence import (
     decider_name,
     load_decider,
     load_samples,
@@ -31,7 +31,7 @@ from predictors.persistence import (
     save_time_model,
     time_model_name,
 )
-from predictors.timemodel import CalibratedTimeModel, LinearTimeModel, TimeModelReport, fit_time_models, mape
+from cswap.predictors.timemodel import CalibratedTimeModel, LinearTimeModel, TimeModelReport, fit_time_models, mape
 
 __all__ = [
     "DECISION_FEATURES",

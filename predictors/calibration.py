@@ -50,8 +50,8 @@ from cswap.codecs.format import bits_dtype
 from cswap.codecs.launch import Launch
 from cswap.device import fingerprint as device_fingerprint
 from cswap.device import time_call_s
-from tuner.lookup import launch_for
-from tuner.store import ConfigStore
+from cswap.tuner.lookup import launch_for
+from cswap.tuner.store import ConfigStore
 
 __all__ = [
     "CALIBRATED_DTYPES",
@@ -440,7 +440,7 @@ def calibrate(
         plan: the grid to measure.
         fingerprint: the device's ``DeviceFingerprint.to_dict()`` (default: measured here); tuned
             launch configs are looked up for it.
-        store: the :class:`tuner.store.ConfigStore` to look tuned configs up in (``None``: the default store).
+        store: the :class:`cswap.tuner.store.ConfigStore` to look tuned configs up in (``None``: the default store).
         on_step: called as ``on_step(done, total)`` after each timed unit (for a progress bar).
 
     Returns:

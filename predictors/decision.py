@@ -2,7 +2,7 @@
 
 It learns the cost model's verdict (``compress iff T < T'``, :mod:`cswap.costmodel`) from the
 quantities the runtime profiles: size, sparsity, ``Hidden_f``, ``Hidden_b`` and the two link
-bandwidths, through the features of :func:`predictors.features.decision_features`. The caller makes
+bandwidths, through the features of :func:`cswap.predictors.features.decision_features`. The caller makes
 the labels (the top-layer ``cswap calibrate`` runs the cost model with calibrated codec times);
 :func:`fit` fits scikit-learn's :class:`~sklearn.linear_model.LogisticRegression` on standardised
 features and returns a :class:`LogisticDecider`.
@@ -39,7 +39,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import accuracy_score
 from sklearn.preprocessing import StandardScaler
 
-from predictors.features import DECISION_FEATURES, decision_features
+from cswap.predictors.features import DECISION_FEATURES, decision_features
 
 __all__ = ["DECIDER_FORMAT", "LogisticDecider", "fit"]
 
@@ -52,7 +52,7 @@ class LogisticDecider:
     """``P(compress) = sigmoid(coef . (features - mean) / scale + intercept)``; compress when it exceeds 0.5.
 
     Args:
-        coef: one weight per :data:`~predictors.features.DECISION_FEATURES` entry.
+        coef: one weight per :data:`~cswap.predictors.features.DECISION_FEATURES` entry.
         intercept: the bias.
         mean, scale: the standardisation fitted on the training features.
         meta: free-form context (training accuracy, class balance, backend...); informational.
@@ -220,7 +220,7 @@ def fit(
             f"features must have shape (n, {len(DECISION_FEATURES)}) and labels shape (n,), got {x.shape} and {y.shape}"
         )
     if not np.all(np.isfinite(x)):
-        raise ValueError("features contain NaN or infinity: build them with predictors.features.decision_features")
+        raise ValueError("features contain NaN or infinity: build them with cswap.predictors.features.decision_features")
     if y.all() or not y.any():
         raise ValueError(
             f"all {len(y)} labels say {'compress' if y.any() else 'do not compress'}: a classifier needs both; "

@@ -14,7 +14,7 @@ cost per unit and must be non-negative (the regression is constrained to that):
   streamed buffer comes from the next level, and past the allocator's mmap threshold every fresh
   output buffer is mapped and page-faulted anew: the cost per byte of the *whole* buffer steps
   up, which is what these terms add. The knees are chosen per model (see
-  :mod:`predictors.timemodel`); an unused knee leaves its columns zero.
+  :mod:`cswap.predictors.timemodel`); an unused knee leaves its columns zero.
 
 Sizes are in GB (1e9 bytes), so the ``bytes`` coefficient reads as seconds per GB, the inverse of a
 bandwidth.

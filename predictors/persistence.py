@@ -1,17 +1,17 @@
 """Keeping calibrated predictors in the config store, per device, as JSON.
 
-Names under which :meth:`tuner.store.ConfigStore.put_model` keeps them, one per codec backend:
+Names under which :meth:`cswap.tuner.store.ConfigStore.put_model` keeps them, one per codec backend:
 
-* ``time-model/<backend>``: a :class:`~predictors.timemodel.CalibratedTimeModel` document;
-* ``decider/<backend>``: a :class:`~predictors.decision.LogisticDecider` document;
-* ``calibration-samples/<backend>``: the raw measurements (:func:`predictors.calibration.samples_to_dict`).
+* ``time-model/<backend>``: a :class:`~cswap.predictors.timemodel.CalibratedTimeModel` document;
+* ``decider/<backend>``: a :class:`~cswap.predictors.decision.LogisticDecider` document;
+* ``calibration-samples/<backend>``: the raw measurements (:func:`cswap.predictors.calibration.samples_to_dict`).
 
 :func:`load_time_model` and :func:`load_decider` return ``None`` when the device was never
 calibrated, and raise ``ValueError`` (naming the model and the problem) when what is stored does
 not validate.
 
 Example:
-    >>> from tuner.store import ConfigStore
+    >>> from cswap.tuner.store import ConfigStore
     >>> store = ConfigStore("/tmp/cswap-persistence-doc.db")
     >>> fp = {"kind": "cpu", "name": "doc-cpu", "compute_capability": "", "sm_count": 2, "memory_bytes": 0}
     >>> load_decider(fp, store) is None
@@ -24,9 +24,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from cswap.device import DeviceFingerprint
-from predictors.decision import LogisticDecider
-from predictors.timemodel import CalibratedTimeModel
-from tuner.store import ConfigStore, fingerprint_key
+from cswap.predictors.decision import LogisticDecider
+from cswap.predictors.timemodel import CalibratedTimeModel
+from cswap.tuner.store import ConfigStore, fingerprint_key
 
 __all__ = [
     "decider_name",
@@ -132,7 +132,7 @@ def load_decider(
 
 
 def save_samples(fingerprint: FingerprintLike, backend: str, document: Mapping[str, Any], store: ConfigStore | None = None) -> str:
-    """Store calibration samples (a :func:`~predictors.calibration.samples_to_dict` document); returns the name."""
+    """Store calibration samples (a :func:`~cswap.predictors.calibration.samples_to_dict` document); returns the name."""
     store = store if store is not None else ConfigStore()
     store.put_model(fingerprint, samples_name(backend), dict(document))
     return samples_name(backend)

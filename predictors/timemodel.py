@@ -1,7 +1,7 @@
 """The codec time model: a linear regression of seconds on physical cost terms, one per (backend, codec, op, width).
 
 Each :class:`LinearTimeModel` predicts ``seconds = coef . time_features(nbytes, density, knees_bytes)``
-(see :mod:`predictors.features` for the terms and why). It is fitted with scikit-learn's
+(see :mod:`cswap.predictors.features` for the terms and why). It is fitted with scikit-learn's
 :class:`~sklearn.linear_model.LinearRegression` with
 
 * ``positive=True`` and no free intercept (the ``calls`` column is the intercept): every term is a
@@ -46,8 +46,8 @@ from scipy.optimize import nnls
 from sklearn.linear_model import LinearRegression
 from sklearn.metrics import mean_absolute_percentage_error
 
-from predictors.calibration import OPS, Sample
-from predictors.features import MAX_KNEES, TIME_FEATURES, time_features
+from cswap.predictors.calibration import OPS, Sample
+from cswap.predictors.features import MAX_KNEES, TIME_FEATURES, time_features
 
 __all__ = [
     "TIME_MODEL_FORMAT",

@@ -1,6 +1,6 @@
 """The tuning service: tuned kernel configs, tuning runs and calibrated models over HTTP.
 
-A thin FastAPI layer over :class:`tuner.store.ConfigStore`; it answers the same lookups as the
+A thin FastAPI layer over :class:`cswap.tuner.store.ConfigStore`; it answers the same lookups as the
 local store, so that a fleet of trainers shares what any of them tuned. It imports neither torch
 nor the cswap runtime.
 
@@ -41,7 +41,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ValidationError
 
 import cswap
-from server.schemas import (
+from cswap.server.schemas import (
     DeviceOut,
     ErrorOut,
     HealthOut,
@@ -53,7 +53,7 @@ from server.schemas import (
     TuningRunIn,
     TuningRunOut,
 )
-from tuner.store import ConfigStore, StoreError
+from cswap.tuner.store import ConfigStore, StoreError
 
 __all__ = ["MAX_BODY_BYTES", "create_app"]
 

@@ -27,7 +27,7 @@ from urllib.parse import quote
 
 import httpx
 
-from tuner.store import (
+from cswap.tuner.store import (
     MATCHES,
     ConfigStore,
     FingerprintLike,

@@ -24,7 +24,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from tuner.store import LookupResult, TuningRun
+from cswap.tuner.store import LookupResult, TuningRun
 
 __all__ = [
     "DeviceOut",

@@ -3,7 +3,7 @@
 For benchmarks, tests and scripts that need a real service process (one that can be killed).
 
 Example:
-    >>> from server.spawn import spawn_service, stop_service
+    >>> from cswap.server.spawn import spawn_service, stop_service
     >>> process, url = spawn_service("/tmp/spawn-example.db")  # doctest: +SKIP
     >>> stop_service(process)  # doctest: +SKIP
 """

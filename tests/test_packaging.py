@@ -19,6 +19,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TOP_PACKAGES = ("cswap", "predictors", "server", "tuner")
+# Folders at the top of the checkout that install inside the cswap namespace.
+NAMESPACED = ("predictors", "server", "tuner")
 SHIPPED = sorted(p.relative_to(ROOT / "configs").as_posix() for p in (ROOT / "configs").rglob("*.yaml"))
 
 
@@ -28,9 +30,10 @@ def _declared_packages() -> list[str]:
 
 def test_every_package_is_declared() -> None:
     found = sorted(
-        ".".join(init.parent.relative_to(ROOT).parts)
+        ".".join(("cswap", *parts) if parts[0] in NAMESPACED else parts)
         for top in TOP_PACKAGES
         for init in (ROOT / top).rglob("__init__.py")
+        for parts in [init.parent.relative_to(ROOT).parts]
     )
     assert sorted(p for p in _declared_packages() if p != "cswap._configs") == found
 
@@ -56,8 +59,19 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_wheel_carries_the_shipped_configs_and_every_module(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     assert sorted(n.removeprefix("cswap/_configs/") for n in names if n.startswith("cswap/_configs/")) == SHIPPED
-    modules = sorted(p.relative_to(ROOT).as_posix() for top in TOP_PACKAGES for p in (ROOT / top).rglob("*.py"))
+    modules = sorted(
+        f"cswap/{rel}" if rel.split("/")[0] in NAMESPACED else rel
+        for top in TOP_PACKAGES
+        for rel in [p.relative_to(ROOT).as_posix() for p in (ROOT / top).rglob("*.py")]
+    )
     assert [m for m in modules if m not in names] == []
+
+
+def test_wheel_installs_one_top_level_package(wheel: Path) -> None:
+    archive = zipfile.ZipFile(wheel)
+    (top_level,) = [n for n in archive.namelist() if n.endswith(".dist-info/top_level.txt")]
+    assert archive.read(top_level).decode().split() == ["cswap"]
+    assert not [n for n in archive.namelist() if n.split("/")[0] in NAMESPACED]
 
 
 def test_runtime_loads_its_defaults_from_the_installed_wheel(wheel: Path, tmp_path: Path) -> None:
@@ -67,7 +81,7 @@ def test_runtime_loads_its_defaults_from_the_installed_wheel(wheel: Path, tmp_pa
         "import json, cswap, torch\n"
         "from cswap.options import default_options_path\n"
         "from cswap.simulate.hardware import hardware_names\n"
-        "from tuner.space import load_search_spaces\n"
+        "from cswap.tuner.space import load_search_spaces\n"
         "rt = cswap.Runtime('none', device='cpu')\n"
         "print(json.dumps({'package': cswap.__file__, 'defaults': str(default_options_path()),\n"
         "                  'min_bytes': rt.options.min_bytes, 'hardware': list(hardware_names()),\n"
@@ -83,3 +97,34 @@ def test_runtime_loads_its_defaults_from_the_installed_wheel(wheel: Path, tmp_pa
     assert found["min_bytes"] > 0
     assert sorted(f"hardware/{name}.yaml" for name in found["hardware"]) == [n for n in SHIPPED if n.startswith("hardware/")]
     assert found["cpu_ops"] == ["compress", "decompress"]
+
+
+SHADOWING_PROBE = """
+import json, subprocess, sys
+import cswap
+from cswap import Runtime
+import cswap.server.app, cswap.tuner.store, cswap.predictors.timemodel
+rt = Runtime("none", device="cpu")
+help_text = subprocess.run([sys.executable, "-m", "cswap.cli", "train", "--help"], capture_output=True, text=True)
+print(json.dumps({
+    "modules": [m.__file__ for m in (cswap, cswap.server.app, cswap.tuner.store, cswap.predictors.timemodel)],
+    "help_rc": help_text.returncode, "help": help_text.stdout,
+    "app": type(cswap.server.app.create_app).__name__,
+}))
+"""
+
+
+def test_a_users_own_server_tuner_and_predictors_do_not_shadow_cswap(tmp_path: Path) -> None:
+    """A training folder with its own server.py, tuner/ and predictors.py next to the script."""
+    (tmp_path / "server.py").write_text("raise RuntimeError('the user server.py was imported')\n")
+    (tmp_path / "predictors.py").write_text("raise RuntimeError('the user predictors.py was imported')\n")
+    (tmp_path / "tuner").mkdir()
+    (tmp_path / "tuner" / "__init__.py").write_text("raise RuntimeError('the user tuner/ was imported')\n")
+    (tmp_path / "probe.py").write_text(SHADOWING_PROBE)
+    # The script's own folder is first on sys.path, as for `python train.py`.
+    result = subprocess.run([sys.executable, "probe.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    assert not [f for f in found["modules"] if Path(f).is_relative_to(tmp_path)]
+    assert found["help_rc"] == 0 and "--model" in found["help"]
+    assert found["app"] == "function"

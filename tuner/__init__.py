@@ -9,7 +9,7 @@ Example:
 import importlib
 from typing import Any
 
-from tuner.store import (
+from cswap.tuner.store import (
     ConfigStore,
     Evaluation,
     LookupResult,
@@ -22,18 +22,18 @@ from tuner.store import (
 # The search and the measuring code import torch and the codecs; the store must not (the tuning
 # service imports it on machines without torch), so they load on first use.
 _LAZY = {
-    "KERNELS": "tuner.kernels",
-    "KernelObjective": "tuner.objective",
-    "METHODS": "tuner.search",
-    "SearchResult": "tuner.search",
-    "SearchSpace": "tuner.space",
-    "SearchSpaceError": "tuner.space",
-    "kernel_name": "tuner.kernels",
-    "kernel_source_hash": "tuner.kernels",
-    "launch_for": "tuner.lookup",
-    "load_search_space": "tuner.space",
-    "search": "tuner.search",
-    "tune": "tuner.lookup",
+    "KERNELS": "cswap.tuner.kernels",
+    "KernelObjective": "cswap.tuner.objective",
+    "METHODS": "cswap.tuner.search",
+    "SearchResult": "cswap.tuner.search",
+    "SearchSpace": "cswap.tuner.space",
+    "SearchSpaceError": "cswap.tuner.space",
+    "kernel_name": "cswap.tuner.kernels",
+    "kernel_source_hash": "cswap.tuner.kernels",
+    "launch_for": "cswap.tuner.lookup",
+    "load_search_space": "cswap.tuner.space",
+    "search": "cswap.tuner.search",
+    "tune": "cswap.tuner.lookup",
 }
 
 __all__ = [
@@ -51,4 +51,4 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'tuner' has no attribute {name!r}")
+    raise AttributeError(f"module 'cswap.tuner' has no attribute {name!r}")

@@ -21,7 +21,7 @@ import inspect
 import torch
 
 from cswap.codecs.format import SUPPORTED_DTYPES
-from tuner.space import BACKENDS, OPS
+from cswap.tuner.space import BACKENDS, OPS
 
 __all__ = [
     "KERNELS",

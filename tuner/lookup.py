@@ -10,7 +10,7 @@ run. A store hit does zero evaluations and returns a run whose ``method`` is ``"
 
 Example:
     >>> from cswap.device import fingerprint
-    >>> from tuner.store import ConfigStore
+    >>> from cswap.tuner.store import ConfigStore
     >>> store = ConfigStore("/tmp/cswap-lookup-doc.db")
     >>> launch, found = launch_for(fingerprint("cpu"), "cpu", "compress", "float32", 1 << 20, store)
     >>> found.match in ("exact", "same-model", "transferred", "default"), type(launch).__name__
@@ -29,11 +29,11 @@ import torch
 
 from cswap.codecs.launch import CpuLaunch, CudaLaunch, Launch, launch_from_params
 from cswap.device import DeviceFingerprint
-from tuner.kernels import bucket_nbytes, dtype_name, kernel_name, kernel_source_hash
-from tuner.objective import KernelObjective
-from tuner.search import METHODS, ObjectiveFn, ProgressFn, search
-from tuner.space import SearchSpace, load_search_space
-from tuner.store import ConfigStore, LookupResult, TuningRun, fingerprint_key, normalize_fingerprint, size_bucket
+from cswap.tuner.kernels import bucket_nbytes, dtype_name, kernel_name, kernel_source_hash
+from cswap.tuner.objective import KernelObjective
+from cswap.tuner.search import METHODS, ObjectiveFn, ProgressFn, search
+from cswap.tuner.space import SearchSpace, load_search_space
+from cswap.tuner.store import ConfigStore, LookupResult, TuningRun, fingerprint_key, normalize_fingerprint, size_bucket
 
 __all__ = ["CACHED_METHOD", "HIT_MATCHES", "default_params", "launch_for", "tune"]
 
@@ -96,7 +96,7 @@ def launch_for(
 
     Raises:
         ValueError: unknown backend, op or dtype.
-        tuner.store.StoreError: the store is corrupt, locked or unreadable.
+        cswap.tuner.store.StoreError: the store is corrupt, locked or unreadable.
 
     Example:
         >>> launch, found = launch_for({"kind": "cpu", "name": "x", "compute_capability": "", "sm_count": 2,
@@ -169,15 +169,15 @@ def tune(
         op: ``compress`` or ``decompress``.
         dtype: dtype of the tensors (or its name).
         nbytes: a tensor size in the bucket to tune; the measured tensor has
-            :func:`tuner.kernels.bucket_nbytes` bytes.
+            :func:`cswap.tuner.kernels.bucket_nbytes` bytes.
         method: ``bo``, ``grid``, ``random`` or ``expert``.
-        budget: evaluations for ``bo`` and ``random`` (default :func:`tuner.search.default_budget`).
+        budget: evaluations for ``bo`` and ``random`` (default :func:`cswap.tuner.search.default_budget`).
         store: where runs are recorded; ``None`` opens the default store.
         seed: for ``bo`` and ``random``.
         progress: called after each evaluation with (done, planned, best seconds so far).
         force: tune even when the store has a config.
         space: the search space (default: from ``configs/search_spaces``).
-        objective: seconds of a config (default: :class:`tuner.objective.KernelObjective`, which
+        objective: seconds of a config (default: :class:`cswap.tuner.objective.KernelObjective`, which
             measures the real kernel here).
         repeats: timed calls per config of the default objective (median).
         found: a lookup already made (e.g. by a tuning service) instead of asking ``store``.
@@ -188,7 +188,7 @@ def tune(
     Raises:
         ValueError: unknown backend, op, dtype or method.
         RuntimeError: the backend cannot be tuned here (no GPU, CUDA simulator), or every config failed.
-        tuner.store.StoreError: the store is corrupt, locked or unreadable.
+        cswap.tuner.store.StoreError: the store is corrupt, locked or unreadable.
 
     Example:
         >>> from cswap.device import fingerprint

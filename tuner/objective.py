@@ -30,8 +30,8 @@ from cswap.codecs import compress, decompress
 from cswap.codecs.format import bits_dtype
 from cswap.codecs.launch import launch_from_params
 from cswap.device import time_call_s
-from tuner.kernels import dtype_name, kernel_name, parse_dtype
-from tuner.space import OPS
+from cswap.tuner.kernels import dtype_name, kernel_name, parse_dtype
+from cswap.tuner.space import OPS
 
 __all__ = ["KernelObjective", "check_tunable", "representative_tensor"]
 
@@ -110,7 +110,7 @@ class KernelObjective:
         op: ``compress`` or ``decompress`` (decompress times the decoding of data compressed
             with the same config, so a CPU config's ``chunk_words`` applies to both).
         dtype: element dtype of the tensor.
-        nbytes: bytes of the tensor (normally :func:`tuner.kernels.bucket_nbytes` of a bucket).
+        nbytes: bytes of the tensor (normally :func:`cswap.tuner.kernels.bucket_nbytes` of a bucket).
         repeats: timed calls per config; the median is the score.
         warmup: untimed calls first (JIT compilation, caches, page faults).
         verify: check once per config that the output round-trips bit-exactly.

@@ -1,4 +1,4 @@
-"""Search methods over a :class:`~tuner.space.SearchSpace`: ``bo``, ``grid``, ``random`` and ``expert``.
+"""Search methods over a :class:`~cswap.tuner.space.SearchSpace`: ``bo``, ``grid``, ``random`` and ``expert``.
 
 * ``bo``: Bayesian optimization with scikit-optimize's ``Optimizer`` (a Gaussian process, expected
   improvement), asked and told one config at a time: a few initial points (the warm-start configs
@@ -13,7 +13,7 @@
 No method evaluates a config twice. Every method returns a :class:`SearchResult`.
 
 Example:
-    >>> from tuner.space import Param, SearchSpace
+    >>> from cswap.tuner.space import Param, SearchSpace
     >>> space = SearchSpace("cpu", "compress", (Param("chunk_words", 16, 16384, "pow2", tuple(2**e for e in range(4, 15))),))
     >>> result = search("grid", space, lambda p: abs(p["chunk_words"] - 1000) + 1.0)
     >>> result.best_params, len(result.evaluations)
@@ -33,8 +33,8 @@ import numpy as np
 
 from cswap.codecs.format import DEFAULT_CHUNK_WORDS
 from cswap.codecs.launch import CudaLaunch
-from tuner.space import SearchSpace
-from tuner.store import Evaluation
+from cswap.tuner.space import SearchSpace
+from cswap.tuner.store import Evaluation
 
 __all__ = [
     "METHODS",
@@ -154,7 +154,7 @@ def default_budget(space: SearchSpace) -> int:
     """BO's and random search's default budget: a third of the grid, between 4 and 20 evaluations.
 
     Example:
-        >>> from tuner.space import load_search_space
+        >>> from cswap.tuner.space import load_search_space
         >>> default_budget(load_search_space("cpu", "compress", cores=2))
         7
     """
@@ -254,13 +254,13 @@ def bo_search(
         budget: evaluations (warm-start ones included).
         seed: seeds the initial design and the acquisition sampling.
         warm_start: configs to evaluate and tell first (e.g. the scaled configs of another
-            device, :attr:`tuner.store.LookupResult.warm_start`); projected onto ``space``,
+            device, :attr:`cswap.tuner.store.LookupResult.warm_start`); projected onto ``space``,
             at most ``n_initial_points`` of them are used.
         progress: called after each evaluation.
         n_initial_points: configs before the model guides (default ``max(2, ceil(budget / 3))``).
 
     Example:
-        >>> from tuner.space import Param, SearchSpace
+        >>> from cswap.tuner.space import Param, SearchSpace
         >>> space = SearchSpace("cpu", "compress", (Param("threads", 1, 64, "linear", tuple(range(1, 65))),))
         >>> result = bo_search(space, lambda p: (p["threads"] - 40) ** 2 + 1.0, budget=12, seed=0)
         >>> abs(result.best_params["threads"] - 40) <= 2
@@ -342,7 +342,7 @@ def expert_params(space: SearchSpace, units: int) -> dict[str, int]:
         units: SM count on CUDA, cores on CPU (``DeviceFingerprint.sm_count``).
 
     Example:
-        >>> from tuner.space import load_search_space
+        >>> from cswap.tuner.space import load_search_space
         >>> expert_params(load_search_space("cuda", "decompress"), units=132)
         {'decompress_grid': 528, 'decompress_block': 256}
     """

@@ -2,7 +2,7 @@
 
 Steps:
 
-1. micro-benchmark the backend over sizes, sparsities and widths (:func:`predictors.calibrate`),
+1. micro-benchmark the backend over sizes, sparsities and widths (:func:`cswap.predictors.calibrate`),
    with the tuned launch configs where the store has them;
 2. fit one linear time model per (op, width) and report its MAPE on held-out sizes;
 3. profile a few small CNNs from :mod:`cswap.models` on :func:`cswap.data.digits` with
@@ -120,7 +120,7 @@ class DecisionData:
     """Labelled rows for the decider.
 
     Attributes:
-        features: :func:`predictors.decision_features` rows.
+        features: :func:`cswap.predictors.decision_features` rows.
         labels: the cost model's verdict (``True``: compress).
         groups: the model each row's tensor came from.
         links: the link name of each row.
@@ -162,7 +162,7 @@ def decision_dataset(
         [True]
     """
     from cswap.costmodel import decide
-    from predictors import decision_features
+    from cswap.predictors import decision_features
 
     rows: list[tuple[float, ...]] = []
     labels, groups, link_names, scales = [], [], [], []
@@ -210,7 +210,7 @@ def evaluate_decider(data: DecisionData) -> dict[str, Any]:
     """
     from sklearn.metrics import balanced_accuracy_score
 
-    from predictors import fit
+    from cswap.predictors import fit
 
     predicted = np.zeros_like(data.labels)
     baseline = np.zeros_like(data.labels)
@@ -265,7 +265,7 @@ def run_calibrate(
         The JSON-ready report ``cswap calibrate --json`` prints.
     """
     from cswap.device import bandwidth, fingerprint
-    from predictors import (
+    from cswap.predictors import (
         CalibrationPlan,
         LogisticDecider,
         calibrate,
@@ -275,7 +275,7 @@ def run_calibrate(
         save_samples,
         save_time_model,
     )
-    from tuner.store import ConfigStore
+    from cswap.tuner.store import ConfigStore
 
     import torch
 

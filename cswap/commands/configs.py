@@ -32,7 +32,7 @@ def _fail(message: str, code: int = 1) -> typer.Exit:
 
 
 def _open(store: Path | None):  # -> ConfigStore; imported lazily to keep `cswap --help` fast
-    from tuner.store import ConfigStore, StoreError
+    from cswap.tuner.store import ConfigStore, StoreError
 
     try:
         return ConfigStore(store)
@@ -56,7 +56,7 @@ def register(app: typer.Typer) -> None:
     @configs.command("list")
     def list_(store: Path = typer.Option(None, help=_STORE_HELP)) -> None:
         """Every tuned device with its best configs."""
-        from tuner.store import StoreError
+        from cswap.tuner.store import StoreError
 
         config_store = _open(store)
         try:
@@ -75,7 +75,7 @@ def register(app: typer.Typer) -> None:
         store: Path = typer.Option(None, help=_STORE_HELP),
     ) -> None:
         """One device: fingerprint, best configs, calibrated models and runs; or one run with its evaluations."""
-        from tuner.store import StoreError
+        from cswap.tuner.store import StoreError
 
         config_store = _open(store)
         try:
@@ -107,7 +107,7 @@ def register(app: typer.Typer) -> None:
         store: Path = typer.Option(None, help=_STORE_HELP),
     ) -> None:
         """Everything in the store as one JSON document (for `cswap configs import`)."""
-        from tuner.store import StoreError
+        from cswap.tuner.store import StoreError
 
         try:
             document = _open(store).export_json()
@@ -131,7 +131,7 @@ def register(app: typer.Typer) -> None:
         store: Path = typer.Option(None, help=_STORE_HELP),
     ) -> None:
         """Merge an export into the store; prints what was new."""
-        from tuner.store import StoreError
+        from cswap.tuner.store import StoreError
 
         try:
             text = sys.stdin.read() if str(path) == "-" else path.read_text()
@@ -155,8 +155,8 @@ def register(app: typer.Typer) -> None:
         timeout_s: float = typer.Option(10.0, min=0.001, help="Per-request timeout in seconds."),
     ) -> None:
         """Publish every local tuning run to a service (runs it already has are skipped by id)."""
-        from server.client import TuningClient, TuningServiceError
-        from tuner.store import StoreError
+        from cswap.server.client import TuningClient, TuningServiceError
+        from cswap.tuner.store import StoreError
 
         config_store = _open(store)
         try:

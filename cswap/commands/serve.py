@@ -61,8 +61,8 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(2)
         import uvicorn
 
-        from server.app import create_app
-        from tuner.store import StoreError
+        from cswap.server.app import create_app
+        from cswap.tuner.store import StoreError
 
         try:
             service = create_app(store, token=token or None)

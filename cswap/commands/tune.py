@@ -107,7 +107,7 @@ class _Bar:
 def _client(url: str | None, token: str | None) -> Any:
     if url is None:
         return None
-    from server.client import TuningClient
+    from cswap.server.client import TuningClient
 
     return TuningClient(url, token=token)
 
@@ -155,17 +155,17 @@ def run_tune(
 
     Raises:
         ValueError: a bad method, op, dtype or size; RuntimeError: the backend cannot be tuned
-        here; tuner.store.StoreError, tuner.space.SearchSpaceError: as their messages say.
+        here; cswap.tuner.store.StoreError, cswap.tuner.space.SearchSpaceError: as their messages say.
     """
     import torch
 
     from cswap.device import fingerprint
-    from tuner.kernels import dtype_name, kernel_name, kernel_source_hash
-    from tuner.lookup import CACHED_METHOD, default_params, tune
-    from tuner.objective import check_tunable
-    from tuner.search import METHODS
-    from tuner.space import load_search_space
-    from tuner.store import ConfigStore, size_bucket
+    from cswap.tuner.kernels import dtype_name, kernel_name, kernel_source_hash
+    from cswap.tuner.lookup import CACHED_METHOD, default_params, tune
+    from cswap.tuner.objective import check_tunable
+    from cswap.tuner.search import METHODS
+    from cswap.tuner.space import load_search_space
+    from cswap.tuner.store import ConfigStore, size_bucket
 
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}: choose one of {', '.join(METHODS)}")
@@ -199,7 +199,7 @@ def run_tune(
                 hit = run.method == CACHED_METHOD
                 published = None
                 if client is not None and not hit:
-                    from server.client import publish_or_queue
+                    from cswap.server.client import publish_or_queue
 
                     published = publish_or_queue(client, run, config_store)
                 results.append({
@@ -232,7 +232,7 @@ def _lookup(client: Any, store: Any, device: Any, kernel: str, source_hash: str,
             default: dict[str, int]) -> Any:
     if client is None:
         return store.lookup(device, kernel, source_hash, dtype, bucket, default=default)
-    from server.client import best_lookup
+    from cswap.server.client import best_lookup
 
     return best_lookup(client, store, device, kernel, source_hash, dtype, bucket, default=default)
 
@@ -287,8 +287,8 @@ def register(app: typer.Typer) -> None:
         token: str = typer.Option(None, envvar="CSWAP_SERVER_TOKEN", help="Bearer token for publishing to --tuner-url."),
     ) -> None:
         """Tune the ZVC kernels' launch configs on this machine (a store hit measures nothing)."""
-        from tuner.space import SearchSpaceError
-        from tuner.store import StoreError
+        from cswap.tuner.space import SearchSpaceError
+        from cswap.tuner.store import StoreError
 
         try:
             parsed_sizes = _sizes(sizes)

@@ -9,8 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from server.spawn import spawn_service
-from tuner.store import ConfigStore
+from cswap.server.spawn import spawn_service
+from cswap.tuner.store import ConfigStore
 
 REPO = Path(__file__).resolve().parents[2]
 

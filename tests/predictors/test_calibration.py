@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from cswap.device import fingerprint
-from predictors.calibration import CalibrationPlan, Sample, calibrate, log_sizes, samples_from_dict, samples_to_dict
-from tuner.kernels import kernel_source_hash
-from tuner.store import ConfigStore, TuningRun, size_bucket
+from cswap.predictors.calibration import CalibrationPlan, Sample, calibrate, log_sizes, samples_from_dict, samples_to_dict
+from cswap.tuner.kernels import kernel_source_hash
+from cswap.tuner.store import ConfigStore, TuningRun, size_bucket
 
 TINY = dict(sizes_bytes=(4096, 16384), densities=(1.0, 0.5, 0.1), passes=2, min_passes=1, refine_rounds=0,
             min_time_s=1e-4, max_units=2)

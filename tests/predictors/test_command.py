@@ -14,8 +14,8 @@ from cswap.commands.calibrate import HIDDEN_SCALES, decision_dataset, evaluate_d
 from cswap.costmodel import decide
 from cswap.device import fingerprint
 from cswap.trace import TensorRecord, Trace
-from predictors import load_decider, load_time_model
-from predictors.features import DECISION_FEATURES
+from cswap.predictors import load_decider, load_time_model
+from cswap.predictors.features import DECISION_FEATURES
 
 
 def _codec_s(op: str, nbytes: int, density: float, itemsize: int) -> float:
@@ -141,7 +141,7 @@ def test_unknown_backend_is_refused_before_measuring() -> None:
 
 
 def test_table_output_and_an_explicit_store(tmp_path) -> None:
-    from tuner.store import ConfigStore
+    from cswap.tuner.store import ConfigStore
 
     path = tmp_path / "elsewhere.db"
     result = CliRunner().invoke(app, ["calibrate", "--quick", "--backend", "torch", "--store", str(path)])

@@ -10,8 +10,8 @@ import pytest
 from sklearn.metrics import balanced_accuracy_score
 
 from cswap.costmodel import decide
-from predictors.decision import LogisticDecider, fit
-from predictors.features import DECISION_FEATURES, decision_features
+from cswap.predictors.decision import LogisticDecider, fit
+from cswap.predictors.features import DECISION_FEATURES, decision_features
 
 LINKS_GBPS = (2.0, 12.0, 25.0, 50.0)
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from cswap.costmodel import exposed_transfer_s, swap_s
-from predictors.features import (
+from cswap.predictors.features import (
     DECISION_FEATURES,
     DECISION_KNEES_BYTES,
     GAIN_FLOOR_S,

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from cswap.device import DeviceFingerprint, fingerprint
-from predictors.decision import LogisticDecider
-from predictors.features import TIME_FEATURES
-from predictors.persistence import (
+from cswap.predictors.decision import LogisticDecider
+from cswap.predictors.features import TIME_FEATURES
+from cswap.predictors.persistence import (
     load_decider,
     load_samples,
     load_time_model,
@@ -16,8 +16,8 @@ from predictors.persistence import (
     save_samples,
     save_time_model,
 )
-from predictors.timemodel import CalibratedTimeModel, LinearTimeModel
-from tuner.store import ConfigStore
+from cswap.predictors.timemodel import CalibratedTimeModel, LinearTimeModel
+from cswap.tuner.store import ConfigStore
 
 GPU = {"kind": "cuda", "name": "NVIDIA H100", "compute_capability": "9.0", "sm_count": 132, "memory_bytes": 80 << 30}
 

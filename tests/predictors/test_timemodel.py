@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from cswap.costmodel import TimeModel, decide
-from predictors.calibration import Sample, log_sizes
-from predictors.features import TIME_FEATURES, time_features
-from predictors.timemodel import CalibratedTimeModel, LinearTimeModel, fit_linear_time_model, fit_time_models, holdout_sizes, mape
+from cswap.predictors.calibration import Sample, log_sizes
+from cswap.predictors.features import TIME_FEATURES, time_features
+from cswap.predictors.timemodel import CalibratedTimeModel, LinearTimeModel, fit_linear_time_model, fit_time_models, holdout_sizes, mape
 
 SIZES = log_sizes(4096, 64 << 20, 15)
 DENSITIES = (1.0, 0.6, 0.3, 0.1, 0.01)

@@ -9,9 +9,9 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from server.app import create_app
+from cswap.server.app import create_app
 from tests.server.helpers import TOKEN, serve_in_thread
-from tuner.store import ConfigStore
+from cswap.tuner.store import ConfigStore
 
 
 @pytest.fixture

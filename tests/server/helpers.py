@@ -13,7 +13,7 @@ import httpx
 import uvicorn
 from fastapi import FastAPI
 
-from tuner.store import Evaluation, TuningRun
+from cswap.tuner.store import Evaluation, TuningRun
 
 TOKEN = "s3cret-token"
 H100 = {"kind": "cuda", "name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0", "sm_count": 132,

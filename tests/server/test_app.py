@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from server.app import MAX_BODY_BYTES, create_app
+from cswap.server.app import MAX_BODY_BYTES, create_app
 from tests.server.helpers import A100, BUCKET, CPU, DTYPE, GRID, H100, KERNEL, SOURCE, TOKEN, make_run
-from tuner.store import ConfigStore, StoreError, fingerprint_key
+from cswap.tuner.store import ConfigStore, StoreError, fingerprint_key
 
 QUERY = {"kernel": KERNEL, "source_hash": SOURCE, "dtype": DTYPE, "bucket": BUCKET}
 
@@ -37,7 +37,7 @@ def test_openapi_lists_the_versioned_endpoints(client: TestClient) -> None:
 
 
 def test_server_imports_no_torch() -> None:
-    code = "import sys, server.app, server.client; assert 'torch' not in sys.modules, 'torch was imported'"
+    code = "import sys, cswap.server.app, cswap.server.client; assert 'torch' not in sys.modules, 'torch was imported'"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
 

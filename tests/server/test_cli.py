@@ -11,9 +11,9 @@ from typer.testing import CliRunner
 
 from cswap import cli
 from cswap.commands.serve import is_loopback
-from server.app import create_app
+from cswap.server.app import create_app
 from tests.server.helpers import A100, GRID, H100, KERNEL, TOKEN, make_run, serve_in_thread
-from tuner.store import ConfigStore, fingerprint_key
+from cswap.tuner.store import ConfigStore, fingerprint_key
 
 runner = CliRunner()
 

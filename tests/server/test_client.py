@@ -9,8 +9,8 @@ import warnings
 import httpx
 import pytest
 
-import server.client as client_module
-from server.client import (
+import cswap.server.client as client_module
+from cswap.server.client import (
     RequestRejected,
     ServiceUnavailable,
     ServiceUnavailableWarning,
@@ -20,8 +20,8 @@ from server.client import (
     publish_or_queue,
 )
 from tests.server.helpers import A100, BUCKET, DTYPE, GRID, H100, KERNEL, SOURCE, TOKEN, make_run, serve_in_thread
-from server.app import create_app
-from tuner.store import ConfigStore, LookupResult, fingerprint_key
+from cswap.server.app import create_app
+from cswap.tuner.store import ConfigStore, LookupResult, fingerprint_key
 
 HEALTH = {"status": "ok", "api": "v1", "version": "0.1.0"}
 

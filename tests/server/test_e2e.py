@@ -10,11 +10,11 @@ import pytest
 from typer.testing import CliRunner
 
 from cswap import cli
-from server.app import create_app
-from server.client import RequestRejected, ServiceUnavailable, ServiceUnavailableWarning, TuningClient, publish_or_queue
-from server.spawn import spawn_service, stop_service
+from cswap.server.app import create_app
+from cswap.server.client import RequestRejected, ServiceUnavailable, ServiceUnavailableWarning, TuningClient, publish_or_queue
+from cswap.server.spawn import spawn_service, stop_service
 from tests.server.helpers import BUCKET, DTYPE, GRID, H100, KERNEL, SOURCE, TOKEN, make_run, serve_in_thread
-from tuner.store import ConfigStore, fingerprint_key
+from cswap.tuner.store import ConfigStore, fingerprint_key
 
 
 def test_cswap_serve_end_to_end_with_the_server_killed_mid_run(tmp_path: Path) -> None:

@@ -11,9 +11,9 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error, response_schema_conformance
 
-from server.app import create_app
+from cswap.server.app import create_app
 from tests.server.helpers import A100, H100, make_run
-from tuner.store import ConfigStore
+from cswap.tuner.store import ConfigStore
 
 # schemathesis collects the operations at import, so the app exists before any fixture runs. Its
 # store is seeded with real records so that reads also answer 200, not only 404 or "default".

@@ -1,4 +1,4 @@
-"""``server.spawn``: a real ``cswap serve`` child process, its failures reported with its stderr."""
+"""``cswap.server.spawn``: a real ``cswap serve`` child process, its failures reported with its stderr."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from server.spawn import spawn_service, stop_service
+from cswap.server.spawn import spawn_service, stop_service
 
 
 def test_spawned_service_answers_and_stops(tmp_path: Path) -> None:

@@ -90,9 +90,9 @@ def test_bad_options(tmp_path: Path, args: list[str], code: int, message: str) -
 
 
 def test_tuner_url_publishes_runs_and_serves_them_to_a_fresh_machine(tmp_path: Path) -> None:
-    from server.app import create_app
+    from cswap.server.app import create_app
     from tests.server.helpers import serve_in_thread
-    from tuner.store import ConfigStore
+    from cswap.tuner.store import ConfigStore
 
     service_store = ConfigStore(tmp_path / "service.db")
     with serve_in_thread(create_app(service_store)) as url:

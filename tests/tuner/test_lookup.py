@@ -14,11 +14,11 @@ import torch
 from cswap.codecs import zvc_cpu
 from cswap.codecs.launch import CpuLaunch, CudaLaunch
 from cswap.device import fingerprint
-from tuner import launch_for, tune
-from tuner.kernels import KERNELS, bucket_nbytes, dtype_name, kernel_name, kernel_source_hash, parse_kernel
-from tuner.lookup import CACHED_METHOD, default_params
-from tuner.space import SearchSpace, load_search_space
-from tuner.store import ConfigStore, TuningRun, size_bucket
+from cswap.tuner import launch_for, tune
+from cswap.tuner.kernels import KERNELS, bucket_nbytes, dtype_name, kernel_name, kernel_source_hash, parse_kernel
+from cswap.tuner.lookup import CACHED_METHOD, default_params
+from cswap.tuner.space import SearchSpace, load_search_space
+from cswap.tuner.store import ConfigStore, TuningRun, size_bucket
 
 CORES = os.cpu_count() or 1
 

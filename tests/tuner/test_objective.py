@@ -9,8 +9,8 @@ import os
 import pytest
 import torch
 
-import tuner.objective as objective_module
-from tuner.objective import KernelObjective, check_tunable, representative_tensor
+import cswap.tuner.objective as objective_module
+from cswap.tuner.objective import KernelObjective, check_tunable, representative_tensor
 
 NBYTES = 1 << 14  # tiny: these tests check values, not speed
 

@@ -7,7 +7,7 @@ from typing import Mapping
 
 import pytest
 
-from tuner.search import (
+from cswap.tuner.search import (
     METHODS,
     bo_search,
     default_budget,
@@ -16,7 +16,7 @@ from tuner.search import (
     random_search,
     search,
 )
-from tuner.space import Param, SearchSpace, load_search_space
+from cswap.tuner.space import Param, SearchSpace, load_search_space
 
 # The CPU search space of a 4-core machine: 4 thread counts x 11 chunk sizes = 44 configs.
 CPU_SPACE = load_search_space("cpu", "compress", cores=4)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.space import OPS, Param, SearchSpace, SearchSpaceError, load_search_space, load_search_spaces
+from cswap.tuner.space import OPS, Param, SearchSpace, SearchSpaceError, load_search_space, load_search_spaces
 
 CORES = 4
 

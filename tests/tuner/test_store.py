@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tuner.store import (
+from cswap.tuner.store import (
     SCHEMA_VERSION,
     ConfigStore,
     Evaluation,
