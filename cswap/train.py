@@ -13,10 +13,12 @@ With :mod:`cswap.kernelconfigs` it sits at the top of the import layers beside :
 it wires the runtime, the tuner and the tuning service's client together.
 
 Example:
+    >>> import contextlib, io
     >>> from cswap.trainconfig import TrainConfig
-    >>> report = train(TrainConfig(model="vgg11", width_mult=0.125, epochs=1, train_samples=64), show_progress=False)
-    >>> sorted(report)[:3]
-    ['device', 'epochs', 'model']
+    >>> with contextlib.redirect_stdout(io.StringIO()):  # the summary table
+    ...     report = train(TrainConfig(model="vgg11", width_mult=0.125, epochs=1, train_samples=64), show_progress=False)
+    >>> report["model"], report["policy"], len(report["epochs"])
+    ('vgg11', 'cswap', 1)
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@
 Everything is stored as validated JSON coefficients, never pickles.
 
 Example:
-    >>> from predictors import CalibrationPlan, calibrate, fit_time_models
+    >>> from cswap.predictors import CalibrationPlan, calibrate, fit_time_models
     >>> run = calibrate(CalibrationPlan.quick("torch"))
     >>> model, reports = fit_time_models(run.samples)
     >>> model.compress_s(1 << 16, density=0.5, itemsize=4, backend="torch") > 0

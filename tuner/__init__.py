@@ -1,7 +1,7 @@
 """Launch-config tuning of the codec kernels, and the store that keeps what was tuned.
 
 Example:
-    >>> from tuner import ConfigStore, size_bucket
+    >>> from cswap.tuner import ConfigStore, size_bucket
     >>> size_bucket(16 << 20)
     12
 """
