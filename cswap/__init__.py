@@ -22,6 +22,8 @@ _LAZY = {
     "Plan": "cswap.advisor",
     "Action": "cswap.advisor",
     "Trace": "cswap.trace",
+    "BudgetError": "cswap.budget",
+    "MemoryBudget": "cswap.budget",
 }
 
 __all__ = ["__version__", *_LAZY]

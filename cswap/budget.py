@@ -1,0 +1,203 @@
+"""The memory budget: how many bytes of saved activations a run may keep on the device.
+
+A budget is given as ``None`` (no budget), an int (bytes), a string with a unit (``"512MiB"``,
+``"2GiB"``, ``"1.5GB"``: binary and SI units, any case), or a float in (0, 1]: that fraction of
+the activation peak policy ``none`` would have, known once a profile gives it. :func:`parse_budget`
+turns any of these into a :class:`MemoryBudget`; :meth:`MemoryBudget.resolve` gives the bytes.
+
+When a policy cannot meet a budget, :class:`BudgetError` says the least budget it can meet.
+
+Example:
+    >>> parse_budget("2GiB").resolve(none_peak_bytes=10 << 30)
+    2147483648
+    >>> parse_budget(0.5).resolve(none_peak_bytes=1000)
+    500
+    >>> parse_budget(None) is None
+    True
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+__all__ = ["BudgetError", "MemoryBudget", "parse_budget", "format_bytes"]
+
+_FORMS = (
+    "accepted forms: None (no budget), a positive int of bytes, a string with a unit "
+    "(e.g. '512MiB', '2GiB', '1.5GB'; units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB, Ki, Mi, Gi, Ti, any case), "
+    "or a float in (0, 1] = that fraction of policy none's activation peak"
+)
+
+_UNITS: dict[str, int] = {
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+    "ki": 2**10,
+    "mi": 2**20,
+    "gi": 2**30,
+    "ti": 2**40,
+}
+
+_PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+
+
+def format_bytes(nbytes: float) -> str:
+    """``nbytes`` in MiB or GiB for messages.
+
+    Example:
+        >>> format_bytes(3 << 29)
+        '1.50 GiB (1610612736 bytes)'
+    """
+    scaled = nbytes / 2**30
+    text = f"{scaled:.2f} GiB" if scaled >= 1 else f"{nbytes / 2**20:.2f} MiB"
+    return f"{text} ({int(nbytes)} bytes)"
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """A memory budget, absolute or relative to policy ``none``'s activation peak.
+
+    Exactly one of the two is set.
+
+    Attributes:
+        nbytes: the budget in bytes.
+        fraction: the budget as a fraction in (0, 1] of ``none``'s activation peak.
+
+    Example:
+        >>> MemoryBudget(fraction=0.25).resolve(none_peak_bytes=4096)
+        1024
+        >>> str(MemoryBudget(nbytes=1 << 20))
+        '1.00 MiB (1048576 bytes)'
+    """
+
+    nbytes: int | None = None
+    fraction: float | None = None
+
+    def __post_init__(self) -> None:
+        if (self.nbytes is None) == (self.fraction is None):
+            raise ValueError(f"a MemoryBudget needs exactly one of nbytes and fraction, got {self!r}")
+        if self.nbytes is not None and (isinstance(self.nbytes, bool) or not isinstance(self.nbytes, int) or self.nbytes <= 0):
+            raise ValueError(f"memory budget {self.nbytes!r} bytes is not a positive int; {_FORMS}")
+        if self.fraction is not None and not (isinstance(self.fraction, float) and 0.0 < self.fraction <= 1.0):
+            raise ValueError(f"memory budget fraction {self.fraction!r} is not in (0, 1]; {_FORMS}")
+
+    @property
+    def relative(self) -> bool:
+        """Whether the bytes depend on a profile (a fraction of ``none``'s peak)."""
+        return self.fraction is not None
+
+    def resolve(self, none_peak_bytes: int | None = None) -> int:
+        """The budget in bytes.
+
+        Args:
+            none_peak_bytes: policy ``none``'s activation peak, needed for a fractional budget.
+
+        Raises:
+            ValueError: a fractional budget without ``none_peak_bytes`` (or with a non-positive one).
+        """
+        if self.nbytes is not None:
+            return self.nbytes
+        if none_peak_bytes is None or none_peak_bytes <= 0:
+            raise ValueError(
+                f"memory budget {self.fraction} is a fraction of policy none's activation peak, "
+                f"which needs a profile: got none_peak_bytes={none_peak_bytes!r}"
+            )
+        return max(1, int(math.floor(self.fraction * none_peak_bytes)))
+
+    def __str__(self) -> str:
+        if self.nbytes is not None:
+            return format_bytes(self.nbytes)
+        return f"{self.fraction:g} of none's peak"
+
+
+def parse_budget(value: object) -> MemoryBudget | None:
+    """Read a memory budget in any accepted form.
+
+    Args:
+        value: ``None``, ``MemoryBudget``, int bytes, a string with a unit, or a float in (0, 1].
+            A string holding a bare number, as a command line gives it, is a fraction when it is at
+            most 1 (``"0.5"``) and bytes when it is a whole number above 1 (``"1000"``, ``"2e9"``).
+
+    Raises:
+        ValueError: naming the value and the accepted forms (0, negative, a float above 1, NaN,
+            inf, a bool, an unknown unit or an unreadable string).
+
+    Example:
+        >>> parse_budget("1.5GB").nbytes, parse_budget("512 mib").nbytes, parse_budget(4096).nbytes
+        (1500000000, 536870912, 4096)
+        >>> parse_budget(1.5)
+        Traceback (most recent call last):
+        ...
+        ValueError: memory budget 1.5 is not valid: a float must be a fraction in (0, 1]; accepted forms: ...
+    """
+    if value is None or isinstance(value, MemoryBudget):
+        return value
+    if isinstance(value, bool):
+        raise ValueError(f"memory budget {value!r} is not valid: a bool is not a budget; {_FORMS}")
+    if isinstance(value, int):
+        if value <= 0:
+            raise ValueError(f"memory budget {value!r} is not valid: bytes must be positive; {_FORMS}")
+        return MemoryBudget(nbytes=value)
+    if isinstance(value, float):
+        if not (0.0 < value <= 1.0):  # also NaN
+            raise ValueError(f"memory budget {value!r} is not valid: a float must be a fraction in (0, 1]; {_FORMS}")
+        return MemoryBudget(fraction=value)
+    if isinstance(value, str):
+        match = _PATTERN.match(value)
+        if match is None:
+            raise ValueError(f"memory budget {value!r} is not valid: cannot read it; {_FORMS}")
+        number, unit = match.group(1), match.group(2).lower()
+        if not unit:
+            amount = float(number)
+            if amount > 1.0 and amount.is_integer():
+                return MemoryBudget(nbytes=int(amount))
+            if not 0.0 < amount <= 1.0:
+                raise ValueError(f"memory budget {value!r} is not valid: a float must be a fraction in (0, 1]; {_FORMS}")
+            return MemoryBudget(fraction=amount)
+        if unit not in _UNITS:
+            raise ValueError(f"memory budget {value!r} is not valid: unknown unit {match.group(2)!r}; {_FORMS}")
+        nbytes = int(round(float(number) * _UNITS[unit]))
+        if nbytes <= 0:
+            raise ValueError(f"memory budget {value!r} is not valid: it is zero bytes; {_FORMS}")
+        return MemoryBudget(nbytes=nbytes)
+    raise ValueError(f"memory budget {value!r} is not valid: a {type(value).__name__} is not a budget; {_FORMS}")
+
+
+class BudgetError(ValueError):
+    """A policy cannot keep the saved activations within the memory budget.
+
+    Attributes:
+        minimum_bytes: the least budget this policy can meet on this model.
+        policy: the policy.
+        budget_bytes: the budget asked for.
+
+    Example:
+        >>> error = BudgetError(minimum_bytes=3 << 20, policy="swap", budget_bytes=1 << 20)
+        >>> error.minimum_bytes, isinstance(error, ValueError)
+        (3145728, True)
+        >>> print(error)  # doctest: +NORMALIZE_WHITESPACE
+        policy swap cannot keep saved activations within the memory budget of 1.00 MiB (1048576 bytes):
+        it needs at least 3.00 MiB (3145728 bytes). Raise the budget to at least 3145728 bytes, or use a
+        policy with more actions (cswap allows keep, swap, zvc-swap and zvc-keep).
+    """
+
+    def __init__(self, minimum_bytes: int, policy: str, budget_bytes: int) -> None:
+        self.minimum_bytes = int(minimum_bytes)
+        self.policy = policy
+        self.budget_bytes = int(budget_bytes)
+        super().__init__(
+            f"policy {policy} cannot keep saved activations within the memory budget of {format_bytes(budget_bytes)}: "
+            f"it needs at least {format_bytes(minimum_bytes)}. Raise the budget to at least {self.minimum_bytes} bytes, "
+            f"or use a policy with more actions (cswap allows keep, swap, zvc-swap and zvc-keep)."
+        )
+
+    def __reduce__(self) -> tuple[type, tuple[int, str, int]]:
+        return (type(self), (self.minimum_bytes, self.policy, self.budget_bytes))

@@ -1,0 +1,100 @@
+"""Memory budgets: every accepted form, every rejected one with its message, and BudgetError."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+import cswap
+from cswap.budget import BudgetError, MemoryBudget, parse_budget
+
+
+@pytest.mark.parametrize(
+    "value, nbytes",
+    [
+        (4096, 4096),
+        ("512MiB", 512 * 2**20),
+        ("2GiB", 2 * 2**30),
+        ("2gib", 2 * 2**30),
+        ("1.5GB", 1_500_000_000),
+        ("1.5 gb", 1_500_000_000),
+        ("100kB", 100_000),
+        ("3KiB", 3072),
+        ("1Ti", 2**40),
+        ("7b", 7),
+        ("1000", 1000),
+        ("2e9", 2_000_000_000),
+    ],
+)
+def test_absolute_forms(value, nbytes):
+    budget = parse_budget(value)
+    assert budget == MemoryBudget(nbytes=nbytes) and not budget.relative
+    assert budget.resolve() == nbytes and budget.resolve(none_peak_bytes=1) == nbytes
+
+
+@pytest.mark.parametrize("value, fraction", [(0.5, 0.5), (1.0, 1.0), ("0.25", 0.25), (1e-3, 1e-3)])
+def test_fractions_resolve_against_none_peak(value, fraction):
+    budget = parse_budget(value)
+    assert budget == MemoryBudget(fraction=fraction) and budget.relative
+    assert budget.resolve(none_peak_bytes=10_000) == int(fraction * 10_000)
+
+
+def test_none_and_budget_pass_through():
+    budget = MemoryBudget(nbytes=10)
+    assert parse_budget(None) is None and parse_budget(budget) is budget
+
+
+@pytest.mark.parametrize(
+    "value, reason",
+    [
+        (0, "bytes must be positive"),
+        (-5, "bytes must be positive"),
+        (0.0, "a float must be a fraction in (0, 1]"),
+        (-0.5, "a float must be a fraction in (0, 1]"),
+        (1.5, "a float must be a fraction in (0, 1]"),
+        (float("nan"), "a float must be a fraction in (0, 1]"),
+        (float("inf"), "a float must be a fraction in (0, 1]"),
+        (True, "a bool is not a budget"),
+        ("12 parsecs", "unknown unit 'parsecs'"),
+        ("lots", "cannot read it"),
+        ("-1GiB", "cannot read it"),
+        ("0GiB", "it is zero bytes"),
+        ("1.5", "a float must be a fraction in (0, 1]"),
+        ([1], "a list is not a budget"),
+    ],
+)
+def test_bad_values_name_the_value_and_the_forms(value, reason):
+    with pytest.raises(ValueError) as caught:
+        parse_budget(value)
+    message = str(caught.value)
+    assert message.startswith(f"memory budget {value!r} is not valid: {reason}")
+    assert "accepted forms: None (no budget), a positive int of bytes, a string with a unit" in message
+
+
+def test_fraction_needs_the_peak():
+    with pytest.raises(ValueError, match="fraction of policy none's activation peak, which needs a profile"):
+        MemoryBudget(fraction=0.5).resolve()
+
+
+def test_budget_needs_exactly_one_form():
+    with pytest.raises(ValueError, match="exactly one of nbytes and fraction"):
+        MemoryBudget()
+    with pytest.raises(ValueError, match="exactly one of nbytes and fraction"):
+        MemoryBudget(nbytes=1, fraction=0.5)
+
+
+def test_budget_error_states_minimum_and_fix():
+    error = BudgetError(minimum_bytes=5 << 30, policy="compress-keep", budget_bytes=2 << 30)
+    assert isinstance(error, ValueError)
+    assert (error.minimum_bytes, error.policy, error.budget_bytes) == (5 << 30, "compress-keep", 2 << 30)
+    message = str(error)
+    assert "policy compress-keep cannot keep saved activations within the memory budget of 2.00 GiB" in message
+    assert "it needs at least 5.00 GiB (5368709120 bytes)" in message
+    assert "Raise the budget to at least 5368709120 bytes, or use a policy with more actions" in message
+    again = pickle.loads(pickle.dumps(error))
+    assert again.minimum_bytes == error.minimum_bytes and str(again) == message
+
+
+def test_exported_lazily_from_cswap():
+    assert cswap.BudgetError is BudgetError and "BudgetError" in cswap.__all__
