@@ -56,6 +56,12 @@ class TensorRecord:
         narrow_dtype: for an int64 tensor whose values all fit a narrower signed int, that int's
             name (``"int16"``): compression narrows it exactly first, so it is costed at that
             width. None otherwise.
+        unpack_order: its position among first unpacks in backward (0: unpacked first), or
+            ``None``: derived from ``unpack_at_s``, ties in reverse pack order
+            (:func:`cswap.lifetime.lifetimes_from_trace`).
+        free_order: the backward position (as ``unpack_order`` counts) after which its storage
+            dies, or ``None``: right after its own first unpack (the end of backward when it is
+            never unpacked).
     """
 
     key: int
@@ -73,6 +79,8 @@ class TensorRecord:
     hidden_backward_s: float = 0.0
     flops: float = 0.0
     narrow_dtype: str | None = None
+    unpack_order: int | None = None
+    free_order: int | None = None
 
     @property
     def density(self) -> float:

@@ -282,13 +282,24 @@ class Simulator:
 
     # ------------------------------------------------------------------ simulation
 
-    def run_plan(self, actions: Sequence[Action], policy: str = "custom", plan: str = "given") -> PolicyResult:
-        """Simulate explicit per-record ``actions`` in both models (hooks are installed unless ``policy`` is ``none``)."""
+    def run_plan(
+        self,
+        actions: Sequence[Action],
+        policy: str = "custom",
+        plan: str = "given",
+        params: QueueParams | None = None,
+        fetch_after: Sequence[int | None] | None = None,
+    ) -> PolicyResult:
+        """Simulate explicit per-record ``actions`` in both models (hooks are installed unless ``policy`` is ``none``).
+
+        ``params`` replaces the queue model's settings (a memory budget); ``fetch_after`` is a
+        plan's prefetch schedule (:func:`cswap.simulate.queues.run_queues`).
+        """
         actions = tuple(Action(a) for a in actions)
         if len(actions) != len(self.costs):
             raise ValueError(f"need one action per trace record: {len(self.costs)} records, {len(actions)} actions")
         hooked = policy != "none"
-        outcome = run_queues(self.timeline, self.costs, actions, self.params, self.counted, hooked=hooked)
+        outcome = run_queues(self.timeline, self.costs, actions, params or self.params, self.counted, hooked=hooked, fetch_after=fetch_after)
         moved = [i for i, a in enumerate(actions) if a.transfers]
         hidden_f, hidden_b = hidden_windows(self.timeline, moved, self.config.prefetch_depth)
         link = self.hardware.link

@@ -28,6 +28,12 @@ Runtime overhead (CPU profiles): with hooks installed (every policy but ``none``
 ``iteration_overhead_s`` once and ``hook_overhead_s`` at every pack and every first unpack, plus
 ``move_overhead_s`` at those of a tensor that is not kept as it is.
 
+Memory budget (``budget_bytes``): the queue model enforces it as the runtime does. Bytes are
+counted from the moment they are asked for (a swap-in from when it is issued). Before a pack holds
+a tensor that would take the count past the budget, compute waits for the oldest swap-outs in
+flight to finish; a swap-in is issued ahead of need only within the budget (else when its tensor
+is needed, after the previous operator's tensors are freed). The wait is exposed transfer time.
+
 Memory: a tensor occupies the device from production until its swap-out ends (compressed size
 after compression), again from the start of its swap-in (and full size from the start of its
 decompression), until the backward operator that uses it ends, i.e. until compute reaches the
@@ -45,6 +51,7 @@ Example:
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -69,6 +76,7 @@ class QueueParams:
         hook_overhead_s: compute-stream seconds per pack and per first unpack (hooks installed).
         move_overhead_s: extra seconds per pack and first unpack of a tensor not kept as it is.
         iteration_overhead_s: compute-stream seconds once per iteration (hooks installed).
+        budget_bytes: the memory budget to enforce (module docstring), or ``None``.
     """
 
     d2h_gbps: float
@@ -80,6 +88,7 @@ class QueueParams:
     hook_overhead_s: float = 0.0
     move_overhead_s: float = 0.0
     iteration_overhead_s: float = 0.0
+    budget_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if not (self.d2h_gbps > 0 and self.h2d_gbps > 0):
@@ -90,6 +99,8 @@ class QueueParams:
             raise ValueError(f"prefetch_bytes must be >= 0 or None, got {self.prefetch_bytes}")
         if self.max_inflight_offloads is not None and self.max_inflight_offloads < 1:
             raise ValueError(f"max_inflight_offloads must be >= 1 or None, got {self.max_inflight_offloads}")
+        if self.budget_bytes is not None and self.budget_bytes <= 0:
+            raise ValueError(f"budget_bytes must be positive or None, got {self.budget_bytes}")
 
 
 @dataclass(frozen=True)
@@ -140,6 +151,7 @@ def run_queues(
     params: QueueParams,
     counted: Sequence[bool] | None = None,
     hooked: bool = False,
+    fetch_after: Sequence[int | None] | None = None,
 ) -> QueueOutcome:
     """Replay one iteration under ``actions`` (one per record) and return its times and peak memory.
 
@@ -151,6 +163,9 @@ def run_queues(
         counted: per record, whether it counts towards ``peak_bytes`` (default: all).
         hooked: the runtime's hooks are installed (every policy but ``none``): charge ``params``'
             hook and iteration overheads.
+        fetch_after: a plan's prefetch schedule: per record, the position in backward order from
+            which its swap-in may be issued (-1: when forward ends; ``None``: when needed). It
+            replaces ``prefetch_depth`` and ``prefetch_bytes``.
     """
     count = len(timeline)
     if not len(costs) == len(actions) == count:
@@ -158,13 +173,44 @@ def run_queues(
     counted = [True] * count if counted is None else list(counted)
     events: list[tuple[float, float]] = []
 
-    def hold(at: float, nbytes: float, i: int) -> None:
+    # bytes asked for so far (a hold counts from when it is asked for, a release from when it is
+    # done), the budget's view; ``pending`` are releases at the end of swap-outs still in flight
+    level = 0.0
+    pending: list[tuple[float, float]] = []
+    budget = params.budget_bytes
+
+    def hold(at: float, nbytes: float, i: int, asked: bool = True) -> None:
+        nonlocal level
         if counted[i] and nbytes:
             events.append((at, nbytes))
+            if asked:
+                level += nbytes
 
-    def release(at: float, nbytes: float, i: int) -> None:
+    def release(at: float, nbytes: float, i: int, later: bool = False) -> None:
+        nonlocal level
         if counted[i] and nbytes:
             events.append((at, -nbytes))
+            if later:
+                heapq.heappush(pending, (at, nbytes))
+            else:
+                level -= nbytes
+
+    def settle(at: float) -> None:
+        nonlocal level
+        while pending and pending[0][0] <= at:
+            level -= heapq.heappop(pending)[1]
+
+    def make_room(at: float, nbytes: float, i: int) -> float:
+        """Wait for swap-outs in flight until ``nbytes`` more fit the budget; returns the new time."""
+        nonlocal level
+        settle(at)
+        if budget is None or not counted[i]:
+            return at
+        while pending and level + nbytes > budget:
+            done, freed = heapq.heappop(pending)
+            at = max(at, done)
+            level -= freed
+        return at
 
     exposed = codec = host_codec = 0.0
     d2h_free = h2d_free = host_free = 0.0
@@ -183,6 +229,10 @@ def run_queues(
     for i in timeline.forward_order():
         action, cost = actions[i], costs[i]
         t = timeline.produced_s[i] + shift
+        need = cost.nbytes + (cost.compressed_nbytes if action.device_codec else 0.0)
+        waited = make_room(t, need, i)
+        exposed += waited - t
+        t = waited
         hold(t, cost.nbytes, i)
         hook = hook_s(action)
         t += hook
@@ -210,7 +260,7 @@ def run_queues(
             else:
                 end = t = t + duration
                 exposed += duration
-            release(end, cost.resident_nbytes(action), i)
+            release(end, cost.resident_nbytes(action), i, later=params.async_copies)
             if action is Action.HOST_ZVC_SWAP:
                 start = max(end, host_free)
                 on_host[i] = host_free = start + cost.host_compress_s
@@ -229,31 +279,49 @@ def run_queues(
     ready: dict[int, float] = {}
     outstanding: deque[int] = deque()
     outstanding_nbytes = 0.0
-    next_fetch = 0
+    unissued = list(fetches)
+    position = -1  # where backward is in ``order``; -1: it has not started
 
-    def issue(at: float) -> None:
-        nonlocal next_fetch, outstanding_nbytes, h2d_free, host_free, host_codec
-        while next_fetch < len(fetches) and len(outstanding) < params.prefetch_depth:
-            j = fetches[next_fetch]
+    def issue(at: float, needed: int | None = None) -> float:
+        """Issue swap-ins ahead of need; ``needed``: the record compute wants now, issued at any rate."""
+        nonlocal outstanding_nbytes, h2d_free, host_free, host_codec
+        for j in list(unissued):
             cost, action = costs[j], actions[j]
-            if params.prefetch_bytes is not None and outstanding and outstanding_nbytes + cost.nbytes > params.prefetch_bytes:
-                return
+            forced = j == needed
+            if not forced and fetch_after is not None:
+                allowed = fetch_after[j]
+                if allowed is None or allowed > position:
+                    continue
+            elif not forced:
+                if len(outstanding) >= params.prefetch_depth:
+                    return at
+                if params.prefetch_bytes is not None and outstanding and outstanding_nbytes + cost.nbytes > params.prefetch_bytes:
+                    return at
+            incoming = cost.transfer_nbytes(action) if action is Action.ZVC_SWAP else cost.nbytes
+            settle(at)
+            if budget is not None and counted[j] and level + incoming > budget:
+                if not forced:
+                    if fetch_after is not None:
+                        continue
+                    return at
+                at = make_room(at, incoming, j)
             source_ready = max(at, on_host[j])
             if action is Action.HOST_ZVC_SWAP:
                 source_ready = host_free = max(source_ready, host_free) + cost.host_decompress_s
                 host_codec += cost.host_decompress_s
             start = max(source_ready, h2d_free)
             ready[j] = h2d_free = start + _seconds(cost.transfer_nbytes(action), params.h2d_gbps)
-            hold(start, cost.transfer_nbytes(action) if action is Action.ZVC_SWAP else cost.nbytes, j)
+            hold(start, incoming, j)
             outstanding.append(j)
             outstanding_nbytes += cost.nbytes
-            next_fetch += 1
+            unissued.remove(j)
+        return at
 
     shift = forward_end
     if params.async_copies:
         issue(forward_end)
     finished: list[int] = []
-    for i in order:
+    for position, i in enumerate(order):
         action, cost = actions[i], costs[i]
         t = timeline.consumed_s[i] + shift
         for j in finished:
@@ -262,12 +330,18 @@ def run_queues(
         hook = hook_s(action)
         t += hook
         overhead += hook
+        if budget is not None and params.async_copies:
+            issue(t)  # what the budget held back may fit now that the last operator's tensors are gone
         if action.transfers:
             if params.async_copies:
+                if i not in ready:
+                    issued = issue(t, needed=i)
+                    exposed += issued - t
+                    t = issued
                 if ready[i] > t:
                     exposed += ready[i] - t
                     t = ready[i]
-                outstanding.popleft()
+                outstanding.remove(i)
                 outstanding_nbytes -= cost.nbytes
             else:
                 start = max(t, on_host[i])
@@ -276,6 +350,7 @@ def run_queues(
                     host_free = start
                     host_codec += cost.host_decompress_s
                 nbytes = cost.transfer_nbytes(action)
+                start = make_room(start, nbytes if action is Action.ZVC_SWAP else cost.nbytes, i)
                 hold(start, nbytes if action is Action.ZVC_SWAP else cost.nbytes, i)
                 end = start + _seconds(nbytes, params.h2d_gbps)
                 exposed += end - t

@@ -1,0 +1,63 @@
+"""Policies as sets of actions: what a policy may do with each saved tensor under a memory budget.
+
+Action names are the values of :class:`cswap.advisor.Action` (and of the simulator's actions).
+
+=================  ==================================  =============================
+policy             actions                             system it reproduces
+=================  ==================================  =============================
+``none``           keep                                plain PyTorch
+``swap``           keep, swap                          vDNN
+``compress-swap``  keep, zvc-swap                      cDMA (static compression)
+``compress-keep``  keep, zvc-keep                      FreeLunch
+``cswap``          keep, swap, zvc-swap, zvc-keep      CSWAP's cost model, generalised
+=================  ==================================  =============================
+
+Example:
+    >>> sorted(allowed_actions("swap"))
+    ['keep', 'swap']
+    >>> single_mechanism_policies()
+    ('swap', 'compress-swap', 'compress-keep')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+__all__ = ["ACTIONS", "KEEP", "POLICY_ACTIONS", "SWAP", "ZVC_KEEP", "ZVC_SWAP", "allowed_actions", "single_mechanism_policies"]
+
+KEEP = "keep"
+SWAP = "swap"
+ZVC_SWAP = "zvc-swap"
+ZVC_KEEP = "zvc-keep"
+
+#: Every action the planner chooses among.
+ACTIONS: tuple[str, ...] = (KEEP, SWAP, ZVC_SWAP, ZVC_KEEP)
+
+#: Policy -> the actions it may use under a budget.
+POLICY_ACTIONS: Mapping[str, frozenset[str]] = MappingProxyType(
+    {
+        "none": frozenset({KEEP}),
+        "swap": frozenset({KEEP, SWAP}),
+        "compress-swap": frozenset({KEEP, ZVC_SWAP}),
+        "compress-keep": frozenset({KEEP, ZVC_KEEP}),
+        "cswap": frozenset(ACTIONS),
+    }
+)
+
+
+def allowed_actions(policy: str) -> frozenset[str]:
+    """The actions ``policy`` may use.
+
+    Raises:
+        ValueError: an unknown policy, naming the known ones.
+    """
+    try:
+        return POLICY_ACTIONS[policy]
+    except KeyError:
+        raise ValueError(f"policy {policy!r} has no action set for a memory budget: choose one of {', '.join(POLICY_ACTIONS)}") from None
+
+
+def single_mechanism_policies() -> tuple[str, ...]:
+    """The policies that add exactly one action to ``keep``."""
+    return tuple(p for p, actions in POLICY_ACTIONS.items() if len(actions) == 2)
