@@ -1,0 +1,233 @@
+"""The memory-budget planner: options, the MILP against brute force, the least budget, the greedy."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from cswap.advisor import Action as AdvisorAction
+from cswap.budget import BudgetError
+from cswap.lifetime import Lifetime, lifetimes_from_orders
+from cswap.planner import (
+    ACTIONS,
+    POLICY_ACTIONS,
+    LinkModel,
+    TensorSpec,
+    allowed_actions,
+    build_problem,
+    minimum_bytes,
+    plan_budget,
+    single_mechanism_policies,
+    timeline_of,
+)
+from cswap.planner.actions import KEEP, SWAP, ZVC_KEEP, ZVC_SWAP
+
+POLICIES = tuple(POLICY_ACTIONS)
+MB = 1_000_000
+
+
+def random_problem(seed: int, count: int = 4, async_copies: bool = True):
+    """A small problem whose copies span events: 1 MB moves in 1 ms, events 1 ms apart."""
+    rng = np.random.default_rng(seed)
+    pack = list(range(count))
+    unpack = [int(u) for u in rng.permutation(count)]
+    if seed % 2:
+        unpack[int(rng.integers(count))] = None
+        unpack = [None if u is None else r for r, u in zip(_ranks([u if u is not None else 99 for u in unpack]), unpack)]
+    events = lifetimes_from_orders(pack, unpack)
+    specs = []
+    for key, lifetime in enumerate(events.lifetimes):
+        nbytes = int(rng.integers(1, 5)) * MB
+        compressed = int(nbytes * rng.choice([0.3, 0.6, 1.2]))  # 1.2: ZVC would expand it
+        specs.append(
+            TensorSpec(
+                key=key,
+                nbytes=nbytes,
+                lifetime=lifetime,
+                compressed_nbytes=compressed,
+                compress_s=float(rng.uniform(0.0, 2e-3)),
+                decompress_s=float(rng.uniform(0.0, 2e-3)),
+                hidden_forward_s=1e-3,
+            )
+        )
+    times = [1e-3 * e for e in range(events.event_count)]
+    link = LinkModel(d2h_gbps=1.0, h2d_gbps=1.0, async_copies=async_copies)
+    return build_problem(specs, events, times, times[events.forward_events] - 0.5e-3, link, prefetch_distances=(0, 1, 2))
+
+
+def _ranks(values):
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0] * len(values)
+    for rank, i in enumerate(order):
+        ranks[i] = rank
+    return ranks
+
+
+def brute_force(problem, policy, budget_bytes=None):
+    """(least cost within the budget or None, least peak) over every combination of options."""
+    allowed = allowed_actions(policy)
+    per_tensor = [[(o.cost_s, problem.holds(o)) for o in t.options if o.action in allowed] for t in problem.tensors]
+    best_cost, best_peak = None, None
+    for combo in itertools.product(*per_tensor):
+        peak = int(sum(h for _, h in combo).max())
+        cost = sum(c for c, _ in combo)
+        best_peak = peak if best_peak is None else min(best_peak, peak)
+        if budget_bytes is not None and peak <= budget_bytes and (best_cost is None or cost < best_cost):
+            best_cost = cost
+    return best_cost, best_peak
+
+
+def test_action_sets():
+    assert POLICY_ACTIONS["none"] == {KEEP}
+    assert POLICY_ACTIONS["swap"] == {KEEP, SWAP}
+    assert POLICY_ACTIONS["compress-swap"] == {KEEP, ZVC_SWAP}
+    assert POLICY_ACTIONS["compress-keep"] == {KEEP, ZVC_KEEP}
+    assert POLICY_ACTIONS["cswap"] == set(ACTIONS)
+    assert single_mechanism_policies() == ("swap", "compress-swap", "compress-keep")
+    assert {a for a in ACTIONS} <= {a.value for a in AdvisorAction}  # the executor's vocabulary
+    with pytest.raises(ValueError, match="policy 'vdnn' has no action set for a memory budget: choose one of none, swap"):
+        allowed_actions("vdnn")
+
+
+@pytest.mark.parametrize("ratio, zvc", [(0.5, True), (0.999, True), (1.0, False), (1.3, False)])
+def test_compression_never_stores_more_than_raw(ratio, zvc):
+    events = lifetimes_from_orders([0], [0])
+    spec = TensorSpec(key=0, nbytes=1000, lifetime=events.lifetimes[0], compressed_nbytes=int(1000 * ratio))
+    problem = build_problem([spec], events, [0.0, 1.0], 0.5, LinkModel(1.0, 1.0))
+    actions = {o.action for o in problem.tensors[0].options}
+    assert actions == ({KEEP, SWAP, ZVC_SWAP, ZVC_KEEP} if zvc else {KEEP, SWAP})
+
+
+def test_dtype_zvc_cannot_encode_and_pinned_tensors():
+    events = lifetimes_from_orders([0, 1], [1, 0])
+    specs = [
+        TensorSpec(key=0, nbytes=1000, lifetime=events.lifetimes[0], compressed_nbytes=None),
+        TensorSpec(key=1, nbytes=1000, lifetime=events.lifetimes[1], compressed_nbytes=10, movable=False),
+    ]
+    problem = build_problem(specs, events, [0.0, 1.0, 2.0, 3.0], 1.5, LinkModel(1.0, 1.0))
+    assert {o.action for o in problem.tensors[0].options} == {KEEP, SWAP}
+    assert {o.action for o in problem.tensors[1].options} == {KEEP}
+
+
+def test_holds_of_each_action_on_a_cpu_link():
+    # one tensor packed at event 0 and unpacked at event 3, freed at 4; copies finish inside pack
+    events = lifetimes_from_orders([0, 1], [1, 0], [1, 1])
+    spec = TensorSpec(key=0, nbytes=100, lifetime=events.lifetimes[0], compressed_nbytes=40, compress_s=1.0, decompress_s=2.0)
+    other = TensorSpec(key=1, nbytes=1, lifetime=events.lifetimes[1], movable=False)
+    problem = build_problem([spec, other], events, [0, 1, 2, 3], 1.5, LinkModel(1e-9, 1e-9, async_copies=False))
+    holds = {o.action: (problem.holds(o).tolist(), o.cost_s, o.wait_offload, o.prefetch_distance) for o in problem.tensors[0].options}
+    assert holds[KEEP] == ([100, 100, 100, 100], 0.0, False, None)
+    assert holds[ZVC_KEEP] == ([140, 40, 40, 140], 3.0, False, None)
+    assert holds[SWAP] == ([100, 0, 0, 100], pytest.approx(200.0), True, 0)  # 100 B at 1 B/s each way
+    assert holds[ZVC_SWAP] == ([140, 0, 0, 140], pytest.approx(3.0 + 80.0), True, 0)
+
+
+def test_async_copy_stays_while_in_flight_and_prefetch_hides_the_copy_back():
+    # 1 MB at 1 GB/s takes 1 ms; events 0.4 ms apart: the copy out spans the next two packs
+    count = 4
+    events = lifetimes_from_orders(list(range(count)), [3, 2, 1, 0])
+    specs = [TensorSpec(key=k, nbytes=MB, lifetime=lt, hidden_forward_s=0.4e-3) for k, lt in enumerate(events.lifetimes)]
+    times = [0.4e-3 * e for e in range(events.event_count)]
+    problem = build_problem(specs, events, times, 1.5e-3, LinkModel(1.0, 1.0), prefetch_distances=(0, 2))
+    swaps = [o for o in problem.tensors[0].options if o.action == SWAP]
+    flying = [o for o in swaps if not o.wait_offload and o.prefetch_distance == 0][0]
+    waiting = [o for o in swaps if o.wait_offload and o.prefetch_distance == 0][0]
+    early = [o for o in swaps if not o.wait_offload and o.prefetch_distance == 2][0]
+    assert problem.holds(flying).tolist() == [MB, MB, MB, 0, 0, 0, 0, MB]
+    assert problem.holds(waiting).tolist() == [MB, 0, 0, 0, 0, 0, 0, MB]
+    assert problem.holds(early).tolist() == [MB, MB, MB, 0, 0, MB, MB, MB]
+    assert flying.cost_s == pytest.approx((1e-3 - 0.4e-3) + 1e-3)
+    assert waiting.cost_s == pytest.approx(1e-3 + 1e-3)
+    assert early.cost_s == pytest.approx((1e-3 - 0.4e-3) + (1e-3 - 0.8e-3))
+    assert early.fetched_ahead == (5, 6, MB)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("policy", POLICIES)
+def test_minimum_is_the_least_peak_and_is_feasible(seed, policy):
+    problem = random_problem(seed)
+    least = minimum_bytes(problem, policy)
+    assert least == brute_force(problem, policy)[1]
+    plan = plan_budget(problem, policy, least)
+    assert plan.peak_bytes <= least
+    with pytest.raises(BudgetError) as caught:
+        plan_budget(problem, policy, least - 1)
+    assert caught.value.minimum_bytes == least and caught.value.policy == policy
+    assert f"Raise the budget to at least {least} bytes" in str(caught.value)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("fraction", [0.5, 0.75, 1.0])
+@pytest.mark.parametrize("policy", ["swap", "compress-swap", "compress-keep", "cswap"])
+def test_milp_is_optimal_and_the_greedy_is_no_better(seed, fraction, policy):
+    problem = random_problem(seed)
+    none_peak = minimum_bytes(problem, "none")
+    budget = max(int(none_peak * fraction), minimum_bytes(problem, policy))
+    best, _ = brute_force(problem, policy, budget)
+    plan = plan_budget(problem, policy, budget)
+    assert plan.predicted_s == pytest.approx(best, abs=1e-12)
+    assert plan.status == "optimal"
+    assert plan.greedy_s is None or plan.greedy_s >= plan.predicted_s - 1e-12
+    assert plan.greedy_gap_s is None or plan.greedy_gap_s >= -1e-12
+    chosen = []
+    for tensor, planned in zip(problem.tensors, plan.tensors):
+        option = [o for o in tensor.options if o.action == planned.action and o.cost_s == planned.cost_s and o.wait_offload == planned.wait_offload
+                  and o.prefetch_distance == planned.prefetch_distance][0]
+        chosen.append(option)
+    line = timeline_of(problem, chosen)
+    assert plan.timeline_bytes == tuple(line.tolist()) and plan.peak_bytes == int(line.max()) <= budget
+    assert plan.slack_bytes == budget - line[plan.binding_event] == budget - int(line.max())
+    assert set(plan.actions.values()) <= allowed_actions(policy)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_cswap_is_never_slower_than_a_subset_policy(seed):
+    problem = random_problem(seed, count=5)
+    none_peak = minimum_bytes(problem, "none")
+    for fraction in (0.4, 0.6, 0.8):
+        budget = int(none_peak * fraction)
+        cswap = plan_budget(problem, "cswap", max(budget, minimum_bytes(problem, "cswap"))) if budget >= minimum_bytes(problem, "cswap") else None
+        for policy in single_mechanism_policies():
+            if budget < minimum_bytes(problem, policy):
+                continue
+            assert cswap is not None and cswap.predicted_s <= plan_budget(problem, policy, budget).predicted_s + 1e-12
+
+
+def test_budget_at_none_peak_keeps_everything_for_free():
+    problem = random_problem(3)
+    plan = plan_budget(problem, "cswap", minimum_bytes(problem, "none"))
+    assert plan.predicted_s == 0.0 and set(plan.actions.values()) == {KEEP}
+
+
+def test_greedy_is_the_fallback_when_the_solver_has_no_time(monkeypatch):
+    import cswap.planner.solve as solve
+
+    class NoSolution:
+        x = None
+        status = 1
+        mip_dual_bound = float("nan")
+
+    problem = random_problem(2, count=5)
+    budget = minimum_bytes(problem, "swap") + MB
+    monkeypatch.setattr(solve, "_milp", lambda *args, **kwargs: NoSolution())
+    plan = plan_budget(problem, "swap", budget)
+    assert plan.status == "greedy" and plan.peak_bytes <= budget and plan.greedy_gap_s is None
+    assert plan.predicted_s == plan.greedy_s
+
+
+def test_bad_arguments():
+    problem = random_problem(0)
+    with pytest.raises(ValueError, match="budget_bytes must be positive, got 0"):
+        plan_budget(problem, "swap", 0)
+    events = lifetimes_from_orders([0], [0])
+    spec = TensorSpec(key=0, nbytes=1, lifetime=events.lifetimes[0])
+    with pytest.raises(ValueError, match="need 2 non-decreasing event times"):
+        build_problem([spec], events, [1.0, 0.0], 0.5, LinkModel(1.0, 1.0))
+    with pytest.raises(ValueError, match="prefetch distances must be >= 0"):
+        build_problem([spec], events, [0.0, 1.0], 0.5, LinkModel(1.0, 1.0), prefetch_distances=(-1,))
+    with pytest.raises(ValueError, match="link bandwidths must be positive"):
+        LinkModel(0.0, 1.0)
+    with pytest.raises(ValueError, match="inconsistent lifetime"):
+        Lifetime(pack=2, unpack=1, free=3)
