@@ -22,7 +22,7 @@ import math
 import re
 from dataclasses import dataclass
 
-__all__ = ["BudgetError", "MemoryBudget", "parse_budget", "format_bytes"]
+__all__ = ["BudgetError", "MemoryBudget", "format_bytes", "parse_budget"]
 
 _FORMS = (
     "accepted forms: None (no budget), a positive int of bytes, a string with a unit "
@@ -110,7 +110,7 @@ class MemoryBudget:
                 f"memory budget {self.fraction} is a fraction of policy none's activation peak, "
                 f"which needs a profile: got none_peak_bytes={none_peak_bytes!r}"
             )
-        return max(1, int(math.floor(self.fraction * none_peak_bytes)))
+        return max(1, math.floor(self.fraction * none_peak_bytes))
 
     def __str__(self) -> str:
         if self.nbytes is not None:
@@ -164,7 +164,7 @@ def parse_budget(value: object) -> MemoryBudget | None:
             return MemoryBudget(fraction=amount)
         if unit not in _UNITS:
             raise ValueError(f"memory budget {value!r} is not valid: unknown unit {match.group(2)!r}; {_FORMS}")
-        nbytes = int(round(float(number) * _UNITS[unit]))
+        nbytes = round(float(number) * _UNITS[unit])
         if nbytes <= 0:
             raise ValueError(f"memory budget {value!r} is not valid: it is zero bytes; {_FORMS}")
         return MemoryBudget(nbytes=nbytes)

@@ -84,7 +84,9 @@ def lifetimes_from_orders(
     """
     count = len(pack_order)
     if len(unpack_order) != count or (free_order is not None and len(free_order) != count):
-        raise ValueError(f"need one pack, unpack and free order per tensor: {count}, {len(unpack_order)}, {free_order and len(free_order)}")
+        raise ValueError(
+            f"need one pack, unpack and free order per tensor: {count}, {len(unpack_order)}, {free_order and len(free_order)}"
+        )
     if sorted(pack_order) != list(range(count)):
         raise ValueError(f"pack_order must be a permutation of 0..{count - 1}, got {list(pack_order)}")
     unpacked = sorted(u for u in unpack_order if u is not None)
@@ -127,7 +129,7 @@ def lifetimes_from_trace(trace: Trace, include: Sequence[bool] | None = None) ->
     include = [r.offloadable for r in records] if include is None else list(include)
     chosen = [i for i, keep in enumerate(include) if keep]
     pack = _ranks([(records[i].pack_at_s, i) for i in chosen])
-    pack_of = dict(zip(chosen, pack))
+    pack_of = dict(zip(chosen, pack, strict=True))
     unpacked = [i for i in chosen if records[i].unpack_at_s is not None or records[i].unpack_order is not None]
     given = all(records[i].unpack_order is not None for i in unpacked)
 
@@ -136,7 +138,7 @@ def lifetimes_from_trace(trace: Trace, include: Sequence[bool] | None = None) ->
             return (float(records[i].unpack_order),)
         return (records[i].unpack_at_s if records[i].unpack_at_s is not None else float("inf"), -pack_of[i])
 
-    unpack_rank = dict(zip(unpacked, _ranks([unpack_key(i) for i in unpacked])))
+    unpack_rank = dict(zip(unpacked, _ranks([unpack_key(i) for i in unpacked]), strict=True))
     free_given = [records[i].free_order for i in chosen]
     events = lifetimes_from_orders(
         pack,

@@ -4,6 +4,8 @@ Example:
     $ cswap simulate --model vgg16 --batch-size 64 --resolution 224 --hardware v100-pcie3 --policies all
     $ cswap simulate --trace trace.json --hardware a100-pcie4 --json
     $ cswap simulate --model resnet50 --hardware h100-pcie5 --plot resnet50.png
+    $ cswap simulate --model resnet50 --memory-budget 0.25 --json
+    $ cswap simulate --model vgg16 --memory-budget 1.0,0.75,0.5,0.25 --plot budgets.png
 """
 
 from __future__ import annotations
@@ -32,11 +34,19 @@ def run_simulate(
     max_inflight_offloads: int | None = None,
     paper_size: bool = False,
     dtype: str = "float32",
+    memory_budget: str | None = None,
+    time_limit_s: float = 30.0,
 ) -> dict[str, Any]:
     """Simulate and return the JSON-ready report (``policies`` maps each policy to its figures).
 
     With ``trace_path`` the trace is read from a file (``rt.trace().to_json(...)``) and its own
     compute times are used; otherwise a meta trace of ``model`` is built for ``hardware``.
+
+    With ``memory_budget`` (any form :func:`cswap.budget.parse_budget` reads; several, comma
+    separated, for a sweep) every policy is planned under the budget
+    (:mod:`cswap.simulate.budgeted`): ``budget_bytes`` is the budget, and each policy has its
+    figures with ``peak_bytes`` within it, or ``infeasible: true`` with ``minimum_bytes``. A sweep
+    has ``budgets``: one such report per budget.
 
     Raises:
         ValueError: unknown model, hardware or policy (naming the valid ones), or a bad trace file.
@@ -47,7 +57,8 @@ def run_simulate(
     from cswap.simulate.policies import resolve_policies
     from cswap.trace import Trace
 
-    names = resolve_policies(policies)
+    budgets = _budgets(memory_budget)
+    names = _budget_policies(policies) if budgets else resolve_policies(policies)
     profile = load_hardware(hardware)
     if trace_path is not None:
         trace = Trace.from_json(trace_path)
@@ -61,7 +72,29 @@ def run_simulate(
         max_inflight_offloads=max_inflight_offloads,
         paper_size=paper_size,
     )
-    results = Simulator(trace, profile, config).run_all(names)
+    simulator = Simulator(trace, profile, config)
+    header = {
+        "model": trace.meta.get("model", model),
+        "hardware": profile.name,
+        "batch_size": trace.meta.get("batch_size", batch_size),
+        "resolution": trace.meta.get("resolution", resolution),
+        "trace": str(trace_path) if trace_path is not None else None,
+        "saved_bytes": sum(r.nbytes for r in trace.tensors if r.offloadable),
+    }
+    if budgets:
+        from cswap.simulate.sweep import budget_sweep
+
+        sweep = budget_sweep(simulator, names, budgets, time_limit_s)
+        rows = sweep.rows()
+        report = {**header, "none_peak_bytes": sweep.none_peak_bytes}
+        if len(rows) == 1:
+            report.update(rows[0])
+            results = {name: o.result for name, o in sweep.outcomes[0].items() if o.result is not None}
+        else:
+            report["budgets"] = rows
+            results = {}
+        return {**report, "_results": results, "_sweep": sweep}
+    results = simulator.run_all(names)
     return {
         "model": trace.meta.get("model", model),
         "hardware": profile.name,
@@ -74,17 +107,48 @@ def run_simulate(
     }
 
 
+def _budgets(memory_budget: str | None) -> list[str]:
+    if memory_budget is None:
+        return []
+    budgets = [b.strip() for b in memory_budget.split(",") if b.strip()]
+    if not budgets:
+        raise ValueError(f"--memory-budget {memory_budget!r} names no budget: give e.g. 0.5, 2GiB or 1.0,0.5,0.25")
+    from cswap.budget import parse_budget
+
+    for budget in budgets:
+        parse_budget(budget)  # a bad one fails here, before any simulation
+    return budgets
+
+
+def _budget_policies(policies: str) -> tuple[str, ...]:
+    from cswap.simulate.budgeted import budget_policies
+
+    known = budget_policies()
+    if policies.strip() == "all":
+        return known
+    names = tuple(dict.fromkeys(p.strip() for p in policies.split(",") if p.strip()))
+    unknown = [p for p in names if p not in known]
+    if unknown or not names:
+        raise ValueError(f"policies {unknown or '(none given)'} cannot be planned under a memory budget: choose from {', '.join(known)} or 'all'")
+    return names
+
+
 def _table(report: dict[str, Any]) -> Table:
     base = report["policies"].get("none", {}).get("iteration_s")
-    compute_s = next(iter(report["policies"].values()))["compute_s"]
+    compute_s = next((row["compute_s"] for row in report["policies"].values() if "compute_s" in row), 0.0)
     title = (
         f"{report['model']} batch {report['batch_size']} on {report['hardware']}: "
         f"{compute_s * 1e3:.1f} ms compute, {report['saved_bytes'] / 1e9:.2f} GB saved activations"
     )
+    if "budget_bytes" in report:
+        title += f", budget {report['budget_bytes'] / 1e9:.2f} GB"
     table = Table(title=title)
     for column in ("policy", "iter ms", "x none", "xfer ms", "codec ms", "peak GB", "formula ms", "plan"):
         table.add_column(column, justify="left" if column in ("policy", "plan") else "right", no_wrap=column == "policy")
     for name, row in report["policies"].items():
+        if row.get("infeasible"):
+            table.add_row(name, "-", "-", "-", "-", f"needs {row['minimum_bytes'] / 1e9:.2f}", "-", "infeasible")
+            continue
         table.add_row(
             name,
             f"{row['iteration_s'] * 1e3:.1f}",
@@ -115,6 +179,12 @@ def register(app: typer.Typer) -> None:
         max_inflight: int = typer.Option(None, min=1, help="Swap-outs in flight before compute waits (default: unbounded)."),
         paper_size: bool = typer.Option(False, help="Size compressed tensors as Size*(1-Sparsity), as the paper does."),
         dtype: str = typer.Option("float32", help="Parameter and activation dtype of the meta trace."),
+        memory_budget: str = typer.Option(
+            None,
+            help="Plan every policy under this budget for saved activations: bytes, '2GiB', '1.5GB', or a fraction "
+            "of none's peak (0.5); several, comma separated, sweep them (--plot draws time against budget).",
+        ),
+        time_limit: float = typer.Option(30.0, min=0.1, help="The planner's solver time limit per solve, seconds."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of the table."),
         plot: Path = typer.Option(None, help="Write stacked bars of the breakdown to this PNG."),
     ) -> None:
@@ -133,10 +203,27 @@ def register(app: typer.Typer) -> None:
                 max_inflight_offloads=max_inflight,
                 paper_size=paper_size,
                 dtype=dtype,
+                memory_budget=memory_budget,
+                time_limit_s=time_limit,
             )
         except (ValueError, FileNotFoundError) as error:
             raise typer.BadParameter(str(error)) from error
         results = report.pop("_results")
+        sweep = report.pop("_sweep", None)
+        if sweep is not None and "budgets" in report:
+            if plot is not None:
+                from cswap.simulate.plot import plot_budget_sweep
+
+                plot_budget_sweep(sweep, plot, title=f"{report['model']} batch {report['batch_size']} on {report['hardware']}")
+            if as_json:
+                typer.echo(json.dumps(report))
+            else:
+                console = Console() if Console().is_terminal else Console(width=120)
+                for row in report["budgets"]:
+                    console.print(_table({**report, **row}))
+                if plot is not None:
+                    console.print(f"wrote {plot}")
+            return
         if plot is not None:
             from cswap.simulate.plot import plot_breakdown
 

@@ -19,7 +19,15 @@ Example:
 from __future__ import annotations
 
 from cswap.planner.actions import ACTIONS, POLICY_ACTIONS, allowed_actions, single_mechanism_policies
-from cswap.planner.options import DEFAULT_PREFETCH_DISTANCES, LinkModel, Option, PlanningProblem, TensorOptions, TensorSpec, build_problem
+from cswap.planner.options import (
+    DEFAULT_PREFETCH_DISTANCES,
+    LinkModel,
+    Option,
+    PlanningProblem,
+    TensorOptions,
+    TensorSpec,
+    build_problem,
+)
 from cswap.planner.solve import BudgetPlan, PlannedTensor, minimum_bytes, plan_budget, timeline_of
 
 __all__ = [

@@ -55,7 +55,9 @@ def allowed_actions(policy: str) -> frozenset[str]:
     try:
         return POLICY_ACTIONS[policy]
     except KeyError:
-        raise ValueError(f"policy {policy!r} has no action set for a memory budget: choose one of {', '.join(POLICY_ACTIONS)}") from None
+        raise ValueError(
+            f"policy {policy!r} has no action set for a memory budget: choose one of {', '.join(POLICY_ACTIONS)}"
+        ) from None
 
 
 def single_mechanism_policies() -> tuple[str, ...]:

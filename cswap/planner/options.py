@@ -155,14 +155,14 @@ def _keep_options(spec: TensorSpec, last_event: int) -> list[Option]:
     raw = spec.nbytes
     if life.unpack is None:
         holds = _segment(life.pack, life.pack, raw + compressed) + _segment(life.pack + 1, life.free, compressed)
-        return options + [Option(ZVC_KEEP, spec.compress_s, tuple(holds))]
+        return [*options, Option(ZVC_KEEP, spec.compress_s, tuple(holds))]
     holds = (
         _segment(life.pack, life.pack, raw + compressed)
         + _segment(life.pack + 1, life.unpack - 1, compressed)
         + _segment(life.unpack, life.unpack, raw + compressed)
         + _segment(life.unpack + 1, life.free, raw)
     )
-    return options + [Option(ZVC_KEEP, spec.compress_s + spec.decompress_s, tuple(holds))]
+    return [*options, Option(ZVC_KEEP, spec.compress_s + spec.decompress_s, tuple(holds))]
 
 
 def _swap_options(
@@ -192,7 +192,9 @@ def _swap_options(
         backward.append((None, [], 0.0, events.event_count, None))
     else:
         in_s = _seconds(stored, link.h2d_gbps)
-        at_unpack = _segment(life.unpack, life.unpack, raw + (stored if compressing else 0)) + _segment(life.unpack + 1, life.free, raw)
+        at_unpack = _segment(life.unpack, life.unpack, raw + (stored if compressing else 0)) + _segment(
+            life.unpack + 1, life.free, raw
+        )
         seen: set[int] = set()
         for distance in distances if link.async_copies else (0,):
             fetch = max(life.unpack - distance, events.forward_events)
@@ -202,7 +204,9 @@ def _swap_options(
             issued_s = backward_start_s if distance > 0 and life.unpack - distance < events.forward_events else times[fetch]
             hidden_s = times[life.unpack] - issued_s if distance > 0 else 0.0
             ahead = _segment(fetch, life.unpack - 1, stored)
-            backward.append((life.unpack - fetch, ahead + at_unpack, max(in_s - hidden_s, 0.0), fetch, ahead[0] if ahead else None))
+            backward.append(
+                (life.unpack - fetch, ahead + at_unpack, max(in_s - hidden_s, 0.0), fetch, ahead[0] if ahead else None)
+            )
     options = []
     for waits, inflight, forward_s in forward:
         for distance, holds, backward_s, fetch, ahead_hold in backward:
@@ -279,5 +283,7 @@ def build_problem(
                 if action == ZVC_SWAP and (spec.compressed_nbytes is None or spec.compressed_nbytes >= spec.nbytes):
                     continue
                 options += _swap_options(spec, action, events, times, backward_start_s, link, prefetch_distances)
-        tensors.append(TensorOptions(key=spec.key, nbytes=spec.nbytes, options=_prune(events.event_count, options), lifetime=spec.lifetime))
+        tensors.append(
+            TensorOptions(key=spec.key, nbytes=spec.nbytes, options=_prune(events.event_count, options), lifetime=spec.lifetime)
+        )
     return PlanningProblem(tensors=tuple(tensors), event_count=events.event_count, forward_events=events.forward_events)

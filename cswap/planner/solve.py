@@ -140,7 +140,9 @@ def _arrays(problem: PlanningProblem, policy: str) -> _Arrays:
     held = np.zeros((len(options), problem.event_count), dtype=np.int64)
     for v, option in enumerate(options):
         held[v] = problem.holds(option)
-    return _Arrays(tuple(options), np.asarray(owner, dtype=np.int64), np.array([o.cost_s for o in options]), held, len(problem.tensors))
+    return _Arrays(
+        tuple(options), np.asarray(owner, dtype=np.int64), np.array([o.cost_s for o in options]), held, len(problem.tensors)
+    )
 
 
 def timeline_of(problem: PlanningProblem, choice: list[Option]) -> np.ndarray:
@@ -164,7 +166,13 @@ def _milp(arrays: _Arrays, c: np.ndarray, budget_bytes: int | None, peak_variabl
     constraints = [LinearConstraint(one, 1, 1), LinearConstraint(csr_matrix(memory), -np.inf, upper)]
     integrality = np.concatenate([np.ones(count), np.zeros(extra)])
     bounds = Bounds(np.zeros(count + extra), np.concatenate([np.ones(count), np.full(extra, np.inf)]))
-    return milp(c, constraints=constraints, integrality=integrality, bounds=bounds, options={"time_limit": time_limit_s, "mip_rel_gap": 1e-6})
+    return milp(
+        c,
+        constraints=constraints,
+        integrality=integrality,
+        bounds=bounds,
+        options={"time_limit": time_limit_s, "mip_rel_gap": 1e-6},
+    )
 
 
 def _choice(arrays: _Arrays, x: np.ndarray) -> np.ndarray:

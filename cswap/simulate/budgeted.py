@@ -9,8 +9,8 @@ as the plan does. ``cswap``'s action set contains every other policy's, so its p
 the queue model against their plans and the fastest is kept, as without a budget.
 
 Example:
-    >>> from cswap.simulate import Simulator, meta_trace
-    >>> sim = Simulator(meta_trace("vgg11", 2, 32, width_mult=0.125), "v100-pcie3")
+    >>> from cswap.simulate import SimConfig, Simulator, meta_trace
+    >>> sim = Simulator(meta_trace("vgg11", 2, 32, width_mult=0.125), "v100-pcie3", SimConfig(min_bytes=0))
     >>> outcomes = run_budgets(sim, ("none", "swap", "cswap"), budget=0.5)
     >>> outcomes["none"].infeasible, outcomes["swap"].result.peak_bytes <= outcomes["swap"].budget_bytes
     (True, True)
@@ -93,7 +93,9 @@ def budget_policies() -> tuple[str, ...]:
     return tuple(POLICY_ACTIONS)
 
 
-def planning_problem(simulator: Simulator, prefetch_distances: Sequence[int] = DEFAULT_PREFETCH_DISTANCES) -> tuple[PlanningProblem, tuple[int, ...]]:
+def planning_problem(
+    simulator: Simulator, prefetch_distances: Sequence[int] = DEFAULT_PREFETCH_DISTANCES
+) -> tuple[PlanningProblem, tuple[int, ...]]:
     """The planner's problem for ``simulator``'s trace, and the record index of each of its tensors."""
     timeline, costs = simulator.timeline, simulator.costs
     records = tuple(i for i, counted in enumerate(simulator.counted) if counted)
@@ -114,7 +116,7 @@ def planning_problem(simulator: Simulator, prefetch_distances: Sequence[int] = D
                 key=i,
                 nbytes=cost.nbytes,
                 lifetime=events.lifetimes[position],
-                compressed_nbytes=int(math.ceil(cost.compressed_nbytes)) if cost.compressible else None,
+                compressed_nbytes=math.ceil(cost.compressed_nbytes) if cost.compressible else None,
                 compress_s=cost.compress_s,
                 decompress_s=cost.decompress_s if used else 0.0,
                 hidden_forward_s=hidden_f.get(i, 0.0),
@@ -138,7 +140,7 @@ def _simulate_plan(simulator: Simulator, problem: PlanningProblem, plan: BudgetP
     unpacked = [i for i in order if simulator.counted[i]]  # the record of each backward event
     actions = [Action.KEEP] * len(simulator.costs)
     fetch_after: list[int | None] = [None] * len(simulator.costs)
-    for options, tensor in zip(problem.tensors, plan.tensors):
+    for options, tensor in zip(problem.tensors, plan.tensors, strict=True):
         actions[tensor.key] = Action(tensor.action)
         lifetime = options.lifetime
         if not tensor.prefetch_distance or lifetime is None or lifetime.unpack is None:
@@ -155,27 +157,51 @@ def run_budget(
     budget_bytes: int,
     problem: PlanningProblem | None = None,
     time_limit_s: float = 30.0,
+    minimums: dict[str, int] | None = None,
+    plans: dict[str, BudgetPlan] | None = None,
 ) -> BudgetOutcome:
-    """Plan ``policy`` within ``budget_bytes`` and simulate the plan (see the module docstring)."""
+    """Plan ``policy`` within ``budget_bytes`` and simulate the plan (see the module docstring).
+
+    Args:
+        simulator: the trace and profile.
+        policy: a policy with an action set.
+        budget_bytes: the budget.
+        problem: :func:`planning_problem` of ``simulator``, when the caller has it already.
+        time_limit_s: the solver's time limit per solve.
+        minimums, plans: caches shared between calls on the same problem and budget: each
+            policy's least budget, and the plans made so far (``cswap`` checks against them).
+    """
     problem = problem or planning_problem(simulator)[0]
-    least = minimum_bytes(problem, policy, time_limit_s)
-    if budget_bytes < least:
-        return BudgetOutcome(policy, budget_bytes, least)
+    minimums = {} if minimums is None else minimums
+    plans = {} if plans is None else plans
+
+    def least(name: str) -> int:
+        if name not in minimums:
+            minimums[name] = minimum_bytes(problem, name, time_limit_s)
+        return minimums[name]
+
+    def planned(name: str) -> BudgetPlan:
+        if name not in plans:
+            plans[name] = plan_budget(problem, name, budget_bytes, time_limit_s)
+        return plans[name]
+
+    if budget_bytes < least(policy):
+        return BudgetOutcome(policy, budget_bytes, least(policy))
     try:
-        plan = plan_budget(problem, policy, budget_bytes, time_limit_s)
+        plan = planned(policy)
     except BudgetError as error:  # the solver's tolerance, at the edge: report what it measured
         return BudgetOutcome(policy, budget_bytes, error.minimum_bytes)
     best = _simulate_plan(simulator, problem, plan, policy, f"budget {plan.status}")
     best_plan = plan
     if policy == "cswap":
-        for other in ("none", "swap", "compress-swap", "compress-keep"):
-            if budget_bytes < minimum_bytes(problem, other, time_limit_s):
+        for other in POLICY_ACTIONS:
+            if other == policy or budget_bytes < least(other):
                 continue
-            candidate = plan_budget(problem, other, budget_bytes, time_limit_s, greedy=False)
+            candidate = planned(other)
             result = _simulate_plan(simulator, problem, candidate, policy, f"budget {other} plan")
             if result.iteration_s < best.iteration_s:
                 best, best_plan = result, candidate
-    return BudgetOutcome(policy, budget_bytes, least, best, best_plan)
+    return BudgetOutcome(policy, budget_bytes, least(policy), best, best_plan)
 
 
 def run_budgets(
@@ -183,8 +209,11 @@ def run_budgets(
     policies: Sequence[str],
     budget: MemoryBudget | int | float | str,
     time_limit_s: float = 30.0,
+    problem: PlanningProblem | None = None,
 ) -> dict[str, BudgetOutcome]:
     """Every policy in ``policies`` under the same ``budget`` (any form :func:`cswap.budget.parse_budget` reads).
+
+    ``problem``: :func:`planning_problem` of ``simulator``, when the caller has it already.
 
     Raises:
         ValueError: a bad budget, or a policy without an action set (naming those with one).
@@ -195,6 +224,11 @@ def run_budgets(
     unknown = [p for p in policies if p not in POLICY_ACTIONS]
     if unknown:
         raise ValueError(f"policies {unknown} cannot be planned under a memory budget: choose from {', '.join(POLICY_ACTIONS)}")
-    problem, _ = planning_problem(simulator)
-    budget_bytes = parsed.resolve(none_peak_bytes(problem))
-    return {policy: run_budget(simulator, policy, budget_bytes, problem, time_limit_s) for policy in policies}
+    problem = problem or planning_problem(simulator)[0]
+    minimums: dict[str, int] = {"none": none_peak_bytes(problem)}
+    budget_bytes = parsed.resolve(minimums["none"])
+    plans: dict[str, BudgetPlan] = {}
+    # cswap last: it checks its plan against the others' in the queue model
+    ordered = sorted(policies, key=lambda p: p == "cswap")
+    outcomes = {p: run_budget(simulator, p, budget_bytes, problem, time_limit_s, minimums, plans) for p in ordered}
+    return {policy: outcomes[policy] for policy in policies}

@@ -22,8 +22,9 @@ import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first
 import numpy as np  # noqa: E402
 
 from cswap.simulate.engine import PolicyResult  # noqa: E402
+from cswap.simulate.sweep import BudgetSweep  # noqa: E402
 
-__all__ = ["plot_breakdown", "plot_normalized", "plot_sweep"]
+__all__ = ["plot_breakdown", "plot_budget_sweep", "plot_normalized", "plot_sweep"]
 
 
 def plot_breakdown(results: Mapping[str, PolicyResult], path: str | os.PathLike[str], title: str = "") -> Path:
@@ -132,6 +133,44 @@ def plot_normalized(
     ax.set_yscale("log")
     ax.legend(fontsize=8, ncol=len(policies), loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False)
     ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_budget_sweep(result: BudgetSweep, path: str | os.PathLike[str], title: str = "") -> Path:
+    """Iteration time against memory budget, one line per policy (points only where it meets the
+    budget), with policy ``none``'s peak marked: the figure to pick a budget from.
+
+    Example:
+        >>> import tempfile, os
+        >>> from cswap.simulate import Simulator, meta_trace
+        >>> from cswap.simulate.sweep import budget_sweep
+        >>> sweep = budget_sweep(Simulator(meta_trace("vgg11", 2, 32, width_mult=0.125), "v100-pcie3"), ("none", "swap"), (1.0, 0.5))
+        >>> plot_budget_sweep(sweep, os.path.join(tempfile.mkdtemp(), "budget.png")).stat().st_size > 0
+        True
+
+    Returns:
+        The written path.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    budgets_gb = np.array(result.budgets_bytes) / 1e9
+    order = np.argsort(budgets_gb)
+    fig, ax = plt.subplots(figsize=(7.0, 4.5))
+    policies = list(result.outcomes[0]) if result.outcomes else []
+    for policy in policies:
+        seconds = result.iteration_s(policy)
+        xs = [budgets_gb[i] for i in order if seconds[i] is not None]
+        ys = [seconds[i] * 1e3 for i in order if seconds[i] is not None]  # type: ignore[operator]
+        if xs:
+            ax.plot(xs, ys, "o-", label=policy)
+    ax.axvline(result.none_peak_bytes / 1e9, color="grey", linestyle=":", label="none's peak")
+    ax.set_xlabel("memory budget for saved activations (GB)")
+    ax.set_ylabel("simulated iteration time (ms)")
+    ax.legend(fontsize=8)
+    ax.set_title(title or f"{result.model} on {result.hardware}: iteration time under a memory budget")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -1,10 +1,13 @@
-"""Where compression stops paying: sparsity x link bandwidth.
+"""Where compression stops paying (sparsity x link bandwidth), and what each memory budget costs.
 
 For one model and hardware profile, :func:`sweep` regenerates the meta trace at each ReLU-output
 sparsity (pooling and concatenation follow it through the :class:`SparsityModel`) and replaces the
 profile's link bandwidth (both ways) with each value, then simulates ``swap``, ``compress-swap``
 and ``cswap``. The break-even sparsity at a bandwidth is where ``compress-swap`` and ``swap`` take
 the same time (linear interpolation between grid points); below it static compression loses.
+
+:func:`budget_sweep` plans and simulates each policy at each of several memory budgets: the
+iteration time a user pays for each budget (:func:`cswap.simulate.plot.plot_budget_sweep`).
 
 Example:
     >>> result = sweep("vgg11", batch_size=2, resolution=32, width_mult=0.125,
@@ -21,11 +24,13 @@ from typing import Any
 
 import numpy as np
 
+from cswap.budget import parse_budget
+from cswap.simulate.budgeted import BudgetOutcome, none_peak_bytes, planning_problem, run_budgets
 from cswap.simulate.engine import SimConfig, Simulator
 from cswap.simulate.hardware import HardwareProfile, load_hardware
 from cswap.simulate.metatrace import SparsityModel, meta_trace
 
-__all__ = ["SweepResult", "sweep", "with_link"]
+__all__ = ["BudgetSweep", "SweepResult", "budget_sweep", "sweep", "with_link"]
 
 DEFAULT_SPARSITIES: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
 DEFAULT_BANDWIDTHS_GBPS: tuple[float, ...] = (4.0, 8.0, 12.0, 16.0, 25.0, 32.0, 50.0, 64.0, 100.0, 200.0, 450.0)
@@ -152,4 +157,66 @@ def sweep(
         compress_swap_s=grids["compress-swap"],
         cswap_s=grids["cswap"],
         none_s=grids["none"],
+    )
+
+
+@dataclass(frozen=True)
+class BudgetSweep:
+    """Iteration seconds per policy over a range of memory budgets (one trace, one profile).
+
+    Attributes:
+        model, hardware: what was simulated.
+        none_peak_bytes: policy ``none``'s activation peak (the budget's 1.0).
+        budgets_bytes: the budgets, in the order given.
+        outcomes: per budget, per policy, its :class:`~cswap.simulate.budgeted.BudgetOutcome`.
+    """
+
+    model: str
+    hardware: str
+    none_peak_bytes: int
+    budgets_bytes: tuple[int, ...]
+    outcomes: tuple[dict[str, BudgetOutcome], ...]
+
+    def iteration_s(self, policy: str) -> list[float | None]:
+        """Per budget, ``policy``'s iteration seconds (``None`` where it cannot meet the budget)."""
+        return [None if row[policy].infeasible else row[policy].result.iteration_s for row in self.outcomes]  # type: ignore[union-attr]
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One JSON-ready dict per budget: ``budget_bytes`` and each policy's figures."""
+        return [
+            {"budget_bytes": budget, "policies": {name: outcome.to_dict() for name, outcome in row.items()}}
+            for budget, row in zip(self.budgets_bytes, self.outcomes)
+        ]
+
+
+def budget_sweep(
+    simulator: Simulator,
+    policies: Sequence[str],
+    budgets: Sequence[float | int | str],
+    time_limit_s: float = 30.0,
+) -> BudgetSweep:
+    """Plan and simulate every policy at every budget (any form :func:`cswap.budget.parse_budget` reads).
+
+    Example:
+        >>> from cswap.simulate.metatrace import meta_trace
+        >>> sim = Simulator(meta_trace("vgg11", 2, 32, width_mult=0.125), "v100-pcie3", SimConfig(min_bytes=0))
+        >>> result = budget_sweep(sim, ("none", "swap"), (1.0, 0.5))
+        >>> result.iteration_s("none")[1] is None, result.iteration_s("swap")[1] is not None
+        (True, True)
+    """
+    problem, _ = planning_problem(simulator)
+    none_peak = none_peak_bytes(problem)
+    resolved = []
+    for budget in budgets:
+        parsed = parse_budget(budget)
+        if parsed is None:
+            raise ValueError("a budget sweep needs budgets, got None")
+        resolved.append(parsed.resolve(none_peak))
+    outcomes = tuple(run_budgets(simulator, policies, nbytes, time_limit_s, problem=problem) for nbytes in resolved)
+    return BudgetSweep(
+        model=str(simulator.trace.meta.get("model", "")),
+        hardware=simulator.hardware.name,
+        none_peak_bytes=none_peak,
+        budgets_bytes=tuple(resolved),
+        outcomes=outcomes,
     )

@@ -9,7 +9,9 @@ from cswap.trace import TensorRecord, Trace
 
 
 def record(key: int, pack_at_s: float, unpack_at_s: float | None, **fields) -> TensorRecord:
-    return TensorRecord(key=key, shape=(4,), dtype="float32", nbytes=16, sparsity=0.0, pack_at_s=pack_at_s, unpack_at_s=unpack_at_s, **fields)
+    return TensorRecord(
+        key=key, shape=(4,), dtype="float32", nbytes=16, sparsity=0.0, pack_at_s=pack_at_s, unpack_at_s=unpack_at_s, **fields
+    )
 
 
 def test_orders_give_events():
@@ -37,7 +39,9 @@ def test_trace_defaults_unpack_in_reverse_pack_order_and_free_after_use():
     recs = (
         record(0, 0.0, 5.0),
         record(1, 1.0, 5.0),
-        TensorRecord(key=2, shape=(4,), dtype="float32", nbytes=16, sparsity=0.0, offloadable=False, pack_at_s=1.5, unpack_at_s=4.0),
+        TensorRecord(
+            key=2, shape=(4,), dtype="float32", nbytes=16, sparsity=0.0, offloadable=False, pack_at_s=1.5, unpack_at_s=4.0
+        ),
         record(3, 2.0, None),
     )
     events = lifetimes_from_trace(Trace(tensors=recs))
@@ -47,7 +51,11 @@ def test_trace_defaults_unpack_in_reverse_pack_order_and_free_after_use():
 def test_trace_orders_follow_unpack_times_then_recorded_orders():
     by_time = (record(0, 0.0, 9.0), record(1, 1.0, 7.0), record(2, 2.0, 8.0))
     assert [lt.unpack for lt in lifetimes_from_trace(Trace(tensors=by_time)).lifetimes] == [5, 3, 4]
-    recorded = (record(0, 0.0, 9.0, unpack_order=0, free_order=2), record(1, 1.0, 7.0, unpack_order=1), record(2, 2.0, 8.0, unpack_order=2))
+    recorded = (
+        record(0, 0.0, 9.0, unpack_order=0, free_order=2),
+        record(1, 1.0, 7.0, unpack_order=1),
+        record(2, 2.0, 8.0, unpack_order=2),
+    )
     assert lifetimes_from_trace(Trace(tensors=recorded)).lifetimes == (Lifetime(0, 3, 5), Lifetime(1, 4, 4), Lifetime(2, 5, 5))
 
 

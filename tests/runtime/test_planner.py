@@ -35,7 +35,9 @@ def random_problem(seed: int, count: int = 4, async_copies: bool = True):
     unpack = [int(u) for u in rng.permutation(count)]
     if seed % 2:
         unpack[int(rng.integers(count))] = None
-        unpack = [None if u is None else r for r, u in zip(_ranks([u if u is not None else 99 for u in unpack]), unpack)]
+        unpack = [
+            None if u is None else r for r, u in zip(_ranks([u if u is not None else 99 for u in unpack]), unpack, strict=True)
+        ]
     events = lifetimes_from_orders(pack, unpack)
     specs = []
     for key, lifetime in enumerate(events.lifetimes):
@@ -117,7 +119,9 @@ def test_holds_of_each_action_on_a_cpu_link():
     spec = TensorSpec(key=0, nbytes=100, lifetime=events.lifetimes[0], compressed_nbytes=40, compress_s=1.0, decompress_s=2.0)
     other = TensorSpec(key=1, nbytes=1, lifetime=events.lifetimes[1], movable=False)
     problem = build_problem([spec, other], events, [0, 1, 2, 3], 1.5, LinkModel(1e-9, 1e-9, async_copies=False))
-    holds = {o.action: (problem.holds(o).tolist(), o.cost_s, o.wait_offload, o.prefetch_distance) for o in problem.tensors[0].options}
+    holds = {
+        o.action: (problem.holds(o).tolist(), o.cost_s, o.wait_offload, o.prefetch_distance) for o in problem.tensors[0].options
+    }
     assert holds[KEEP] == ([100, 100, 100, 100], 0.0, False, None)
     assert holds[ZVC_KEEP] == ([140, 40, 40, 140], 3.0, False, None)
     assert holds[SWAP] == ([100, 0, 0, 100], pytest.approx(200.0), True, 0)  # 100 B at 1 B/s each way
@@ -132,9 +136,9 @@ def test_async_copy_stays_while_in_flight_and_prefetch_hides_the_copy_back():
     times = [0.4e-3 * e for e in range(events.event_count)]
     problem = build_problem(specs, events, times, 1.5e-3, LinkModel(1.0, 1.0), prefetch_distances=(0, 2))
     swaps = [o for o in problem.tensors[0].options if o.action == SWAP]
-    flying = [o for o in swaps if not o.wait_offload and o.prefetch_distance == 0][0]
-    waiting = [o for o in swaps if o.wait_offload and o.prefetch_distance == 0][0]
-    early = [o for o in swaps if not o.wait_offload and o.prefetch_distance == 2][0]
+    flying = next(o for o in swaps if not o.wait_offload and o.prefetch_distance == 0)
+    waiting = next(o for o in swaps if o.wait_offload and o.prefetch_distance == 0)
+    early = next(o for o in swaps if not o.wait_offload and o.prefetch_distance == 2)
     assert problem.holds(flying).tolist() == [MB, MB, MB, 0, 0, 0, 0, MB]
     assert problem.holds(waiting).tolist() == [MB, 0, 0, 0, 0, 0, 0, MB]
     assert problem.holds(early).tolist() == [MB, MB, MB, 0, 0, MB, MB, MB]
@@ -172,9 +176,15 @@ def test_milp_is_optimal_and_the_greedy_is_no_better(seed, fraction, policy):
     assert plan.greedy_s is None or plan.greedy_s >= plan.predicted_s - 1e-12
     assert plan.greedy_gap_s is None or plan.greedy_gap_s >= -1e-12
     chosen = []
-    for tensor, planned in zip(problem.tensors, plan.tensors):
-        option = [o for o in tensor.options if o.action == planned.action and o.cost_s == planned.cost_s and o.wait_offload == planned.wait_offload
-                  and o.prefetch_distance == planned.prefetch_distance][0]
+    for tensor, planned in zip(problem.tensors, plan.tensors, strict=True):
+        option = next(
+            o
+            for o in tensor.options
+            if o.action == planned.action
+            and o.cost_s == planned.cost_s
+            and o.wait_offload == planned.wait_offload
+            and o.prefetch_distance == planned.prefetch_distance
+        )
         chosen.append(option)
     line = timeline_of(problem, chosen)
     assert plan.timeline_bytes == tuple(line.tolist()) and plan.peak_bytes == int(line.max()) <= budget
@@ -188,7 +198,11 @@ def test_cswap_is_never_slower_than_a_subset_policy(seed):
     none_peak = minimum_bytes(problem, "none")
     for fraction in (0.4, 0.6, 0.8):
         budget = int(none_peak * fraction)
-        cswap = plan_budget(problem, "cswap", max(budget, minimum_bytes(problem, "cswap"))) if budget >= minimum_bytes(problem, "cswap") else None
+        cswap = (
+            plan_budget(problem, "cswap", max(budget, minimum_bytes(problem, "cswap")))
+            if budget >= minimum_bytes(problem, "cswap")
+            else None
+        )
         for policy in single_mechanism_policies():
             if budget < minimum_bytes(problem, policy):
                 continue

@@ -1,0 +1,147 @@
+"""Every policy under one memory budget: the queue model enforces it, the planner's plans meet it, and
+``cswap`` (a superset of every other policy's actions) is never slower."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+from typer.testing import CliRunner
+
+from cswap.cli import app
+from cswap.planner import minimum_bytes, single_mechanism_policies
+from cswap.simulate import SimConfig, Simulator, meta_trace
+from cswap.simulate.budgeted import budget_policies, planning_problem, run_budget, run_budgets
+from cswap.simulate.policies import Action
+from cswap.simulate.sweep import budget_sweep
+
+from .conftest import make_profile, make_trace
+
+POLICIES = budget_policies()
+
+
+@pytest.fixture(scope="module", params=["vgg16", "resnet50"])
+def paper_setting(request):
+    """The CSWAP paper's setting: batch 64, 224x224, V100 on PCIe 3."""
+    simulator = Simulator(meta_trace(request.param, 64, 224, "v100-pcie3"), "v100-pcie3")
+    return request.param, simulator, planning_problem(simulator)[0]
+
+
+@pytest.mark.parametrize("fraction", [0.5, 0.25])
+def test_paper_setting_within_budget_and_cswap_fastest(paper_setting, fraction):
+    model, simulator, problem = paper_setting
+    outcomes = run_budgets(simulator, POLICIES, fraction, problem=problem)
+    budget = outcomes["none"].budget_bytes
+    assert budget == int(fraction * minimum_bytes(problem, "none"))
+    feasible = {p: o for p, o in outcomes.items() if not o.infeasible}
+    assert "cswap" in feasible and "swap" in feasible and "none" not in feasible
+    for policy, outcome in outcomes.items():
+        if outcome.infeasible:
+            assert outcome.minimum_bytes > budget
+            assert outcome.to_dict() == {"infeasible": True, "minimum_bytes": outcome.minimum_bytes}
+        else:
+            assert outcome.result.peak_bytes <= budget, policy
+            assert outcome.plan.peak_bytes <= budget and outcome.minimum_bytes <= budget
+            assert {a.value for a in outcome.result.actions} <= set(outcome.plan.action_counts()) | {"keep"}
+    for policy, outcome in feasible.items():
+        assert feasible["cswap"].result.iteration_s <= outcome.result.iteration_s, (model, fraction, policy)
+
+
+def test_paper_setting_minimum_is_honest(paper_setting):
+    model, simulator, problem = paper_setting
+    for policy in ("swap", "compress-swap", "cswap"):
+        least = minimum_bytes(problem, policy)
+        outcome = run_budget(simulator, policy, least, problem)
+        assert not outcome.infeasible and outcome.result.peak_bytes <= least, (model, policy)
+        assert run_budget(simulator, policy, least - 1, problem).infeasible
+
+
+def test_budget_makes_a_pack_wait_for_the_copy_in_flight(gb):
+    # two 1 GB tensors packed 0.5 s apart on a 1 GB/s link. Without a budget nothing waits in
+    # forward and the second swap-in, issued after the first is used, is 0.5 s late. Under a 1.5 GB
+    # budget the second pack waits until the first copy ends at 1.0 s (0.5 s), and in backward the
+    # second swap-in cannot start until the first tensor is freed when it is needed (1.0 s late)
+    trace = make_trace([(gb, 0.0, 1.5), (gb, 0.5, 1.0)], forward_s=2.0, backward_s=2.0)
+    simulator = Simulator(trace, make_profile(), SimConfig(min_bytes=0, verify_cswap=False))
+    swap = (Action.SWAP, Action.SWAP)
+    free = simulator.run_plan(swap, policy="swap")
+    assert free.peak_bytes == 2 * gb
+
+    held = simulator.run_plan(swap, policy="swap", params=replace(simulator.params, budget_bytes=gb + gb // 2))
+    assert held.peak_bytes == gb
+    assert free.queue.exposed_transfer_s == pytest.approx(0.5)
+    assert held.queue.exposed_transfer_s == pytest.approx(0.5 + 1.0)
+    assert held.iteration_s == pytest.approx(4.0 + 1.5)
+
+
+def test_cswap_at_least_as_fast_on_a_hand_made_trace(gb):
+    trace = make_trace([(gb, 0.0, 3.0), (gb, 1.0, 2.0), (gb, 2.0, 1.0)], forward_s=3.0, backward_s=4.0, sparsity=0.7)
+    simulator = Simulator(trace, make_profile(), SimConfig(min_bytes=0))
+    outcomes = run_budgets(simulator, POLICIES, 0.5)
+    assert outcomes["none"].infeasible and outcomes["none"].minimum_bytes == 3 * gb
+    best_single = min(outcomes[p].result.iteration_s for p in single_mechanism_policies() if not outcomes[p].infeasible)
+    assert outcomes["cswap"].result.iteration_s <= best_single
+    assert all(o.result.peak_bytes <= outcomes["none"].budget_bytes for o in outcomes.values() if not o.infeasible)
+
+
+def test_bad_budget_and_policy():
+    simulator = Simulator(meta_trace("vgg11", 2, 32, width_mult=0.125), "v100-pcie3")
+    with pytest.raises(ValueError, match="policies \\['cpu-compress-swap'\\] cannot be planned under a memory budget"):
+        run_budgets(simulator, ("cpu-compress-swap",), 0.5)
+    with pytest.raises(ValueError, match=r"memory budget 2\.0 is not valid"):
+        run_budgets(simulator, ("swap",), 2.0)
+
+
+SMALL = ["simulate", "--model", "vgg11", "--batch-size", "4", "--resolution", "32", "--min-bytes", "0"]
+
+
+def test_cli_json_under_a_budget():
+    result = CliRunner().invoke(app, [*SMALL, "--memory-budget", "0.5", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    budget = report["budget_bytes"]
+    assert budget == int(0.5 * report["none_peak_bytes"]) and tuple(report["policies"]) == POLICIES
+    assert report["policies"]["none"] == {"infeasible": True, "minimum_bytes": report["none_peak_bytes"]}
+    for name, row in report["policies"].items():
+        if not row["infeasible"]:
+            assert row["peak_bytes"] <= budget and isinstance(row["iteration_s"], float), name
+    cswap = report["policies"]["cswap"]["iteration_s"]
+    assert all(cswap <= row["iteration_s"] for row in report["policies"].values() if not row["infeasible"])
+
+
+def test_cli_sweep_plots_time_against_budget(tmp_path):
+    plot = tmp_path / "budgets.png"
+    result = CliRunner().invoke(
+        app, [*SMALL, "--memory-budget", "1.0,0.5,0.3", "--policies", "swap,cswap", "--json", "--plot", str(plot)]
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert [row["budget_bytes"] for row in report["budgets"]] == [int(f * report["none_peak_bytes"]) for f in (1.0, 0.5, 0.3)]
+    assert all(list(row["policies"]) == ["swap", "cswap"] for row in report["budgets"])
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = CliRunner().invoke(app, [*SMALL, "--memory-budget", "1.0,0.5", "--policies", "none,cswap"])
+    assert table.exit_code == 0 and "infeasible" in table.output and "budget" in table.output
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--memory-budget", "12 parsecs"], "unknown unit 'parsecs'"),
+        (["--memory-budget", "-1"], "cannot read it"),
+        (["--memory-budget", "0.5", "--policies", "cpu-compress-swap"], "cannot be planned under a memory budget"),
+    ],
+)
+def test_cli_errors(args, message):
+    result = CliRunner(env={"COLUMNS": "200"}).invoke(app, [*SMALL, *args])
+    assert result.exit_code == 2
+    assert message in " ".join(result.output.replace("│", " ").split())
+
+
+def test_sweep_lines():
+    simulator = Simulator(meta_trace("vgg11", 4, 32, width_mult=0.125), "v100-pcie3", SimConfig(min_bytes=0))
+    sweep = budget_sweep(simulator, ("none", "swap", "cswap"), (1.0, 0.5))
+    assert sweep.budgets_bytes == (sweep.none_peak_bytes, sweep.none_peak_bytes // 2)
+    none, swap, cswap = (sweep.iteration_s(p) for p in ("none", "swap", "cswap"))
+    assert none[0] is not None and none[1] is None
+    assert cswap[1] <= swap[1] and cswap[0] <= none[0]
