@@ -18,7 +18,7 @@ Example:
 
 from __future__ import annotations
 
-from cswap.planner.actions import ACTIONS, POLICY_ACTIONS, allowed_actions, single_mechanism_policies
+from cswap.planner.actions import ACTIONS, POLICY_ACTIONS, allowed_actions, single_mechanism_policies, tensor_actions
 from cswap.planner.options import (
     DEFAULT_PREFETCH_DISTANCES,
     LinkModel,
@@ -46,5 +46,6 @@ __all__ = [
     "minimum_bytes",
     "plan_budget",
     "single_mechanism_policies",
+    "tensor_actions",
     "timeline_of",
 ]

@@ -12,6 +12,10 @@ policy             actions                             system it reproduces
 ``cswap``          keep, swap, zvc-swap, zvc-keep      CSWAP's cost model, generalised
 =================  ==================================  =============================
 
+Compression never stores more than the raw bytes, so a tensor ZVC would not shrink (or whose dtype
+it cannot encode) gets no ``zvc`` option; a policy that swaps only compressed (``compress-swap``)
+swaps such a tensor raw, as cDMA does (:func:`tensor_actions`), and ``compress-keep`` keeps it.
+
 Example:
     >>> sorted(allowed_actions("swap"))
     ['keep', 'swap']
@@ -24,7 +28,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-__all__ = ["ACTIONS", "KEEP", "POLICY_ACTIONS", "SWAP", "ZVC_KEEP", "ZVC_SWAP", "allowed_actions", "single_mechanism_policies"]
+__all__ = [
+    "ACTIONS",
+    "KEEP",
+    "POLICY_ACTIONS",
+    "SWAP",
+    "ZVC_KEEP",
+    "ZVC_SWAP",
+    "allowed_actions",
+    "single_mechanism_policies",
+    "tensor_actions",
+]
 
 KEEP = "keep"
 SWAP = "swap"
@@ -63,3 +77,19 @@ def allowed_actions(policy: str) -> frozenset[str]:
 def single_mechanism_policies() -> tuple[str, ...]:
     """The policies that add exactly one action to ``keep``."""
     return tuple(p for p, actions in POLICY_ACTIONS.items() if len(actions) == 2)
+
+
+def tensor_actions(policy: str, offered: frozenset[str] | set[str]) -> frozenset[str]:
+    """The actions ``policy`` may use on a tensor whose options have the actions ``offered``:
+    its action set, plus a raw ``swap`` where it would swap compressed but ZVC cannot shrink the tensor.
+
+    Example:
+        >>> sorted(tensor_actions("compress-swap", {"keep", "swap"}))   # ZVC would expand it
+        ['keep', 'swap', 'zvc-swap']
+        >>> sorted(tensor_actions("compress-swap", {"keep", "swap", "zvc-swap", "zvc-keep"}))
+        ['keep', 'zvc-swap']
+    """
+    allowed = allowed_actions(policy)
+    if ZVC_SWAP in allowed and SWAP not in allowed and ZVC_SWAP not in offered:
+        return allowed | {SWAP}
+    return allowed

@@ -37,7 +37,7 @@ from scipy.sparse import csr_matrix
 
 from cswap.budget import BudgetError
 from cswap.lifetime import resident_bytes
-from cswap.planner.actions import KEEP, allowed_actions
+from cswap.planner.actions import tensor_actions
 from cswap.planner.options import Option, PlanningProblem
 
 __all__ = ["BudgetPlan", "PlannedTensor", "minimum_bytes", "plan_budget", "timeline_of"]
@@ -129,11 +129,11 @@ class _Arrays:
 
 
 def _arrays(problem: PlanningProblem, policy: str) -> _Arrays:
-    allowed = allowed_actions(policy)
     options, owner = [], []
     for t, tensor in enumerate(problem.tensors):
+        allowed = tensor_actions(policy, {o.action for o in tensor.options})
         chosen = [o for o in tensor.options if o.action in allowed]
-        if not any(o.action == KEEP for o in chosen) and not chosen:
+        if not chosen:
             raise ValueError(f"tensor {tensor.key} has no option under policy {policy!r}")
         options += chosen
         owner += [t] * len(chosen)

@@ -20,6 +20,7 @@ from cswap.planner import (
     minimum_bytes,
     plan_budget,
     single_mechanism_policies,
+    tensor_actions,
     timeline_of,
 )
 from cswap.planner.actions import KEEP, SWAP, ZVC_KEEP, ZVC_SWAP
@@ -69,8 +70,10 @@ def _ranks(values):
 
 def brute_force(problem, policy, budget_bytes=None):
     """(least cost within the budget or None, least peak) over every combination of options."""
-    allowed = allowed_actions(policy)
-    per_tensor = [[(o.cost_s, problem.holds(o)) for o in t.options if o.action in allowed] for t in problem.tensors]
+    per_tensor = [
+        [(o.cost_s, problem.holds(o)) for o in t.options if o.action in tensor_actions(policy, {o.action for o in t.options})]
+        for t in problem.tensors
+    ]
     best_cost, best_peak = None, None
     for combo in itertools.product(*per_tensor):
         peak = int(sum(h for _, h in combo).max())
@@ -100,6 +103,20 @@ def test_compression_never_stores_more_than_raw(ratio, zvc):
     problem = build_problem([spec], events, [0.0, 1.0], 0.5, LinkModel(1.0, 1.0))
     actions = {o.action for o in problem.tensors[0].options}
     assert actions == ({KEEP, SWAP, ZVC_SWAP, ZVC_KEEP} if zvc else {KEEP, SWAP})
+
+
+@pytest.mark.parametrize("policy, action", [("compress-swap", SWAP), ("compress-keep", KEEP), ("cswap", SWAP)])
+def test_a_tensor_zvc_would_expand_is_swapped_raw_or_kept(policy, action):
+    # a dense tensor (ZVC 10% larger) and a sparse one, both alive at the peak; the budget fits one
+    events = lifetimes_from_orders([0, 1], [1, 0])
+    dense = TensorSpec(key=0, nbytes=1000, lifetime=events.lifetimes[0], compressed_nbytes=1100)
+    sparse = TensorSpec(key=1, nbytes=1000, lifetime=events.lifetimes[1], compressed_nbytes=100)
+    problem = build_problem([dense, sparse], events, [0.0, 1.0, 2.0, 3.0], 1.5, LinkModel(1e-6, 1e-6, async_copies=False))
+    assert {o.action for o in problem.tensors[0].options} == {KEEP, SWAP}
+    budget = minimum_bytes(problem, policy) if policy == "compress-keep" else 1100
+    plan = plan_budget(problem, policy, budget)
+    assert plan.actions[0] == action and plan.peak_bytes <= budget
+    assert (SWAP in tensor_actions(policy, {KEEP, SWAP})) == (policy != "compress-keep")
 
 
 def test_dtype_zvc_cannot_encode_and_pinned_tensors():
@@ -189,7 +206,10 @@ def test_milp_is_optimal_and_the_greedy_is_no_better(seed, fraction, policy):
     line = timeline_of(problem, chosen)
     assert plan.timeline_bytes == tuple(line.tolist()) and plan.peak_bytes == int(line.max()) <= budget
     assert plan.slack_bytes == budget - line[plan.binding_event] == budget - int(line.max())
-    assert set(plan.actions.values()) <= allowed_actions(policy)
+    for tensor, planned in zip(problem.tensors, plan.tensors, strict=True):
+        assert planned.action in tensor_actions(policy, {o.action for o in tensor.options})
+        if planned.action == SWAP and policy == "compress-swap":  # only where ZVC cannot shrink it
+            assert ZVC_SWAP not in {o.action for o in tensor.options}
 
 
 @pytest.mark.parametrize("seed", range(4))
