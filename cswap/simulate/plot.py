@@ -160,12 +160,15 @@ def plot_budget_sweep(result: BudgetSweep, path: str | os.PathLike[str], title: 
     order = np.argsort(budgets_gb)
     fig, ax = plt.subplots(figsize=(7.0, 4.5))
     policies = list(result.outcomes[0]) if result.outcomes else []
-    for policy in policies:
+    # policies often coincide (cswap picks another policy's plan): distinct markers and dashes keep each visible
+    styles = [("o", "-", 7), ("s", "--", 6), ("^", "-.", 6), ("D", ":", 5), ("x", "--", 8)]
+    for k, policy in enumerate(policies):
         seconds = result.iteration_s(policy)
         xs = [budgets_gb[i] for i in order if seconds[i] is not None]
         ys = [seconds[i] * 1e3 for i in order if seconds[i] is not None]  # type: ignore[operator]
+        marker, dashes, size = styles[k % len(styles)]
         if xs:
-            ax.plot(xs, ys, "o-", label=policy)
+            ax.plot(xs, ys, marker=marker, linestyle=dashes, markersize=size, fillstyle="none", label=policy)
     ax.axvline(result.none_peak_bytes / 1e9, color="grey", linestyle=":", label="none's peak")
     ax.set_xlabel("memory budget for saved activations (GB)")
     ax.set_ylabel("simulated iteration time (ms)")
