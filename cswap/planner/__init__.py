@@ -2,6 +2,7 @@
 
 * :mod:`~cswap.planner.actions`: policies as sets of actions;
 * :mod:`~cswap.planner.options`: each tensor's options (bytes held per event, predicted seconds);
+* :mod:`~cswap.planner.from_trace`: the problem from a profiled trace (what the runtime calls);
 * :mod:`~cswap.planner.solve`: the MILP (SciPy ``milp``, HiGHS) with a greedy alongside, and the
   least budget a policy can meet.
 
@@ -19,6 +20,7 @@ Example:
 from __future__ import annotations
 
 from cswap.planner.actions import ACTIONS, POLICY_ACTIONS, allowed_actions, single_mechanism_policies, tensor_actions
+from cswap.planner.from_trace import problem_from_trace
 from cswap.planner.options import (
     DEFAULT_PREFETCH_DISTANCES,
     LinkModel,
@@ -45,6 +47,7 @@ __all__ = [
     "build_problem",
     "minimum_bytes",
     "plan_budget",
+    "problem_from_trace",
     "single_mechanism_policies",
     "tensor_actions",
     "timeline_of",

@@ -265,3 +265,59 @@ def test_bad_arguments():
         LinkModel(0.0, 1.0)
     with pytest.raises(ValueError, match="inconsistent lifetime"):
         Lifetime(pack=2, unpack=1, free=3)
+
+
+class _Codec:
+    """Codec seconds proportional to bytes (1 GB/s), for traces."""
+
+    def compress_s(self, nbytes, density, itemsize, backend):
+        return nbytes / 1e9
+
+    def decompress_s(self, nbytes, density, itemsize, backend):
+        return nbytes / 1e9
+
+
+def test_problem_from_a_profiled_trace_plans_within_budget():
+    import torch
+
+    import cswap
+    from cswap import models
+    from cswap.planner import problem_from_trace
+
+    torch.manual_seed(0)
+    model = models.build("resnet18", num_classes=10, width_mult=0.125)
+    rt = cswap.Runtime("none", device="cpu", d2h_gbps=1.0, h2d_gbps=1.0)
+    with rt.iteration():
+        model(torch.randn(2, 3, 32, 32)).sum().backward()
+    trace = rt.trace()
+    problem = problem_from_trace(trace, _Codec(), backend="cpu", min_bytes=1024)
+    activations = [r for r in trace.tensors if r.offloadable]
+    assert [t.key for t in problem.tensors] == [r.key for r in activations]
+    assert problem.event_count == len(activations) + sum(r.unpack_at_s is not None for r in activations)
+    for tensor, record in zip(problem.tensors, activations, strict=True):
+        assert tensor.nbytes == record.nbytes
+        assert ({o.action for o in tensor.options} == {KEEP}) == (record.nbytes < 1024)
+        assert all(not o.prefetch_distance for o in tensor.options)  # a CPU: copies finish inside pack and unpack
+    none_peak = minimum_bytes(problem, "none")
+    for policy in ("swap", "cswap"):
+        budget = max(none_peak // 2, minimum_bytes(problem, policy))
+        assert plan_budget(problem, policy, budget).peak_bytes <= budget
+
+
+def test_problem_from_trace_sizes_narrowed_int64_at_their_width():
+    from cswap.planner import problem_from_trace
+    from cswap.trace import TensorRecord, Trace
+
+    wide = TensorRecord(key=0, shape=(4096,), dtype="int64", nbytes=32768, sparsity=0.0, pack_at_s=0.0, unpack_at_s=2.0)
+    narrow = TensorRecord(
+        key=1, shape=(4096,), dtype="int64", nbytes=32768, sparsity=0.0, pack_at_s=1.0, unpack_at_s=1.5, narrow_dtype="int16"
+    )
+    problem = problem_from_trace(
+        Trace(tensors=(wide, narrow), forward_s=1.2, backward_s=1.0), _Codec(), "cpu", link=LinkModel(1.0, 1.0)
+    )
+    zvc = [{o.action for o in t.options} for t in problem.tensors]
+    assert ZVC_KEEP not in zvc[0] and ZVC_KEEP in zvc[1]  # dense int64 expands; narrowed to int16 it shrinks
+    keep = next(o for o in problem.tensors[1].options if o.action == ZVC_KEEP)
+    assert keep.cost_s == pytest.approx(2 * 8192 / 1e9)  # timed at the int16 width
+    with pytest.raises(ValueError, match="the trace has no link bandwidths"):
+        problem_from_trace(Trace(tensors=(wide,)), _Codec(), "cpu")

@@ -1,0 +1,112 @@
+"""The planner's problem from a profiled :class:`~cswap.trace.Trace`, as the runtime plans it.
+
+Each offloadable record becomes a :class:`~cswap.planner.options.TensorSpec`: its lifetime from
+:func:`cswap.lifetime.lifetimes_from_trace`, its exact ZVC size (an int64 record with a
+``narrow_dtype`` is sized and timed at that width, as the executor narrows it first), its codec
+seconds from a :class:`~cswap.costmodel.TimeModel`, and its ``hidden_forward_s``. Events happen at
+the records' ``pack_at_s`` and ``unpack_at_s``; records below ``min_bytes`` may only be kept.
+Parameters and buffers are not part of the problem (their bytes are not activations).
+
+Example:
+    >>> from cswap.trace import TensorRecord, Trace
+    >>> recs = tuple(TensorRecord(key=k, shape=(1024,), dtype="float32", nbytes=4096, sparsity=0.5,
+    ...                           pack_at_s=0.1 * k, unpack_at_s=1.0 - 0.1 * k) for k in range(3))
+    >>> trace = Trace(tensors=recs, d2h_gbps=10.0, h2d_gbps=10.0, forward_s=0.5, backward_s=0.6)
+    >>> class Free:
+    ...     def compress_s(self, nbytes, density, itemsize, backend): return 0.0
+    ...     def decompress_s(self, nbytes, density, itemsize, backend): return 0.0
+    >>> problem = problem_from_trace(trace, Free(), backend="cpu")
+    >>> [t.key for t in problem.tensors], problem.event_count
+    ([0, 1, 2], 6)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from cswap.codecs.format import DEFAULT_CHUNK_WORDS, SUPPORTED_DTYPES
+from cswap.costmodel import TimeModel, zvc_nbytes_for
+from cswap.lifetime import lifetimes_from_trace
+from cswap.planner.options import DEFAULT_PREFETCH_DISTANCES, LinkModel, PlanningProblem, TensorSpec, build_problem
+from cswap.trace import TensorRecord, Trace
+
+__all__ = ["problem_from_trace"]
+
+
+def _itemsize(name: str) -> int:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"trace record has unknown dtype {name!r}; expected a torch dtype name such as float32")
+    return dtype.itemsize
+
+
+def _spec(record: TensorRecord, lifetime, time_model: TimeModel, backend: str, min_bytes: int, chunk_words: int) -> TensorSpec:  # type: ignore[no-untyped-def]
+    itemsize = _itemsize(record.dtype)
+    encodable = getattr(torch, record.dtype) in SUPPORTED_DTYPES
+    encoded_itemsize = _itemsize(record.narrow_dtype) if record.narrow_dtype is not None else itemsize
+    encoded_nbytes = record.nbytes // itemsize * encoded_itemsize
+    compressed = zvc_nbytes_for(encoded_nbytes, record.sparsity, encoded_itemsize, chunk_words) if encodable else None
+    used = record.unpack_at_s is not None or record.unpack_order is not None
+    return TensorSpec(
+        key=record.key,
+        nbytes=record.nbytes,
+        lifetime=lifetime,
+        compressed_nbytes=compressed,
+        compress_s=float(time_model.compress_s(encoded_nbytes, record.density, encoded_itemsize, backend)) if encodable else 0.0,
+        decompress_s=float(time_model.decompress_s(encoded_nbytes, record.density, encoded_itemsize, backend))
+        if encodable and used
+        else 0.0,
+        hidden_forward_s=record.hidden_forward_s,
+        movable=record.nbytes >= min_bytes,
+    )
+
+
+def problem_from_trace(
+    trace: Trace,
+    time_model: TimeModel,
+    backend: str,
+    link: LinkModel | None = None,
+    min_bytes: int = 0,
+    chunk_words: int = DEFAULT_CHUNK_WORDS,
+    prefetch_distances: Sequence[int] = DEFAULT_PREFETCH_DISTANCES,
+) -> PlanningProblem:
+    """Every offloadable record's options, keyed by the record's key.
+
+    Args:
+        trace: a profiled iteration.
+        time_model: predicts codec seconds.
+        backend: the codec backend asked of ``time_model`` (``cpu``, ``cuda``).
+        link: the host link; default: the trace's measured bandwidths, copies asynchronous on a
+            CUDA device (``trace.device["kind"]``) and inside pack and unpack otherwise.
+        min_bytes: records smaller than this may only be kept.
+        chunk_words: the ZVC chunk size, for exact sizes.
+        prefetch_distances: how far ahead (events) a swap-in may be issued.
+
+    Raises:
+        ValueError: no link given and the trace has no bandwidths, or an unknown dtype.
+    """
+    if link is None:
+        if not (trace.d2h_gbps > 0 and trace.h2d_gbps > 0):
+            raise ValueError(
+                f"the trace has no link bandwidths (d2h {trace.d2h_gbps}, h2d {trace.h2d_gbps} GB/s): pass link=LinkModel(...)"
+            )
+        link = LinkModel(trace.d2h_gbps, trace.h2d_gbps, async_copies=trace.device.get("kind") == "cuda")
+    events = lifetimes_from_trace(trace)
+    times = np.zeros(events.event_count)
+    specs = []
+    for record, lifetime in zip(trace.tensors, events.lifetimes, strict=True):
+        if lifetime is None:
+            continue
+        specs.append(_spec(record, lifetime, time_model, backend, min_bytes, chunk_words))
+        times[lifetime.pack] = record.pack_at_s
+        if lifetime.unpack is not None:
+            times[lifetime.unpack] = record.unpack_at_s if record.unpack_at_s is not None else trace.forward_s
+    times[events.forward_events :] = np.maximum(times[events.forward_events :], trace.forward_s)
+    times = np.maximum.accumulate(times)  # recorded orders may disagree with clock ties
+    last_pack_s = float(times[events.forward_events - 1]) if events.forward_events else 0.0
+    first_unpack_s = float(times[events.forward_events]) if events.event_count > events.forward_events else float("inf")
+    backward_start_s = min(max(trace.forward_s, last_pack_s), first_unpack_s)
+    return build_problem(specs, events, times.tolist(), backward_start_s, link, prefetch_distances)
