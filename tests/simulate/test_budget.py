@@ -75,6 +75,25 @@ def test_budget_makes_a_pack_wait_for_the_copy_in_flight(gb):
     assert held.iteration_s == pytest.approx(4.0 + 1.5)
 
 
+@pytest.mark.parametrize(
+    "fetch_after, budget, exposed_s, peak",
+    [
+        ((None, None), None, 2.0, 1),  # on demand: each swap-in fully exposed (1 s each)
+        ((-1, -1), None, 0.5, 2),  # both issued when forward ends: only the first is 0.5 s late
+        ((-1, -1), 1.5, 1.5, 1),  # the budget holds the second back until the first is freed
+        ((0, None), None, 1.0, 2),  # A issued once backward reaches B, behind B on the link
+    ],
+)
+def test_a_plans_prefetch_schedule(gb, fetch_after, budget, exposed_s, peak):
+    # A packed at 0, used 1.5 s into backward; B packed at 1, used at 0.5 s; 1 GB each at 1 GB/s
+    trace = make_trace([(gb, 0.0, 1.5), (gb, 1.0, 0.5)], forward_s=2.0, backward_s=2.0)
+    simulator = Simulator(trace, make_profile(), SimConfig(min_bytes=0, verify_cswap=False))
+    params = replace(simulator.params, budget_bytes=None if budget is None else int(budget * gb))
+    result = simulator.run_plan((Action.SWAP, Action.SWAP), policy="swap", params=params, fetch_after=fetch_after)
+    assert result.queue.exposed_transfer_s == pytest.approx(exposed_s)
+    assert result.peak_bytes == peak * gb
+
+
 def test_cswap_at_least_as_fast_on_a_hand_made_trace(gb):
     trace = make_trace([(gb, 0.0, 3.0), (gb, 1.0, 2.0), (gb, 2.0, 1.0)], forward_s=3.0, backward_s=4.0, sparsity=0.7)
     simulator = Simulator(trace, make_profile(), SimConfig(min_bytes=0))
