@@ -38,7 +38,7 @@ from scipy.sparse import csr_matrix
 from cswap.budget import BudgetError
 from cswap.lifetime import resident_bytes
 from cswap.planner.actions import tensor_actions
-from cswap.planner.options import Option, PlanningProblem
+from cswap.planner.options import Option, PlanningProblem, TensorOptions
 
 __all__ = ["BudgetPlan", "PlannedTensor", "minimum_bytes", "plan_budget", "timeline_of"]
 
@@ -58,6 +58,8 @@ class PlannedTensor:
         held_bytes: the most it holds at any event under this action.
         wait_offload: pack waits for its copy out.
         prefetch_distance: events ahead of its unpack its copy back is issued (swaps), else ``None``.
+        fetch_with: the key of the tensor at whose unpack its copy back is issued (``None``: at its
+            own unpack, on demand): what the executor's unpack hook carries out.
     """
 
     key: int
@@ -67,6 +69,7 @@ class PlannedTensor:
     held_bytes: int
     wait_offload: bool = False
     prefetch_distance: int | None = None
+    fetch_with: int | None = None
 
 
 @dataclass(frozen=True)
@@ -290,6 +293,7 @@ def plan_budget(
         chosen, status = greedy_choice, "greedy"
     level = arrays.held[chosen].sum(axis=0)
     binding = int(np.argmax(level)) if level.size else 0
+    unpacked_at = {t.lifetime.unpack: t.key for t in problem.tensors if t.lifetime is not None and t.lifetime.unpack is not None}
     tensors = tuple(
         PlannedTensor(
             key=problem.tensors[t].key,
@@ -299,6 +303,7 @@ def plan_budget(
             held_bytes=int(arrays.held[v].max(initial=0)),
             wait_offload=arrays.options[v].wait_offload,
             prefetch_distance=arrays.options[v].prefetch_distance,
+            fetch_with=_fetch_with(problem.tensors[t], arrays.options[v], problem.forward_events, unpacked_at),
         )
         for t, v in enumerate(chosen)
     )
@@ -319,6 +324,12 @@ def plan_budget(
         bound_s=None if bound is None or not np.isfinite(bound) else float(bound),
         prefetch_window_bytes=_prefetch_window(problem, [arrays.options[v] for v in chosen]),
     )
+
+
+def _fetch_with(tensor: TensorOptions, option: Option, forward_events: int, unpacked_at: dict[int, int]) -> int | None:
+    if not option.prefetch_distance or tensor.lifetime is None or tensor.lifetime.unpack is None:
+        return None
+    return unpacked_at.get(max(tensor.lifetime.unpack - option.prefetch_distance, forward_events))
 
 
 def _prefetch_window(problem: PlanningProblem, choice: list[Option]) -> int:

@@ -163,6 +163,20 @@ def test_async_copy_stays_while_in_flight_and_prefetch_hides_the_copy_back():
     assert waiting.cost_s == pytest.approx(1e-3 + 1e-3)
     assert early.cost_s == pytest.approx((1e-3 - 0.4e-3) + (1e-3 - 0.8e-3))
     assert early.fetched_ahead == (5, 6, MB)
+    # a budget that only fits tensor 0 fetched two events ahead: it is fetched with tensor 2's unpack
+    budget = minimum_bytes(problem, "swap")
+    planned = plan_budget(problem, "swap", budget).tensors
+    assert all(t.fetch_with is None for t in planned if not t.prefetch_distance)
+    for tensor in planned:
+        if tensor.prefetch_distance:
+            own = problem.tensors[tensor.key].lifetime.unpack
+            fetch_event = max(own - tensor.prefetch_distance, problem.forward_events)
+            assert problem.tensors[tensor.fetch_with].lifetime.unpack == fetch_event
+    # with room for two: tensor 0 flies out and is fetched two events early, with tensor 2's unpack
+    roomy = plan_budget(problem, "swap", 2 * MB)
+    first = roomy.tensors[0]
+    assert (first.action, first.wait_offload, first.prefetch_distance, first.fetch_with) == (SWAP, False, 2, 2)
+    assert roomy.prefetch_window_bytes == MB and roomy.peak_bytes == 2 * MB
 
 
 @pytest.mark.parametrize("seed", range(6))
