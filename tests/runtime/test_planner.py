@@ -335,3 +335,21 @@ def test_problem_from_trace_sizes_narrowed_int64_at_their_width():
     assert keep.cost_s == pytest.approx(2 * 8192 / 1e9)  # timed at the int16 width
     with pytest.raises(ValueError, match="the trace has no link bandwidths"):
         problem_from_trace(Trace(tensors=(wide,)), _Codec(), "cpu")
+
+
+def test_minimum_without_the_solver_is_still_met(monkeypatch):
+    import cswap.planner.solve as solve
+
+    problem = random_problem(4, count=5)
+    exact = minimum_bytes(problem, "cswap")
+
+    class NoSolution:
+        x = None
+        status = 1
+
+    real = solve._milp
+    monkeypatch.setattr(solve, "_milp", lambda *args, **kwargs: NoSolution())
+    fallback = minimum_bytes(problem, "cswap")
+    monkeypatch.setattr(solve, "_milp", real)
+    assert fallback >= exact
+    assert plan_budget(problem, "cswap", fallback).peak_bytes <= fallback
