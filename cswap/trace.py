@@ -53,9 +53,11 @@ class TensorRecord:
         hidden_forward_s: ``Hidden_f`` (module docstring).
         hidden_backward_s: ``Hidden_b`` (module docstring).
         flops: forward FLOPs of the producing op when known (simulated traces), else 0.
-        narrow_dtype: for an int64 tensor whose values all fit a narrower signed int, that int's
-            name (``"int16"``): compression narrows it exactly first, so it is costed at that
-            width. None otherwise.
+        narrow_dtype: the dtype the codec's encoding stores the elements as, when narrower than
+            ``dtype`` (``"int16"`` for an int64 tensor of small values; see
+            :class:`cswap.codecs.Encoding`), so it is costed at that width. None otherwise.
+        module: the module that produced it, as ``path (Type)`` (``"features.3 (ReLU)"``) when the
+            runtime was given ``model=``, else ``""`` (traces written without it load as ``""``).
     """
 
     key: int
@@ -73,6 +75,7 @@ class TensorRecord:
     hidden_backward_s: float = 0.0
     flops: float = 0.0
     narrow_dtype: str | None = None
+    module: str = ""
 
     @property
     def density(self) -> float:
