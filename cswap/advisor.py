@@ -149,7 +149,7 @@ class Advisor:
 
     @staticmethod
     def _numel(record: Any) -> int:
-        return record.nbytes // torch.tensor([], dtype=Encoding.named(record.dtype, None).dtype).element_size()
+        return record.nbytes // Encoding.named(record.dtype, None).dtype.itemsize
 
     @staticmethod
     def _chunk_words(decision: Decision) -> int:

@@ -335,10 +335,12 @@ class Plan:
 
     def __str__(self) -> str:
         lines = [f"Plan(policy={self.policy}, epoch={self.epoch}, default={self.default_action.value}, {self.counts()})"]
-        for d in self.rows().values():
+        rows = self.rows().values()
+        width = max((len(d.module) for d in rows), default=0)
+        for d in rows:
             cost = ""
             if d.swap_s is not None and d.compressed_swap_s is not None:
                 cost = f"  T={d.compressed_swap_s * 1e3:.3f} ms  T'={d.swap_s * 1e3:.3f} ms"
-            module = f"  {d.module}" if d.module else ""
-            lines.append(f"  {d.key:4d}{module} {d.dtype:>8} {str(list(d.shape)):>20} {d.nbytes:>11,d} B  {d.action.value:8}{cost}  {d.reason}")
+            module = f"  {d.module:<{width}}" if width else ""
+            lines.append(f"  {d.key:4d}{module} {d.dtype:>8} {list(d.shape)!s:>20} {d.nbytes:>11,d} B  {d.action.value:8}{cost}  {d.reason}")
         return "\n".join(lines)

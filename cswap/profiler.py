@@ -344,7 +344,7 @@ class Profiler:
             return {}
         ranges = torch.stack([p.value_range.reshape(2) for p in ranged]).cpu().tolist()
         found = {}
-        for p, (low, high) in zip(ranged, ranges):
+        for p, (low, high) in zip(ranged, ranges, strict=True):
             encoded = Encoding.of(p.dtype, (low, high)).encoded_name
             if encoded is not None:
                 found[p.key] = encoded

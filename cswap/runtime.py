@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, replace, fields
+from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
@@ -38,120 +38,10 @@ from cswap.options import LaunchLookup, RuntimeOptions, file_defaults, load_opti
 from cswap.paths import shipped_configs_dir
 from cswap.plan import DEFAULT_ACTIONS, POLICY_REASONS, Action, LaunchCache, Plan
 from cswap.profiler import Profiler
+from cswap.stats import EpochStats, RuntimeStats
 from cswap.trace import Trace
 
 __all__ = ["EpochStats", "Runtime", "RuntimeStats"]
-
-
-@dataclass(frozen=True)
-class EpochStats:
-    """What happened in one epoch (the current one while it runs).
-
-    Attributes:
-        epoch: its index.
-        iterations: iterations run in it (the first was the profiling one).
-        packed_tensors: pack hook calls.
-        offloaded_bytes, transferred_bytes, compressed_input_bytes, compressed_bytes: as in :class:`RuntimeStats`.
-        peak_resident_bytes: the peak of resident bytes during the epoch.
-        iteration_s: wall seconds spent inside ``rt.iteration()`` in the epoch.
-        actions: tensors stored per action in the epoch.
-    """
-
-    epoch: int
-    iterations: int
-    packed_tensors: int
-    offloaded_bytes: int
-    transferred_bytes: int
-    compressed_input_bytes: int
-    compressed_bytes: int
-    peak_resident_bytes: int
-    iteration_s: float
-    actions: Mapping[str, int]
-
-
-@dataclass(frozen=True)
-class RuntimeStats:
-    """A snapshot of what the runtime did, cumulative since it was created.
-
-    Attributes:
-        policy: the policy.
-        epoch: the current epoch.
-        iterations: iterations run (``rt.iteration()`` blocks completed).
-        profiled_iterations: of which profiling ones.
-        packed_tensors: pack hook calls (tensors autograd saved through the runtime's hooks; the
-            ``none`` policy installs hooks only in profiling iterations).
-        deduplicated_tensors: packs of a storage and view already stored (``x * x``), stored once.
-        never_moved_tensors: packs of parameters, buffers and tensors the runtime cannot move.
-        unknown_keys: packs whose key was not in the plan (a changed graph): they got the default.
-        actions: tensors stored per action (``keep``, ``swap``, ``zvc-swap``, ``zvc-keep``),
-            deduplicated and never-moved packs not included.
-        kept_bytes: bytes of activations kept as they are.
-        offloaded_bytes: bytes of activations moved to host memory (``swap`` and ``zvc-swap``,
-            before compression).
-        transferred_bytes: bytes copied device-to-host (compressed bytes for ``zvc-swap``).
-        compressed_input_bytes: bytes of tensors compressed (``zvc-swap`` and ``zvc-keep``).
-        compressed_bytes: their ZVC size.
-        resident_bytes: activation bytes the runtime holds on the device now.
-        peak_resident_bytes: the most resident bytes ever: kept tensors at full (compact) size,
-            ``zvc-keep`` tensors at compressed size, sources of device-to-host copies until the
-            copy finished (GPU), and tensors rebuilt for backward from fetch or prefetch until
-            their storage is freed. Parameters and buffers are not counted. On CPU the "device"
-            is host memory and the same rules apply (so CPU runs measure the same quantity).
-        pack_s, unpack_s: wall seconds spent in the pack and unpack hooks.
-        unpacks: unpack hook calls.
-        prefetches: tensors fetched ahead of their unpack; prefetch_hits: of which used.
-        arena_bytes: host arena capacity now.
-        arena_used_bytes: host arena bytes held by live saved tensors now.
-        arena_misses: host allocations that did not fit in the arena (they used fresh memory).
-        iteration_s: wall seconds spent inside ``rt.iteration()`` (host time).
-        history: per epoch, oldest first, the current one last.
-    """
-
-    policy: str
-    epoch: int
-    iterations: int
-    profiled_iterations: int
-    packed_tensors: int
-    deduplicated_tensors: int
-    never_moved_tensors: int
-    unknown_keys: int
-    actions: Mapping[str, int]
-    kept_bytes: int
-    offloaded_bytes: int
-    transferred_bytes: int
-    compressed_input_bytes: int
-    compressed_bytes: int
-    resident_bytes: int
-    peak_resident_bytes: int
-    pack_s: float
-    unpack_s: float
-    unpacks: int
-    prefetches: int
-    prefetch_hits: int
-    arena_bytes: int
-    arena_used_bytes: int
-    arena_misses: int
-    iteration_s: float
-    history: tuple[EpochStats, ...] = field(default_factory=tuple)
-
-    @property
-    def compression_ratio(self) -> float:
-        """``compressed_input_bytes / compressed_bytes`` (1.0 when nothing was compressed)."""
-        return self.compressed_input_bytes / self.compressed_bytes if self.compressed_bytes else 1.0
-
-    @property
-    def mean_iteration_s(self) -> float:
-        """Average wall seconds per iteration (0 before the first)."""
-        return self.iteration_s / self.iterations if self.iterations else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict."""
-        # asdict() would deep-copy the read-only action mappings, which cannot be copied.
-        data = {f.name: getattr(self, f.name) for f in fields(self)}
-        data["actions"] = dict(self.actions)
-        data["history"] = [{**{f.name: getattr(e, f.name) for f in fields(e)}, "actions": dict(e.actions)} for e in self.history]
-        data["compression_ratio"] = self.compression_ratio
-        return data
 
 
 #: The shipped defaults file's options: the defaults :class:`Runtime`'s signature shows.

@@ -32,7 +32,7 @@ from cswap.codecs.api import compress, decompress
 from cswap.codecs.format import DEFAULT_CHUNK_WORDS, SUPPORTED_DTYPES, Packed, zvc_compressed_nbytes
 from cswap.codecs.narrow import narrowest_int, narrowest_int_for_range
 
-__all__ = ["Encoding", "decode", "dtype_named", "encode", "encodable", "value_range"]
+__all__ = ["Encoding", "decode", "dtype_named", "encodable", "encode", "value_range"]
 
 _BY_NAME = {str(d).removeprefix("torch."): d for d in SUPPORTED_DTYPES}
 
@@ -95,7 +95,7 @@ class Encoding:
     Example:
         >>> e = Encoding.of("int64", (0, 63))
         >>> e.encoded_dtype, e.narrowed, e.compressed_nbytes(numel=1024, sparsity=0.0)
-        (torch.int8, True, 1160)
+        (torch.int8, True, 1168)
     """
 
     dtype: torch.dtype
