@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from cswap.codecs.encoding import Encoding
 from cswap.codecs.format import DEFAULT_CHUNK_WORDS, zvc_compressed_nbytes
 
 __all__ = [
@@ -127,7 +128,7 @@ def decide(
     itemsize: int = 4,
     paper_size: bool = False,
     chunk_words: int = DEFAULT_CHUNK_WORDS,
-    encoded_itemsize: int | None = None,
+    encoding: Encoding | None = None,
 ) -> CostDecision:
     """Apply the cost model to one tensor.
 
@@ -141,18 +142,17 @@ def decide(
         itemsize: bytes per element, for the exact ZVC size.
         paper_size: cost the compressed transfer as ``Size*(1-Sparsity)`` as the paper does.
         chunk_words: the ZVC chunk size, for the exact size.
-        encoded_itemsize: bytes per element as ZVC encodes them, when narrower than ``itemsize``
-            (an int64 tensor narrowed exactly to a smaller int before compression); for the
-            exact size.
+        encoding: how the codec encodes the tensor (:class:`cswap.codecs.Encoding`), which
+            predicts the exact size; ``None``: ZVC of ``itemsize``-byte elements as they are.
     """
     if not 0.0 <= sparsity <= 1.0:
         raise ValueError(f"sparsity must be in [0, 1], got {sparsity}")
     if paper_size:
         compressed = paper_compressed_nbytes(nbytes, sparsity)
+    elif encoding is not None:
+        compressed = float(encoding.compressed_nbytes(int(nbytes) // encoding.dtype.itemsize, sparsity, chunk_words))
     else:
-        encoded = encoded_itemsize or itemsize
-        encoded_nbytes = int(nbytes) // itemsize * encoded
-        compressed = float(zvc_nbytes_for(encoded_nbytes, sparsity, encoded, chunk_words))
+        compressed = float(zvc_nbytes_for(int(nbytes), sparsity, itemsize, chunk_words))
     t_swap = swap_s(nbytes, d2h_gbps, h2d_gbps, hidden_forward_s, hidden_backward_s)
     t_compressed = compressed_swap_s(compressed, compress_s, decompress_s, d2h_gbps, h2d_gbps, hidden_forward_s, hidden_backward_s)
     return CostDecision(compress=t_compressed < t_swap, swap_s=t_swap, compressed_swap_s=t_compressed, compressed_nbytes=compressed)

@@ -25,11 +25,11 @@ grown only between iterations. During backward, each unpack prefetches the next 
 in the profiled unpack order, up to ``prefetch_bytes`` fetched ahead. On CPU the same code runs
 without streams: swapping copies into the (unpinned) arena, compression uses the ``cpu`` backend.
 
-Compression is ZVC, with one exact pre-step: an int64 tensor whose values all fit in a narrower
-signed integer (max-pool, gather and embedding indices) is narrowed to the narrowest of int8, int16
-and int32 that holds them before ZVC, and widened back when rebuilt. ZVC drops only all-zero
-elements, and such index tensors are dense, so this is where they shrink: 2x to 8x. The check is one
-pass over the tensor (and, on a GPU, one synchronisation of the side stream, like the compressor's).
+The executor decides nothing: for every pack it states the facts (key, shape, dtype, compact bytes,
+whether the tensor may move at all, whether its data is already stored) and carries out the
+:class:`~cswap.plan.Decision` that :meth:`cswap.plan.Plan.resolve` returns, launch configs included.
+Compression is the codecs' one encoding step (:func:`cswap.codecs.encode`: exact integer narrowing,
+then ZVC) and its inverse (:func:`cswap.codecs.decode`).
 
 Resident bytes (:attr:`Counters.resident_bytes`) count what the saved-tensor machinery holds on the
 device: kept tensors at their compact size, compress-keep tensors at their compressed size,
@@ -41,7 +41,7 @@ the peak is exact at the moments memory grows.
 Example:
     >>> import torch
     >>> from cswap.advisor import Action, Plan
-    >>> executor = Executor(torch.device("cpu"), backend="cpu", min_bytes=0, prefetch_bytes=0)
+    >>> executor = Executor(torch.device("cpu"), backend="cpu", prefetch_bytes=0)
     >>> it = executor.begin(Plan(policy="swap", epoch=0, default_action=Action.SWAP))
     >>> x = torch.randn(64, requires_grad=True)
     >>> with torch.autograd.graph.saved_tensors_hooks(*executor.hooks(it)):
@@ -57,7 +57,6 @@ import collections
 import functools
 import threading
 import time
-import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -67,11 +66,11 @@ from typing import Any
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from cswap.advisor import Action, Decision, Plan, zvc_supported
 from cswap.arena import ArenaBlock, HostArena, aligned
-from cswap.codecs import compress, decompress, narrowest_int
+from cswap.codecs import decode, encode, value_range
 from cswap.codecs.format import Packed
 from cswap.layout import Layout
+from cswap.plan import Action, Decision, Plan
 from cswap.profiler import Profiler
 
 __all__ = ["Counters", "Executor", "IterationState"]
@@ -149,6 +148,7 @@ class _Stored:
     __slots__ = (
         "key",
         "action",
+        "decision",
         "layout",
         "tensor",
         "packed",
@@ -162,14 +162,14 @@ class _Stored:
         "unpacked",
         "decompress_launch",
         "storage_ref",
-        "narrowed",
         "_sink",
         "__weakref__",
     )
 
-    def __init__(self, key: int, action: Action, layout: Layout, sink: collections.deque[Any]) -> None:
+    def __init__(self, key: int, decision: Decision, layout: Layout, sink: collections.deque[Any]) -> None:
         self.key = key
-        self.action = action
+        self.decision = decision
+        self.action = decision.action
         self.layout = layout
         self.tensor: torch.Tensor | None = None
         self.packed: Packed | None = None
@@ -183,7 +183,6 @@ class _Stored:
         self.unpacked = False
         self.decompress_launch: Any = None
         self.storage_ref: StorageWeakRef | None = None
-        self.narrowed: torch.dtype | None = None
         self._sink = sink
 
     def __del__(self) -> None:
@@ -208,16 +207,14 @@ class IterationState:
     """Per-iteration state of the hooks.
 
     Args:
-        plan: the plan to follow (its default action for unknown keys).
+        plan: the plan that decides every pack (:meth:`Plan.resolve`).
         profiler: records the iteration when it is a profiling one.
-        forced: an action for every movable tensor instead of the plan (profiling modes).
         protected: storage ids of the model's parameters and buffers.
     """
 
-    def __init__(self, plan: Plan, profiler: Profiler | None, forced: Action | None, protected: frozenset[int]) -> None:
+    def __init__(self, plan: Plan, profiler: Profiler | None, protected: frozenset[int]) -> None:
         self.plan = plan
         self.profiler = profiler
-        self.forced = forced
         self.protected = protected
         self.next_key = 0
         self.stored_by_key: dict[int, weakref.ref[_Stored]] = {}
@@ -231,27 +228,13 @@ class Executor:
     Args:
         device: the training device (``cuda:N`` with an index, or ``cpu``).
         backend: the ZVC codec backend.
-        min_bytes: tensors smaller than this are kept whatever the plan says.
         prefetch_bytes: the most bytes of offloaded tensors fetched ahead of their unpack.
         arena_slack: extra host-arena room over the need, as a fraction.
-        launch_lookup: ``(backend, op, dtype, nbytes) -> Launch | None`` for tensors the plan has
-            no decision for (decisions carry their own launch configs).
     """
 
-    def __init__(
-        self,
-        device: torch.device,
-        backend: str,
-        min_bytes: int,
-        prefetch_bytes: int,
-        arena_slack: float = 0.25,
-        launch_lookup: Callable[[str, str, torch.dtype, int], Any] | None = None,
-    ) -> None:
+    def __init__(self, device: torch.device, backend: str, prefetch_bytes: int, arena_slack: float = 0.25) -> None:
         self.device = device
-        self.launch_lookup = launch_lookup
-        self._launches: dict[tuple[str, torch.dtype, int], Any] = {}
         self.backend = backend
-        self.min_bytes = min_bytes
         self.prefetch_bytes = prefetch_bytes
         self.arena_slack = arena_slack
         self.cuda = device.type == "cuda"
@@ -271,15 +254,13 @@ class Executor:
         self,
         plan: Plan,
         profiler: Profiler | None = None,
-        forced: Action | None = None,
         model: torch.nn.Module | None = None,
     ) -> IterationState:
         """Prepare an iteration: grow the host arena to the plan's need (never during one), return its state.
 
         Args:
-            plan: the plan to follow.
+            plan: the plan that decides every pack.
             profiler: set for a profiling iteration.
-            forced: an action for every movable tensor (``KEEP`` or ``SWAP`` while profiling).
             model: the module whose parameters and buffers are protected.
         """
         with self._lock:
@@ -292,7 +273,7 @@ class Executor:
         protected: frozenset[int] = frozenset()
         if model is not None:
             protected = frozenset(_storage_id(t) for t in (*model.parameters(), *model.buffers()))
-        return IterationState(plan, profiler, forced, protected)
+        return IterationState(plan, profiler, protected)
 
     def end(self, it: IterationState) -> None:
         """Finish an iteration (the state stops recording; later unpacks still work)."""
@@ -362,37 +343,6 @@ class Executor:
             return "parameter or buffer of the model: never offloaded"
         return None
 
-    def _choose(self, it: IterationState, key: int, layout: Layout) -> tuple[Action, Decision | None]:
-        decision = None
-        if it.forced is not None:
-            action = it.forced
-        else:
-            decision = it.plan.lookup(key, layout.shape, _dtype_name(layout.dtype))
-            if decision is None:
-                action = it.plan.default_action
-                if it.plan.decisions:
-                    self.counters.unknown_keys += 1
-            else:
-                action = decision.action
-        if action is not Action.KEEP and layout.nbytes < self.min_bytes:
-            action = Action.KEEP
-        if action.compresses and not zvc_supported(layout.dtype):
-            action = Action.SWAP if action is Action.ZVC_SWAP else Action.KEEP
-        return action, decision
-
-    def _launch(self, op: str, layout: Layout) -> Any:
-        """The launch config of ``op`` for a tensor without a decision (memoised), or ``None``."""
-        if self.launch_lookup is None:
-            return None
-        memo_key = (op, layout.dtype, layout.nbytes)
-        if memo_key not in self._launches:
-            try:
-                self._launches[memo_key] = self.launch_lookup(self.backend, op, layout.dtype, layout.nbytes)
-            except Exception as error:  # a failing store or service must not stop training
-                warnings.warn(f"launch_lookup failed ({error}); using the backend's default launch", stacklevel=2)
-                self._launches[memo_key] = None
-        return self._launches[memo_key]
-
     def _host(self, nbytes: int) -> tuple[torch.Tensor, ArenaBlock | None]:
         """``nbytes`` of host memory: an arena block, or fresh pageable memory when the arena is full."""
         block = self.arena.alloc(nbytes)
@@ -421,46 +371,55 @@ class Executor:
 
     def _pack(self, it: IterationState, key: int, tensor: torch.Tensor, profiler: Profiler | None) -> tuple[_Handle, dict[str, Any] | None]:
         counters = self.counters
+        plan = it.plan
         reason = self._never_move(it, tensor)
         if reason is not None:
+            # The plan's answer to a tensor that may not move is always to keep it where it is,
+            # which is done by holding the tensor itself.
+            nbytes = tensor.numel() * tensor.element_size()
+            plan.resolve(key, tuple(tensor.shape), tensor.dtype, nbytes, never_moved=reason)
             counters.never_moved_tensors += 1
             record = None
             if profiler is not None:
-                nbytes = tensor.numel() * tensor.element_size()
                 record = dict(key=key, shape=tuple(tensor.shape), dtype=_dtype_name(tensor.dtype), nbytes=nbytes, numel=tensor.numel(),
-                              zeros=0, producer=profiler.producer(tensor), offloadable=False, reason=reason)
+                              zeros=0, producer=profiler.producer(tensor), offloadable=False, reason=reason, module=profiler.module(tensor))
             return _Handle(key, None, tensor.detach()), record
         layout = Layout.of(tensor)
         dedupe_key = (_storage_id(tensor), tensor.storage_offset(), layout.shape, layout.stride, tensor.dtype, tensor._version)
         stored = self._dedupe.get(dedupe_key)
         producer = profiler.producer(tensor) if profiler is not None else ""
         zeros: Any = 0
-        int_range: Any = None
+        encoding_facts: Any = None
         if stored is not None:
+            plan.resolve(key, layout.shape, layout.dtype, layout.nbytes, duplicate_of=stored.decision)
             counters.deduplicated_tensors += 1
             if profiler is not None:
                 profiler.record_duplicate(key, stored.key)
         else:
-            action, decision = self._choose(it, key, layout)
-            stored, zeros = self._store(key, tensor.detach(), layout, action, decision, count_zeros=profiler is not None)
-            if profiler is not None and layout.dtype == torch.int64 and tensor.numel():
-                # Deferred like the zero count: the advisor costs int64 tensors at their narrowed size.
-                int_range = torch.stack(torch.aminmax(tensor.detach()))
+            decision = plan.resolve(key, layout.shape, layout.dtype, layout.nbytes)
+            if not decision.planned and plan.decisions:
+                counters.unknown_keys += 1
+            stored, zeros = self._store(key, tensor.detach(), layout, decision, count_zeros=profiler is not None)
+            if profiler is not None:
+                # Deferred like the zero count: what the encoding needs to predict its size.
+                encoding_facts = value_range(tensor.detach())
             self._dedupe[dedupe_key] = stored
-            counters.actions[action.value] += 1
+            counters.actions[decision.action.value] += 1
         it.stored_by_key[key] = weakref.ref(stored)
         record = None
         if profiler is not None:
             record = dict(key=key, shape=layout.shape, dtype=_dtype_name(layout.dtype), nbytes=layout.nbytes, numel=layout.numel,
-                          zeros=zeros, producer=producer, offloadable=True, reason="", int_range=int_range)
+                          zeros=zeros, producer=producer, offloadable=True, reason="", value_range=encoding_facts,
+                          module=profiler.module(tensor))
         return _Handle(key, stored), record
 
     def _store(
-        self, key: int, tensor: torch.Tensor, layout: Layout, action: Action, decision: Decision | None, count_zeros: bool
+        self, key: int, tensor: torch.Tensor, layout: Layout, decision: Decision, count_zeros: bool
     ) -> tuple[_Stored, Any]:
-        """Apply ``action`` to ``tensor``; returns the stored data and its zero count (when asked)."""
+        """Carry out ``decision`` on ``tensor``; returns the stored data and its zero count (when asked)."""
         counters = self.counters
-        stored = _Stored(key, action, layout, self._released)
+        action = decision.action
+        stored = _Stored(key, decision, layout, self._released)
         # Deduplication keys on the storage's address: holding a weak reference to the storage
         # keeps that address from being reused by a new storage while this entry lives.
         stored.storage_ref = StorageWeakRef(tensor.untyped_storage())
@@ -476,14 +435,8 @@ class Executor:
         flat = layout.compact(tensor)
         if count_zeros and action is Action.SWAP:
             zeros = self._zeros(flat, layout)
-        if decision is not None:
-            compress_launch = decision.compress_launch
-            stored.decompress_launch = decision.decompress_launch
-        elif action.compresses:
-            compress_launch = self._launch("compress", layout)
-            stored.decompress_launch = self._launch("decompress", layout)
-        else:
-            compress_launch = None
+        compress_launch = decision.compress_launch
+        stored.decompress_launch = decision.decompress_launch
         side = self.side_stream
         if side is not None:
             # Captured here, outside the side stream's context: inside it, current_stream() is the side stream.
@@ -525,15 +478,8 @@ class Executor:
             stored.host = host.view(stored.layout.dtype)
             stored.host.copy_(flat, non_blocking=non_blocking)
             return
-        source = flat
-        narrow = narrowest_int(flat) if flat.dtype == torch.int64 else None
-        if narrow is not None:
-            # Indices (max-pool, gather, embedding) are int64 but small: narrowing them is exact, and
-            # ZVC, which only drops all-zero elements, cannot shrink such dense tensors otherwise.
-            source = flat.to(narrow)
-            stored.narrowed = narrow
         with _torch_threads_kept():
-            packed = compress(source, backend=self.backend, launch=launch)
+            packed = encode(flat, backend=self.backend, launch=launch)
         if action is Action.ZVC_KEEP:
             stored.packed = packed
             return
@@ -638,12 +584,8 @@ class Executor:
             launch = stored.decompress_launch
             if launch is not None and getattr(launch, "chunk_words", packed.chunk_words) != packed.chunk_words:
                 launch = replace(launch, chunk_words=packed.chunk_words)
-            narrowed = stored.narrowed
-            target = flat if narrowed is None else torch.empty(layout.numel, dtype=narrowed, device=self.device)
             with _torch_threads_kept():
-                decompress(packed, backend=self.backend, out=target, launch=launch, validate=False)
-            if narrowed is not None:
-                flat.copy_(target)
+                decode(packed, flat, backend=self.backend, launch=launch, validate=False)
         return result if result is not None else layout.rebuild_from(flat)
 
     def _prefetch_after(self, it: IterationState, key: int) -> None:

@@ -23,6 +23,7 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -41,6 +42,7 @@ __all__ = [
     "LaunchLookup",
     "RuntimeOptions",
     "default_options_path",
+    "file_defaults",
     "load_options",
 ]
 
@@ -210,6 +212,16 @@ def _read_defaults(path: Path) -> dict[str, Any]:
         if problem:
             raise ValueError(f"runtime defaults {path}: runtime.{name} is {value!r}: {problem}")
     return section
+
+
+def file_defaults(path: str | os.PathLike[str] | None = None) -> Mapping[str, Any]:
+    """The validated ``runtime`` options of a defaults file (default :func:`default_options_path`).
+
+    Example:
+        >>> file_defaults()["policy"] in POLICIES
+        True
+    """
+    return MappingProxyType(_read_defaults(Path(path) if path is not None else default_options_path()))
 
 
 def load_options(path: str | os.PathLike[str] | None = None, **overrides: Any) -> RuntimeOptions:

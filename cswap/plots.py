@@ -21,7 +21,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
 from matplotlib.colors import ListedColormap  # noqa: E402
 
-__all__ = ["ACTION_COLORS", "plot_convergence", "plot_decisions", "plot_memory", "plot_sparsity"]
+__all__ = ["ACTION_COLORS", "decision_label", "plot_convergence", "plot_decisions", "plot_memory", "plot_sparsity"]
 
 #: One colour per runtime action, in the order of the decision map's legend.
 ACTION_COLORS: dict[str, str] = {"keep": "#9e9e9e", "swap": "#1f77b4", "zvc-swap": "#2ca02c", "zvc-keep": "#ff7f0e"}
@@ -54,10 +54,21 @@ def plot_sparsity(epochs: Sequence[Mapping[str, Any]], path: Path) -> Path:
     return _save(fig, path)
 
 
+def decision_label(key: int, module: str) -> str:
+    """How a plot names a saved tensor: its pack index and, when known, the module that produced it.
+
+    Example:
+        >>> decision_label(7, "features.3 (ReLU)"), decision_label(2, "")
+        ('7 features.3 (ReLU)', '2')
+    """
+    return f"{key} {module}" if module else str(key)
+
+
 def plot_decisions(epochs: Sequence[Mapping[str, Any]], path: Path) -> Path:
     """Decision map: saved tensor x epoch, coloured by the action the plan chose."""
     actions = list(ACTION_COLORS)
     keys = sorted({d["key"] for e in epochs for d in e.get("plan", [])})
+    modules = {d["key"]: d["module"] for e in epochs for d in e.get("plan", []) if d.get("module")}
     row = {k: i for i, k in enumerate(keys)}
     grid = [[float("nan")] * len(epochs) for _ in keys]
     for column, epoch in enumerate(epochs):
@@ -71,6 +82,10 @@ def plot_decisions(epochs: Sequence[Mapping[str, Any]], path: Path) -> Path:
     ax.set_xlabel("epoch")
     ax.set_ylabel("saved tensor (pack order)")
     ax.set_xticks(range(len(epochs)), [str(e["epoch"]) for e in epochs])
+    if modules:
+        # Named by the module that produced each tensor (a runtime given model=), not only its index.
+        ax.set_yticks(range(len(keys)), [decision_label(k, modules.get(k, "")) for k in keys], fontsize="x-small")
+        ax.set_ylabel("saved tensor (pack order, producing module)")
     ax.set_title("What the plan did with each tensor")
     return _save(fig, path)
 

@@ -39,7 +39,9 @@ from typing import Any
 
 import torch
 
-from cswap.codecs.narrow import narrowest_int_for_range
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from cswap.codecs.encoding import Encoding
 from cswap.trace import Trace, TensorRecord
 
 __all__ = ["Clock", "Profiler", "producer_name"]
@@ -98,7 +100,8 @@ class _Pack:
     offloadable: bool
     start: Any
     end: Any
-    int_range: Any = None  # (min, max) of an int64 tensor: a 2-element tensor until the trace is built
+    value_range: Any = None  # what the encoding needs (cswap.codecs.value_range): a tensor until the trace is built
+    module: str = ""
 
 
 class Profiler:
@@ -134,6 +137,8 @@ class Profiler:
         self._duplicates: dict[int, int] = {}
         self._hooks: list[Any] = []
         self._modules = threading.local()
+        # storage id -> (weak storage, label) of each module's last output, to name producers.
+        self._outputs: dict[int, tuple[StorageWeakRef, str]] = {}
         self._end: Any = None
 
     # ------------------------------------------------------------------ lifetime
@@ -142,8 +147,9 @@ class Profiler:
         """Start the clock and, with a model, the module hooks."""
         if self.model is not None:
             for name, module in self.model.named_modules():
-                self._hooks.append(module.register_forward_pre_hook(self._enter(name or type(module).__name__)))
-                self._hooks.append(module.register_forward_hook(self._leave))
+                label = f"{name} ({type(module).__name__})" if name else type(module).__name__
+                self._hooks.append(module.register_forward_pre_hook(self._enter(label)))
+                self._hooks.append(module.register_forward_hook(self._leave(label)))
         self.clock.start()
 
     def end(self) -> None:
@@ -169,10 +175,17 @@ class Profiler:
 
         return hook
 
-    def _leave(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        stack = self._stack()
-        if stack:
-            stack.pop()
+    def _leave(self, label: str) -> Any:
+        def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
+            stack = self._stack()
+            if stack:
+                stack.pop()
+            for out in output if isinstance(output, (tuple, list)) else (output,):
+                if isinstance(out, torch.Tensor) and out.layout == torch.strided:
+                    storage = out.untyped_storage()
+                    self._outputs[storage._cdata] = (StorageWeakRef(storage), label)
+
+        return hook
 
     # ------------------------------------------------------------------ records
 
@@ -184,7 +197,23 @@ class Profiler:
         """``<module>:<grad_fn name>`` with a model and a running module, else the ``grad_fn`` name."""
         name = producer_name(t)
         stack = self._stack() if self.model is not None else None
-        return f"{stack[-1]}:{name}" if stack else name
+        return f"{stack[-1].split(' ')[0]}:{name}" if stack else name
+
+    def module(self, t: torch.Tensor) -> str:
+        """The module that produced ``t``, as ``path (Type)`` (``features.3 (ReLU)``); ``""`` without
+        a model or for a model input.
+
+        The module whose output (or a view of it) ``t`` is, when that module has returned; else the
+        innermost module running now (a module saving its own result before returning it).
+        """
+        if self.model is None or t.grad_fn is None:
+            return ""
+        if t.layout == torch.strided:
+            found = self._outputs.get(t.untyped_storage()._cdata)
+            if found is not None and not found[0].expired():
+                return found[1]
+        stack = self._stack()
+        return stack[-1] if stack else ""
 
     def record_pack(
         self,
@@ -200,7 +229,8 @@ class Profiler:
         start: Any,
         end: Any,
         *,
-        int_range: Any = None,
+        value_range: Any = None,
+        module: str = "",
     ) -> None:
         """One pack hook call.
 
@@ -213,10 +243,11 @@ class Profiler:
             offloadable: whether the runtime may move it.
             reason: why not, when it may not.
             start, end: :meth:`stamp` at the hook's start and end.
-            int_range: for an int64 tensor, its smallest and largest value as a 2-element tensor,
-                which gives the record's ``narrow_dtype``; None otherwise.
+            value_range: what the encoding needs to predict its size (:func:`cswap.codecs.value_range`),
+                which gives the record's ``narrow_dtype``; None when it needs nothing.
+            module: see :meth:`module`.
         """
-        self._packs[key] = _Pack(key, shape, dtype, nbytes, numel, zeros, producer, offloadable, start, end, int_range)
+        self._packs[key] = _Pack(key, shape, dtype, nbytes, numel, zeros, producer, offloadable, start, end, value_range, module)
         if not offloadable:
             self._reasons[key] = reason
 
@@ -245,7 +276,7 @@ class Profiler:
         unpack_at = {key: (seconds(s), seconds(e)) for key, (s, e) in self._unpacks.items()}
         backward_start = min((s for s, _ in unpack_at.values()), default=end_s)
         zeros = self._zero_counts(packs)
-        narrow = self._narrow_dtypes(packs)
+        narrow = self._encoded_dtypes(packs)
 
         def offloadable(p: _Pack) -> bool:
             return p.offloadable and p.key not in self._duplicates
@@ -280,6 +311,7 @@ class Profiler:
                     sparsity=min(max(sparsity, 0.0), 1.0),
                     narrow_dtype=narrow.get(source.key),
                     producer=p.producer,
+                    module=p.module,
                     offloadable=offloadable(p),
                     pack_s=pack_at[p.key][1] - pack_at[p.key][0],
                     unpack_s=(unpacked[1] - unpacked[0]) if unpacked else 0.0,
@@ -305,17 +337,17 @@ class Profiler:
         )
 
     @staticmethod
-    def _narrow_dtypes(packs: list[_Pack]) -> dict[int, str]:
-        """Per int64 tensor that fits a narrower int, that int's name (one transfer for all ranges)."""
-        ranged = [p for p in packs if p.int_range is not None]
+    def _encoded_dtypes(packs: list[_Pack]) -> dict[int, str]:
+        """Per tensor the encoding stores narrower, the encoded dtype's name (one transfer for all ranges)."""
+        ranged = [p for p in packs if p.value_range is not None]
         if not ranged:
             return {}
-        ranges = torch.stack([p.int_range.reshape(2) for p in ranged]).cpu().tolist()
+        ranges = torch.stack([p.value_range.reshape(2) for p in ranged]).cpu().tolist()
         found = {}
-        for p, (low, high) in zip(ranged, ranges):
-            dtype = narrowest_int_for_range(low, high)
-            if dtype is not None:
-                found[p.key] = str(dtype).removeprefix("torch.")
+        for p, (low, high) in zip(ranged, ranges, strict=True):
+            encoded = Encoding.of(p.dtype, (low, high)).encoded_name
+            if encoded is not None:
+                found[p.key] = encoded
         return found
 
     def _zero_counts(self, packs: list[_Pack]) -> dict[int, int]:

@@ -22,135 +22,30 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, replace, fields
+from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
 import torch
 
-from cswap.advisor import DEFAULT_ACTIONS, Action, Advisor, Plan
+from cswap.advisor import Advisor
 from cswap.codecs.api import default_backend
 from cswap.device import bandwidth, fingerprint, resolve_device
 from cswap.executor import Counters, Executor
-from cswap.options import RuntimeOptions, load_options
+from cswap.options import LaunchLookup, RuntimeOptions, file_defaults, load_options
+from cswap.paths import shipped_configs_dir
+from cswap.plan import DEFAULT_ACTIONS, POLICY_REASONS, Action, LaunchCache, Plan
 from cswap.profiler import Profiler
+from cswap.stats import EpochStats, RuntimeStats
 from cswap.trace import Trace
 
 __all__ = ["EpochStats", "Runtime", "RuntimeStats"]
 
 
-@dataclass(frozen=True)
-class EpochStats:
-    """What happened in one epoch (the current one while it runs).
-
-    Attributes:
-        epoch: its index.
-        iterations: iterations run in it (the first was the profiling one).
-        packed_tensors: pack hook calls.
-        offloaded_bytes, transferred_bytes, compressed_input_bytes, compressed_bytes: as in :class:`RuntimeStats`.
-        peak_resident_bytes: the peak of resident bytes during the epoch.
-        iteration_s: wall seconds spent inside ``rt.iteration()`` in the epoch.
-        actions: tensors stored per action in the epoch.
-    """
-
-    epoch: int
-    iterations: int
-    packed_tensors: int
-    offloaded_bytes: int
-    transferred_bytes: int
-    compressed_input_bytes: int
-    compressed_bytes: int
-    peak_resident_bytes: int
-    iteration_s: float
-    actions: Mapping[str, int]
-
-
-@dataclass(frozen=True)
-class RuntimeStats:
-    """A snapshot of what the runtime did, cumulative since it was created.
-
-    Attributes:
-        policy: the policy.
-        epoch: the current epoch.
-        iterations: iterations run (``rt.iteration()`` blocks completed).
-        profiled_iterations: of which profiling ones.
-        packed_tensors: pack hook calls (tensors autograd saved through the runtime's hooks; the
-            ``none`` policy installs hooks only in profiling iterations).
-        deduplicated_tensors: packs of a storage and view already stored (``x * x``), stored once.
-        never_moved_tensors: packs of parameters, buffers and tensors the runtime cannot move.
-        unknown_keys: packs whose key was not in the plan (a changed graph): they got the default.
-        actions: tensors stored per action (``keep``, ``swap``, ``zvc-swap``, ``zvc-keep``),
-            deduplicated and never-moved packs not included.
-        kept_bytes: bytes of activations kept as they are.
-        offloaded_bytes: bytes of activations moved to host memory (``swap`` and ``zvc-swap``,
-            before compression).
-        transferred_bytes: bytes copied device-to-host (compressed bytes for ``zvc-swap``).
-        compressed_input_bytes: bytes of tensors compressed (``zvc-swap`` and ``zvc-keep``).
-        compressed_bytes: their ZVC size.
-        resident_bytes: activation bytes the runtime holds on the device now.
-        peak_resident_bytes: the most resident bytes ever: kept tensors at full (compact) size,
-            ``zvc-keep`` tensors at compressed size, sources of device-to-host copies until the
-            copy finished (GPU), and tensors rebuilt for backward from fetch or prefetch until
-            their storage is freed. Parameters and buffers are not counted. On CPU the "device"
-            is host memory and the same rules apply (so CPU runs measure the same quantity).
-        pack_s, unpack_s: wall seconds spent in the pack and unpack hooks.
-        unpacks: unpack hook calls.
-        prefetches: tensors fetched ahead of their unpack; prefetch_hits: of which used.
-        arena_bytes: host arena capacity now.
-        arena_used_bytes: host arena bytes held by live saved tensors now.
-        arena_misses: host allocations that did not fit in the arena (they used fresh memory).
-        iteration_s: wall seconds spent inside ``rt.iteration()`` (host time).
-        history: per epoch, oldest first, the current one last.
-    """
-
-    policy: str
-    epoch: int
-    iterations: int
-    profiled_iterations: int
-    packed_tensors: int
-    deduplicated_tensors: int
-    never_moved_tensors: int
-    unknown_keys: int
-    actions: Mapping[str, int]
-    kept_bytes: int
-    offloaded_bytes: int
-    transferred_bytes: int
-    compressed_input_bytes: int
-    compressed_bytes: int
-    resident_bytes: int
-    peak_resident_bytes: int
-    pack_s: float
-    unpack_s: float
-    unpacks: int
-    prefetches: int
-    prefetch_hits: int
-    arena_bytes: int
-    arena_used_bytes: int
-    arena_misses: int
-    iteration_s: float
-    history: tuple[EpochStats, ...] = field(default_factory=tuple)
-
-    @property
-    def compression_ratio(self) -> float:
-        """``compressed_input_bytes / compressed_bytes`` (1.0 when nothing was compressed)."""
-        return self.compressed_input_bytes / self.compressed_bytes if self.compressed_bytes else 1.0
-
-    @property
-    def mean_iteration_s(self) -> float:
-        """Average wall seconds per iteration (0 before the first)."""
-        return self.iteration_s / self.iterations if self.iterations else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict."""
-        # asdict() would deep-copy the read-only action mappings, which cannot be copied.
-        data = {f.name: getattr(self, f.name) for f in fields(self)}
-        data["actions"] = dict(self.actions)
-        data["history"] = [{**{f.name: getattr(e, f.name) for f in fields(e)}, "actions": dict(e.actions)} for e in self.history]
-        data["compression_ratio"] = self.compression_ratio
-        return data
-
+#: The shipped defaults file's options: the defaults :class:`Runtime`'s signature shows.
+_DEFAULTS = file_defaults(shipped_configs_dir() / "default.yaml")
 
 _EPOCH_FIELDS = ("packed_tensors", "offloaded_bytes", "transferred_bytes", "compressed_input_bytes", "compressed_bytes")
 
@@ -162,12 +57,12 @@ class Runtime:
     epoch so the next iteration re-profiles and the plan follows the activations' new sparsity.
 
     Args:
-        policy: ``none``, ``swap``, ``compress-swap``, ``cswap`` or ``compress-keep``
-            (default from ``configs/default.yaml``).
-        **options: any :class:`cswap.options.RuntimeOptions` field: ``min_bytes``, ``backend``,
-            ``prefetch_bytes``, ``device``, ``model``, ``time_model``, ``launch_lookup``, ``decider``,
-            ``logistic_model``, ``passive_profile``, ``paper_size``, ``arena_slack``, ``d2h_gbps``,
-            ``h2d_gbps``.
+        policy: ``none``, ``swap``, ``compress-swap``, ``cswap`` or ``compress-keep``.
+        device, backend, min_bytes, prefetch_bytes, decider, paper_size, passive_profile,
+            arena_slack, d2h_gbps, h2d_gbps, model, time_model, launch_lookup, logistic_model: the
+            options, documented on :class:`cswap.options.RuntimeOptions`. The defaults shown are
+            ``configs/default.yaml``'s (``$CSWAP_RUNTIME_CONFIG`` names another file, read at
+            each call for the options left at their default).
 
     Raises:
         TypeError: an unknown option (the message lists the valid ones).
@@ -182,10 +77,37 @@ class Runtime:
         (1, True)
     """
 
-    def __init__(self, policy: str | None = None, **options: Any) -> None:
-        if policy is not None:
-            options["policy"] = policy
-        self._options = load_options(**options)
+    def __init__(
+        self,
+        policy: str = _DEFAULTS["policy"],
+        *,
+        device: str = _DEFAULTS["device"],
+        backend: str = _DEFAULTS["backend"],
+        min_bytes: int = _DEFAULTS["min_bytes"],
+        prefetch_bytes: int = _DEFAULTS["prefetch_bytes"],
+        decider: str = _DEFAULTS["decider"],
+        paper_size: bool = _DEFAULTS["paper_size"],
+        passive_profile: bool = _DEFAULTS["passive_profile"],
+        arena_slack: float = _DEFAULTS["arena_slack"],
+        d2h_gbps: float | None = _DEFAULTS["d2h_gbps"],
+        h2d_gbps: float | None = _DEFAULTS["h2d_gbps"],
+        model: torch.nn.Module | None = None,
+        time_model: Any = None,
+        launch_lookup: LaunchLookup | None = None,
+        logistic_model: Any = None,
+        **unknown: Any,
+    ) -> None:
+        given = dict(
+            policy=_DEFAULTS["policy"] if policy is None else policy, device=device, backend=backend, min_bytes=min_bytes, prefetch_bytes=prefetch_bytes, decider=decider,
+            paper_size=paper_size, passive_profile=passive_profile, arena_slack=arena_slack, d2h_gbps=d2h_gbps, h2d_gbps=h2d_gbps,
+        )
+        # A keyword left at the shipped default takes the defaults file's value at call time
+        # ($CSWAP_RUNTIME_CONFIG may name another file); `unknown` exists only so that a misspelt
+        # option's error lists the valid ones.
+        overrides = {name: value for name, value in given.items() if value != _DEFAULTS[name] or type(value) is not type(_DEFAULTS[name])}
+        objects = dict(model=model, time_model=time_model, launch_lookup=launch_lookup, logistic_model=logistic_model)
+        overrides.update({name: value for name, value in objects.items() if value is not None})
+        self._options = load_options(**overrides, **unknown)
         opts = self._options
         device = resolve_device(None if opts.device == "auto" else opts.device)
         if device.type == "cuda" and device.index is None:
@@ -196,13 +118,20 @@ class Runtime:
             raise ValueError(f"backend 'cuda' compresses GPU tensors but the device is {device}: use backend='cpu' or 'auto'")
         if self._backend == "cpu" and device.type == "cuda":
             raise ValueError(f"backend 'cpu' compresses host tensors but the device is {device}: use backend='cuda' or 'auto'")
-        self._executor = Executor(device, self._backend, opts.min_bytes, opts.prefetch_bytes, opts.arena_slack, opts.launch_lookup)
+        self._executor = Executor(device, self._backend, opts.prefetch_bytes, opts.arena_slack)
         self._lock = threading.Lock()
         self._active_thread: int | None = None
         self._epoch = 0
         self._needs_profile = True
         self._trace: Trace | None = None
-        self._plan = Plan(policy=opts.policy, epoch=0, default_action=DEFAULT_ACTIONS[opts.policy])
+        self._plan = Plan(
+            policy=opts.policy,
+            epoch=0,
+            default_action=DEFAULT_ACTIONS[opts.policy],
+            min_bytes=opts.min_bytes,
+            default_reason=POLICY_REASONS[opts.policy],
+            launches=LaunchCache(self._backend, opts.launch_lookup),
+        )
         self._bandwidths: tuple[float, float] | None = None
         self._time_model: Any = opts.time_model
         self._fingerprint: dict[str, Any] | None = None
@@ -305,15 +234,20 @@ class Runtime:
     def _hooked(self, profiling: bool) -> Iterator[None]:
         executor = self._executor
         profiler = None
-        forced = None
+        plan = self._plan
         if profiling:
             mode = self._profile_mode()
             forced = {"keep-all": Action.KEEP, "passive": Action.SWAP}.get(mode)
+            if forced is not None:
+                # Profiling modes that move every tensor alike: a plan with no per-key decisions
+                # (the current one's unpack order still drives prefetch).
+                reason = f"profiling ({mode}): {'keep' if forced is Action.KEEP else 'swap'} every tensor"
+                plan = replace(plan, decisions={}, default_action=forced, default_reason=reason)
             meta = {"mode": mode, "backend": self._backend, "min_bytes": self._options.min_bytes}
             if self._options.model is not None:
                 meta["model"] = type(self._options.model).__name__
             profiler = Profiler(self._device, self._epoch, self.policy, model=self._options.model, meta=meta)
-        it = executor.begin(self._plan, profiler, forced, self._options.model)
+        it = executor.begin(plan, profiler, self._options.model)
         if profiler is not None:
             profiler.begin()
         try:
@@ -397,7 +331,11 @@ class Runtime:
     # ------------------------------------------------------------------ what it did
 
     def plan(self) -> Plan:
-        """The current plan: per saved-tensor key the action, its reason, and for ``cswap`` T and T'."""
+        """The current plan: per saved-tensor key the action, its reason, and for ``cswap`` T and T'.
+
+        Its :meth:`~cswap.plan.Plan.rows` (what ``print`` and ``to_dict`` show) are what the executor
+        last did with each key, including keys the profile did not plan.
+        """
         return self._plan
 
     def trace(self) -> Trace:

@@ -53,15 +53,17 @@ class TensorRecord:
         hidden_forward_s: ``Hidden_f`` (module docstring).
         hidden_backward_s: ``Hidden_b`` (module docstring).
         flops: forward FLOPs of the producing op when known (simulated traces), else 0.
-        narrow_dtype: for an int64 tensor whose values all fit a narrower signed int, that int's
-            name (``"int16"``): compression narrows it exactly first, so it is costed at that
-            width. None otherwise.
+        narrow_dtype: the dtype the codec's encoding stores the elements as, when narrower than
+            ``dtype`` (``"int16"`` for an int64 tensor of small values; see
+            :class:`cswap.codecs.Encoding`), so it is costed at that width. None otherwise.
         unpack_order: its position among first unpacks in backward (0: unpacked first), or
             ``None``: derived from ``unpack_at_s``, ties in reverse pack order
             (:func:`cswap.lifetime.lifetimes_from_trace`).
         free_order: the backward position (as ``unpack_order`` counts) after which its storage
             dies, or ``None``: right after its own first unpack (the end of backward when it is
             never unpacked).
+        module: the module that produced it, as ``path (Type)`` (``"features.3 (ReLU)"``) when the
+            runtime was given ``model=``, else ``""`` (traces written without it load as ``""``).
     """
 
     key: int
@@ -81,6 +83,7 @@ class TensorRecord:
     narrow_dtype: str | None = None
     unpack_order: int | None = None
     free_order: int | None = None
+    module: str = ""
 
     @property
     def density(self) -> float:

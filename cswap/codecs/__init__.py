@@ -17,6 +17,7 @@ from cswap.codecs.format import (
     bits_dtype,
     zvc_compressed_nbytes,
 )
+from cswap.codecs.encoding import Encoding, decode, encodable, encode, value_range
 from cswap.codecs.launch import CUDA_KERNELS, CpuLaunch, CudaLaunch, Launch, launch_from_params
 from cswap.codecs.narrow import NARROW_INTS, narrowest_int, narrowest_int_for_range
 from cswap.codecs.registry import CODECS, CodecRegistry
@@ -28,16 +29,21 @@ __all__ = [
     "CpuLaunch",
     "CudaLaunch",
     "DEFAULT_CHUNK_WORDS",
+    "Encoding",
     "Launch",
     "NARROW_INTS",
     "Packed",
     "SUPPORTED_DTYPES",
     "bits_dtype",
     "compress",
+    "decode",
     "decompress",
     "default_backend",
+    "encodable",
+    "encode",
     "launch_from_params",
     "narrowest_int",
     "narrowest_int_for_range",
+    "value_range",
     "zvc_compressed_nbytes",
 ]

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
-from cswap.codecs import zvc_compressed_nbytes
+from cswap.codecs import Encoding, zvc_compressed_nbytes
 from cswap.costmodel import compressed_swap_s, decide, exposed_transfer_s, swap_s, zvc_nbytes_for
 
 GB = 1e9
@@ -88,11 +89,16 @@ def test_zero_bandwidth_is_an_error() -> None:
         swap_s(1e6, 0, 10, 0, 0)
 
 
+def _narrowed_to(itemsize: int) -> Encoding:
+    widths = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    return Encoding(torch.int64, widths[itemsize])
+
+
 @pytest.mark.parametrize("encoded_itemsize", (1, 2, 4, 8))
 def test_narrowed_int64_is_costed_at_its_encoded_width(encoded_itemsize: int) -> None:
     numel = 1 << 20
     cost = decide(numel * 8, 0.0, 0.0, 0.0, d2h_gbps=10, h2d_gbps=10, compress_s=0.0, decompress_s=0.0,
-                  itemsize=8, encoded_itemsize=encoded_itemsize)
+                  itemsize=8, encoding=_narrowed_to(encoded_itemsize))
     assert cost.compressed_nbytes == zvc_compressed_nbytes(numel, numel, encoded_itemsize)
     # Dense, so only narrowing makes the compressed transfer smaller than the plain one.
     assert cost.compress is (encoded_itemsize < 8)

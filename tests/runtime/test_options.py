@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -139,3 +141,29 @@ def test_defaults_file_from_the_environment(tmp_path: Path, monkeypatch: pytest.
     assert default_options_path() == path
     assert cswap.Runtime(device="cpu").policy == "compress-keep"
     assert os.environ[DEFAULTS_ENV] == str(path)
+
+
+def test_runtime_signature_shows_every_option_with_the_defaults_files_value() -> None:
+    from cswap.options import FILE_OPTIONS, OBJECT_OPTIONS
+    from cswap.paths import shipped_configs_dir
+
+    shipped = yaml.safe_load((shipped_configs_dir() / "default.yaml").read_text())["runtime"]
+    parameters = inspect.signature(cswap.Runtime).parameters
+    assert {name: parameters[name].default for name in FILE_OPTIONS} == shipped
+    assert all(parameters[name].default is None for name in OBJECT_OPTIONS)
+    assert all(parameters[name].kind is inspect.Parameter.KEYWORD_ONLY for name in (*FILE_OPTIONS, *OBJECT_OPTIONS) if name != "policy")
+
+
+def test_runtime_unknown_keyword_is_a_type_error_naming_it() -> None:
+    with pytest.raises(TypeError, match=r"unknown Runtime option 'prefetch'; valid options are .*prefetch_bytes"):
+        cswap.Runtime("swap", device="cpu", prefetch=0)
+
+
+def test_runtime_keywords_left_at_their_default_follow_the_defaults_file(tmp_path, monkeypatch) -> None:
+    from cswap.paths import shipped_configs_dir
+
+    custom = tmp_path / "defaults.yaml"
+    custom.write_text(re.sub(r"min_bytes: \d+", "min_bytes: 123", (shipped_configs_dir() / "default.yaml").read_text()))
+    monkeypatch.setenv("CSWAP_RUNTIME_CONFIG", str(custom))
+    assert cswap.Runtime("swap", device="cpu").options.min_bytes == 123
+    assert cswap.Runtime("swap", device="cpu", min_bytes=7).options.min_bytes == 7

@@ -108,3 +108,35 @@ def test_real_profile_of_a_model() -> None:
     assert all(t.unpack_at_s is not None for t in trace.tensors if t.offloadable)
     assert trace.forward_s > 0 and trace.backward_s > 0
     assert [t.key for t in trace.tensors] == list(range(len(trace.tensors)))
+
+
+def test_saved_tensors_are_named_by_the_module_that_produced_them() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32), torch.nn.Tanh(), torch.nn.Linear(32, 2))
+    rt = cswap.Runtime("swap", device="cpu", model=model, min_bytes=0, d2h_gbps=1.0, h2d_gbps=1.0)
+    x = torch.randn(8, 16)
+    for _ in range(2):
+        with rt.iteration():
+            model(x).sum().backward()
+    trace = rt.trace()
+    modules = {t.module for t in trace.tensors}
+    # The ReLU saves its output while it runs; the next Linear saves that output as its input;
+    # the Tanh saves its own output; weights are the Linears' parameters.
+    assert {"1 (ReLU)", "3 (Tanh)"} <= modules
+    relu_outputs = [t for t in trace.tensors if t.module == "1 (ReLU)" and t.offloadable]
+    assert relu_outputs and all(t.shape == (8, 32) for t in relu_outputs)
+    assert "" in modules  # the input x, made by no module
+    rows = rt.plan().rows()
+    assert {rows[t.key].module for t in trace.tensors} == modules
+    assert "1 (ReLU)" in str(rt.plan()) and rt.plan().to_dict()["decisions"][0]["module"] == rows[0].module
+
+
+def test_trace_module_field_round_trips_and_old_traces_load(tmp_path) -> None:
+    from cswap.trace import TensorRecord, Trace
+
+    record = TensorRecord(key=0, shape=(4,), dtype="float32", nbytes=16, sparsity=0.0, module="features.3 (ReLU)")
+    path = Trace(tensors=(record,)).to_json(tmp_path / "t.json")
+    assert Trace.from_json(path).tensors[0].module == "features.3 (ReLU)"
+    old = Trace(tensors=(record,)).to_dict()
+    del old["tensors"][0]["module"]
+    assert Trace.from_dict(old).tensors[0].module == ""

@@ -136,3 +136,27 @@ def test_new_epoch_before_any_iteration_stays_at_epoch_zero() -> None:
     rt.new_epoch()
     run_chain(rt, small_input())
     assert rt.epoch == 0 and rt.trace().epoch == 0
+
+
+def test_printed_stats_are_a_short_table_in_human_units() -> None:
+    rt = chain_runtime("compress-swap")
+    x = torch.zeros(N, requires_grad=True)  # exp(0) = 1 everywhere: dense, so ZVC cannot shrink it
+    run_chain(rt, x)
+    stats = rt.stats()
+    lines = str(stats).splitlines()
+    assert lines[0] == "cswap stats: policy compress-swap, epoch 0, 1 iterations (1 profiled)"
+    table = {line[2:14].strip(): line[15:] for line in lines[1:]}
+    assert table["tensors"] == "kept 0, offloaded 3 (swap 0, zvc-swap 3), compressed and kept 0, never moved 0"
+    assert table["offloaded"].startswith("768.0 KiB, transferred ")
+    ratio = stats.compressed_input_bytes / stats.compressed_bytes
+    assert table["compressed"] == f"768.0 KiB -> {stats.compressed_bytes / 1024:.1f} KiB (ratio {ratio:.2f}x)"
+    assert table["peak"].endswith(" resident (now 0 B)")
+    assert "mappingproxy" not in str(stats) and len(lines) == 8
+    # repr and to_dict stay complete.
+    assert "history=(EpochStats(" in repr(stats) and stats.to_dict()["history"][0]["actions"]["zvc-swap"] == 3
+
+
+def test_human_bytes() -> None:
+    from cswap.stats import human_bytes
+
+    assert [human_bytes(n) for n in (0, 1023, 1024, 5 * 2**20 + 2**19, 2**40)] == ["0 B", "1023 B", "1.0 KiB", "5.5 MiB", "1.0 TiB"]

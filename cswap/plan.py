@@ -1,0 +1,346 @@
+"""The plan: the one place that decides what happens to each saved tensor.
+
+The advisor (:mod:`cswap.advisor`) fills a :class:`Plan` with one :class:`Decision` per profiled
+key; at run time the executor asks :meth:`Plan.resolve` for every pack and carries the answer out,
+deciding nothing itself. :meth:`Plan.resolve` covers every case: a planned key whose guard holds,
+a key the plan does not know (a changed graph), a tensor below ``min_bytes``, a dtype the encoding
+cannot compress, a tensor that must never move (parameters, buffers, other devices, subclasses,
+non-strided layouts: the executor states the fact, the plan turns it into a decision), a second
+pack of data already stored, and the codec launch configs. Decisions made at run time for keys the
+profile did not plan are recorded on the plan, so :meth:`Plan.rows` (and ``rt.plan()``'s printout
+and ``to_dict``) say exactly what the executor last did with each key.
+
+Example:
+    >>> plan = Plan(policy="swap", epoch=0, default_action=Action.SWAP, min_bytes=1024)
+    >>> plan.resolve(0, (8,), "float32", 32).reason
+    'below min_bytes (32 < 1,024 B)'
+    >>> plan.resolve(1, (4096,), "complex64", 32768).action
+    <Action.SWAP: 'swap'>
+    >>> [(d.key, d.action.value) for d in plan.rows().values()]
+    [(0, 'keep'), (1, 'swap')]
+"""
+
+from __future__ import annotations
+
+import enum
+import warnings
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import torch
+
+from cswap.codecs.encoding import dtype_named, encodable
+from cswap.codecs.launch import Launch
+from cswap.options import LaunchLookup
+
+__all__ = ["DEFAULT_ACTIONS", "POLICY_REASONS", "Action", "Decision", "LaunchCache", "Plan", "constrained"]
+
+
+class Action(str, enum.Enum):
+    """What the executor does with one saved tensor."""
+
+    KEEP = "keep"
+    SWAP = "swap"
+    ZVC_SWAP = "zvc-swap"
+    ZVC_KEEP = "zvc-keep"
+
+    @property
+    def offloads(self) -> bool:
+        """Moves the tensor to host memory."""
+        return self in (Action.SWAP, Action.ZVC_SWAP)
+
+    @property
+    def compresses(self) -> bool:
+        """ZVC-compresses the tensor."""
+        return self in (Action.ZVC_SWAP, Action.ZVC_KEEP)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+#: The action of each policy for a tensor the plan does not know.
+DEFAULT_ACTIONS: Mapping[str, Action] = MappingProxyType(
+    {
+        "none": Action.KEEP,
+        "swap": Action.SWAP,
+        "compress-swap": Action.ZVC_SWAP,
+        "cswap": Action.SWAP,
+        "compress-keep": Action.ZVC_KEEP,
+    }
+)
+
+#: Why each policy's default action is taken, in words.
+POLICY_REASONS: Mapping[str, str] = MappingProxyType(
+    {
+        "none": "policy none: plain PyTorch",
+        "swap": "policy swap: offload every saved activation (vDNN)",
+        "compress-swap": "policy compress-swap: compress, then offload (cDMA)",
+        "compress-keep": "policy compress-keep: compress and keep on the device (FreeLunch)",
+        "cswap": "policy cswap: not profiled yet, offload",
+    }
+)
+
+
+def _dtype_name(dtype: torch.dtype | str) -> str:
+    return dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
+
+
+def constrained(action: Action, nbytes: int, dtype: torch.dtype | str, min_bytes: int) -> tuple[Action, str | None]:
+    """The rules every policy's choice obeys: a tensor below ``min_bytes`` stays, and a dtype the
+    encoding cannot compress is moved (or kept) uncompressed. Returns the action and, when a rule
+    changed it, why.
+
+    Example:
+        >>> constrained(Action.ZVC_KEEP, 4096, "complex64", 0)
+        (<Action.KEEP: 'keep'>, 'dtype complex64 has no ZVC encoding: keep uncompressed')
+    """
+    if nbytes < min_bytes:
+        return Action.KEEP, f"below min_bytes ({nbytes:,d} < {min_bytes:,d} B)"
+    if action.compresses and not encodable(dtype):
+        action = Action.SWAP if action is Action.ZVC_SWAP else Action.KEEP
+        return action, f"dtype {_dtype_name(dtype)} has no ZVC encoding: {action.value} uncompressed"
+    return action, None
+
+
+class LaunchCache:
+    """The codec launch configs of compressed tensors, looked up once per ``(op, dtype, nbytes)``.
+
+    Args:
+        backend: the codec backend.
+        lookup: ``(backend, op, dtype, nbytes) -> Launch | None``, or ``None`` for the backend defaults.
+
+    Example:
+        >>> LaunchCache("cpu", None).launches("float32", 4096)
+        {'compress_launch': None, 'decompress_launch': None}
+    """
+
+    def __init__(self, backend: str, lookup: LaunchLookup | None) -> None:
+        self.backend = backend
+        self.lookup = lookup
+        self._memo: dict[tuple[str, str, int], Launch | None] = {}
+
+    def launches(self, dtype: str, nbytes: int) -> dict[str, Launch | None]:
+        """``{"compress_launch": ..., "decompress_launch": ...}`` for a tensor of ``dtype`` and ``nbytes``.
+
+        A failing lookup (a store or service down) warns and falls back to the backend's default.
+        """
+        found: dict[str, Launch | None] = {}
+        for op in ("compress", "decompress"):
+            memo_key = (op, dtype, nbytes)
+            if memo_key not in self._memo:
+                self._memo[memo_key] = self._look_up(op, dtype, nbytes)
+            found[f"{op}_launch"] = self._memo[memo_key]
+        return found
+
+    def _look_up(self, op: str, dtype: str, nbytes: int) -> Launch | None:
+        if self.lookup is None:
+            return None
+        torch_dtype = dtype_named(dtype)
+        try:
+            return self.lookup(self.backend, op, torch_dtype, nbytes)
+        except Exception as error:  # a failing store or service must not stop training
+            warnings.warn(
+                f"launch_lookup({self.backend!r}, {op!r}, {torch_dtype}, {nbytes}) failed: {error}; "
+                "using the backend's default launch",
+                stacklevel=4,
+            )
+            return None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What happens to one saved-tensor key.
+
+    Attributes:
+        key: ordinal in the pack sequence.
+        shape, dtype: the guard: a tensor with this key but another shape or dtype gets the default.
+        nbytes: compact bytes of the tensor (also part of the guard).
+        sparsity: its fraction of zero elements when profiled (0 for a decision made at run time).
+        action: what the executor does.
+        reason: why, in words.
+        swap_s: T', exposed seconds of a plain swap (``cswap`` decisions only).
+        compressed_swap_s: T, seconds of compress-then-swap (``cswap`` decisions only).
+        compress_s, decompress_s: the predicted codec seconds behind T.
+        compressed_nbytes: the compressed size T was costed at.
+        compress_launch, decompress_launch: the codec launch configs (``None``: the backend default).
+        module: the module that produced the tensor (``features.3 (ReLU)``), when known.
+        planned: made from the profile; False for a decision :meth:`Plan.resolve` made at run time.
+    """
+
+    key: int
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+    sparsity: float
+    action: Action
+    reason: str
+    swap_s: float | None = None
+    compressed_swap_s: float | None = None
+    compress_s: float | None = None
+    decompress_s: float | None = None
+    compressed_nbytes: float | None = None
+    compress_launch: Launch | None = None
+    decompress_launch: Launch | None = None
+    module: str = ""
+    planned: bool = True
+
+    def matches(self, shape: tuple[int, ...], dtype: str, nbytes: int | None = None) -> bool:
+        """Whether a tensor of ``shape``, ``dtype`` (and ``nbytes``, when given) passes this decision's guard."""
+        return self.shape == shape and self.dtype == dtype and (nbytes is None or self.nbytes == nbytes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (launch configs as their parameters)."""
+        return {
+            "key": self.key,
+            "module": self.module,
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+            "nbytes": self.nbytes,
+            "sparsity": self.sparsity,
+            "action": self.action.value,
+            "reason": self.reason,
+            "planned": self.planned,
+            "swap_s": self.swap_s,
+            "compressed_swap_s": self.compressed_swap_s,
+            "compress_s": self.compress_s,
+            "decompress_s": self.decompress_s,
+            "compressed_nbytes": self.compressed_nbytes,
+            "compress_launch": self.compress_launch.to_params() if self.compress_launch else None,
+            "decompress_launch": self.decompress_launch.to_params() if self.decompress_launch else None,
+        }
+
+
+@dataclass(frozen=True)
+class Plan:
+    """An action per saved-tensor key, for the iterations of one epoch, and the rules for the rest.
+
+    Attributes:
+        policy: the policy that made it.
+        epoch: the epoch it was made for.
+        default_action: the policy's action for a key the plan does not know.
+        decisions: per key, in pack order, as planned from the profile.
+        unpack_order: keys in the order backward first asked for them when profiled (for prefetch).
+        host_bytes: host memory the offloaded tensors need at once (compressed sizes estimated from
+            the profiled sparsity), for sizing the host arena.
+        d2h_gbps, h2d_gbps: the bandwidths the cost model used (0 when it was not used).
+        min_bytes: tensors below this stay, whatever the action.
+        default_reason: the reason given with ``default_action`` (``""``: "not in the plan").
+        launches: the launch configs of compressed tensors the plan did not know.
+    """
+
+    policy: str
+    epoch: int
+    default_action: Action
+    decisions: Mapping[int, Decision] = field(default_factory=dict)
+    unpack_order: tuple[int, ...] = ()
+    host_bytes: int = 0
+    d2h_gbps: float = 0.0
+    h2d_gbps: float = 0.0
+    min_bytes: int = 0
+    default_reason: str = ""
+    launches: LaunchCache | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "decisions", MappingProxyType(dict(self.decisions)))
+        # Run-time decisions that differ from the planned ones, latest per key (see rows()).
+        object.__setattr__(self, "_resolved", {})
+
+    def lookup(self, key: int, shape: tuple[int, ...], dtype: str) -> Decision | None:
+        """The planned decision for ``key`` if its guard matches ``shape`` and ``dtype``, else ``None``."""
+        decision = self.decisions.get(key)
+        if decision is None or not decision.matches(shape, dtype):
+            return None
+        return decision
+
+    def resolve(
+        self,
+        key: int,
+        shape: tuple[int, ...],
+        dtype: torch.dtype | str,
+        nbytes: int,
+        *,
+        never_moved: str | None = None,
+        duplicate_of: Decision | None = None,
+    ) -> Decision:
+        """The complete decision for one pack; the executor carries it out as it is.
+
+        Args:
+            key: the pack's ordinal in the iteration.
+            shape, dtype, nbytes: the tensor's shape, dtype and compact bytes.
+            never_moved: why the tensor must stay where it is (a parameter, another device...), if so.
+            duplicate_of: the decision of the pack whose data this one shares (stored once).
+
+        Returns:
+            The planned :class:`Decision` when its guard holds and the facts agree with it; else a
+            decision made now from the policy's default and the rules (:func:`constrained`), with
+            its launch configs. Either way it is recorded, so :meth:`rows` shows it.
+        """
+        name = _dtype_name(dtype)
+        planned = self.decisions.get(key)
+        if planned is not None and not planned.matches(shape, name, nbytes):
+            planned = None
+        module = planned.module if planned is not None else ""
+        facts: dict[str, Any] = dict(key=key, shape=shape, dtype=name, nbytes=nbytes, sparsity=0.0, module=module, planned=False)
+        if never_moved is not None:
+            if planned is not None and planned.action is Action.KEEP and planned.reason == never_moved:
+                decision = planned
+            else:
+                decision = Decision(**facts, action=Action.KEEP, reason=never_moved)
+        elif duplicate_of is not None:
+            if planned is not None and planned.action is duplicate_of.action:
+                decision = planned
+            else:
+                decision = Decision(**facts, action=duplicate_of.action, reason=f"duplicate of key {duplicate_of.key}: stored once")
+        elif planned is not None:
+            decision = planned
+        else:
+            action, why = constrained(self.default_action, nbytes, name, self.min_bytes)
+            reason = why or self.default_reason or f"key {key} ({name} {list(shape)}) not in the plan: policy {self.policy}'s default"
+            launches = self.launches.launches(name, nbytes) if action.compresses and self.launches is not None else {}
+            decision = Decision(**facts, action=action, reason=reason, **launches)
+        resolved: dict[int, Decision] = self._resolved  # type: ignore[attr-defined]
+        if decision is planned:
+            resolved.pop(key, None)
+        else:
+            resolved[key] = decision
+        return decision
+
+    def rows(self) -> Mapping[int, Decision]:
+        """Per key, in key order, what the executor last did: the planned decision, or the one
+        :meth:`resolve` made instead at run time (a changed graph, a key never profiled)."""
+        merged = {**self.decisions, **dict(self._resolved)}  # type: ignore[attr-defined]
+        return MappingProxyType(dict(sorted(merged.items())))
+
+    def counts(self) -> dict[str, int]:
+        """Rows per action name."""
+        counted = Counter(d.action.value for d in self.rows().values())
+        return {action.value: counted.get(action.value, 0) for action in Action}
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (``decisions`` are the :meth:`rows`)."""
+        return {
+            "policy": self.policy,
+            "epoch": self.epoch,
+            "default_action": self.default_action.value,
+            "min_bytes": self.min_bytes,
+            "decisions": [d.to_dict() for d in self.rows().values()],
+            "unpack_order": list(self.unpack_order),
+            "host_bytes": self.host_bytes,
+            "d2h_gbps": self.d2h_gbps,
+            "h2d_gbps": self.h2d_gbps,
+        }
+
+    def __str__(self) -> str:
+        lines = [f"Plan(policy={self.policy}, epoch={self.epoch}, default={self.default_action.value}, {self.counts()})"]
+        rows = self.rows().values()
+        width = max((len(d.module) for d in rows), default=0)
+        for d in rows:
+            cost = ""
+            if d.swap_s is not None and d.compressed_swap_s is not None:
+                cost = f"  T={d.compressed_swap_s * 1e3:.3f} ms  T'={d.swap_s * 1e3:.3f} ms"
+            module = f"  {d.module:<{width}}" if width else ""
+            lines.append(f"  {d.key:4d}{module} {d.dtype:>8} {list(d.shape)!s:>20} {d.nbytes:>11,d} B  {d.action.value:8}{cost}  {d.reason}")
+        return "\n".join(lines)

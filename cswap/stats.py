@@ -1,0 +1,185 @@
+"""What the runtime did: :class:`RuntimeStats` (cumulative) and :class:`EpochStats` (per epoch).
+
+``print(rt.stats())`` shows a short table in human units; ``repr`` and :meth:`RuntimeStats.to_dict`
+keep every field.
+
+Example:
+    >>> stats = RuntimeStats(policy="swap", epoch=0, iterations=2, profiled_iterations=1, packed_tensors=6,
+    ...     deduplicated_tensors=0, never_moved_tensors=2, unknown_keys=0,
+    ...     actions={"keep": 1, "swap": 3, "zvc-swap": 0, "zvc-keep": 0}, kept_bytes=1024,
+    ...     offloaded_bytes=3 << 20, transferred_bytes=3 << 20, compressed_input_bytes=0, compressed_bytes=0,
+    ...     resident_bytes=0, peak_resident_bytes=5 << 20, pack_s=0.001, unpack_s=0.002, unpacks=4,
+    ...     prefetches=0, prefetch_hits=0, arena_bytes=4 << 20, arena_used_bytes=0, arena_misses=0, iteration_s=0.5)
+    >>> print(stats)  # doctest: +NORMALIZE_WHITESPACE
+    cswap stats: policy swap, epoch 0, 2 iterations (1 profiled)
+      tensors      kept 1, offloaded 3 (swap 3, zvc-swap 0), compressed and kept 0, never moved 2
+      kept         1.0 KiB
+      offloaded    3.0 MiB, transferred 3.0 MiB
+      compressed   0 B -> 0 B (ratio 1.00x)
+      peak         5.0 MiB resident (now 0 B)
+      host arena   4.0 MiB (0 misses)
+      time         500.0 ms in iterations (250.0 ms each), pack hooks 1.0 ms, unpack hooks 2.0 ms
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+__all__ = ["EpochStats", "RuntimeStats", "human_bytes"]
+
+
+def human_bytes(nbytes: float) -> str:
+    """``nbytes`` in binary units with one decimal (``"1.5 MiB"``; plain bytes below 1 KiB).
+
+    Example:
+        >>> human_bytes(512), human_bytes(1536), human_bytes(3 * 2**30)
+        ('512 B', '1.5 KiB', '3.0 GiB')
+    """
+    value = float(nbytes)
+    if abs(value) < 1024:
+        return f"{int(value)} B"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        value /= 1024
+        if abs(value) < 1024 or unit == "TiB":
+            break
+    return f"{value:.1f} {unit}"
+
+
+def _seconds(seconds: float) -> str:
+    return f"{seconds:.3f} s" if seconds >= 1 or seconds == 0 else f"{seconds * 1e3:.1f} ms"
+
+
+@dataclass(frozen=True)
+class EpochStats:
+    """What happened in one epoch (the current one while it runs).
+
+    Attributes:
+        epoch: its index.
+        iterations: iterations run in it (the first was the profiling one).
+        packed_tensors: pack hook calls.
+        offloaded_bytes, transferred_bytes, compressed_input_bytes, compressed_bytes: as in :class:`RuntimeStats`.
+        peak_resident_bytes: the peak of resident bytes during the epoch.
+        iteration_s: wall seconds spent inside ``rt.iteration()`` in the epoch.
+        actions: tensors stored per action in the epoch.
+    """
+
+    epoch: int
+    iterations: int
+    packed_tensors: int
+    offloaded_bytes: int
+    transferred_bytes: int
+    compressed_input_bytes: int
+    compressed_bytes: int
+    peak_resident_bytes: int
+    iteration_s: float
+    actions: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class RuntimeStats:
+    """A snapshot of what the runtime did, cumulative since it was created.
+
+    Attributes:
+        policy: the policy.
+        epoch: the current epoch.
+        iterations: iterations run (``rt.iteration()`` blocks completed).
+        profiled_iterations: of which profiling ones.
+        packed_tensors: pack hook calls (tensors autograd saved through the runtime's hooks; the
+            ``none`` policy installs hooks only in profiling iterations).
+        deduplicated_tensors: packs of a storage and view already stored (``x * x``), stored once.
+        never_moved_tensors: packs of parameters, buffers and tensors the runtime cannot move.
+        unknown_keys: packs whose key was not in the plan (a changed graph): they got the default.
+        actions: tensors stored per action (``keep``, ``swap``, ``zvc-swap``, ``zvc-keep``),
+            deduplicated and never-moved packs not included.
+        kept_bytes: bytes of activations kept as they are.
+        offloaded_bytes: bytes of activations moved to host memory (``swap`` and ``zvc-swap``,
+            before compression).
+        transferred_bytes: bytes copied device-to-host (compressed bytes for ``zvc-swap``).
+        compressed_input_bytes: bytes of tensors compressed (``zvc-swap`` and ``zvc-keep``).
+        compressed_bytes: their ZVC size.
+        resident_bytes: activation bytes the runtime holds on the device now.
+        peak_resident_bytes: the most resident bytes ever: kept tensors at full (compact) size,
+            ``zvc-keep`` tensors at compressed size, sources of device-to-host copies until the
+            copy finished (GPU), and tensors rebuilt for backward from fetch or prefetch until
+            their storage is freed. Parameters and buffers are not counted. On CPU the "device"
+            is host memory and the same rules apply (so CPU runs measure the same quantity).
+        pack_s, unpack_s: wall seconds spent in the pack and unpack hooks.
+        unpacks: unpack hook calls.
+        prefetches: tensors fetched ahead of their unpack; prefetch_hits: of which used.
+        arena_bytes: host arena capacity now.
+        arena_used_bytes: host arena bytes held by live saved tensors now.
+        arena_misses: host allocations that did not fit in the arena (they used fresh memory).
+        iteration_s: wall seconds spent inside ``rt.iteration()`` (host time).
+        history: per epoch, oldest first, the current one last.
+    """
+
+    policy: str
+    epoch: int
+    iterations: int
+    profiled_iterations: int
+    packed_tensors: int
+    deduplicated_tensors: int
+    never_moved_tensors: int
+    unknown_keys: int
+    actions: Mapping[str, int]
+    kept_bytes: int
+    offloaded_bytes: int
+    transferred_bytes: int
+    compressed_input_bytes: int
+    compressed_bytes: int
+    resident_bytes: int
+    peak_resident_bytes: int
+    pack_s: float
+    unpack_s: float
+    unpacks: int
+    prefetches: int
+    prefetch_hits: int
+    arena_bytes: int
+    arena_used_bytes: int
+    arena_misses: int
+    iteration_s: float
+    history: tuple[EpochStats, ...] = field(default_factory=tuple)
+
+    @property
+    def compression_ratio(self) -> float:
+        """``compressed_input_bytes / compressed_bytes`` (1.0 when nothing was compressed)."""
+        return self.compressed_input_bytes / self.compressed_bytes if self.compressed_bytes else 1.0
+
+    @property
+    def mean_iteration_s(self) -> float:
+        """Average wall seconds per iteration (0 before the first)."""
+        return self.iteration_s / self.iterations if self.iterations else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        # asdict() would deep-copy the read-only action mappings, which cannot be copied.
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["actions"] = dict(self.actions)
+        data["history"] = [{**{f.name: getattr(e, f.name) for f in fields(e)}, "actions": dict(e.actions)} for e in self.history]
+        data["compression_ratio"] = self.compression_ratio
+        return data
+
+    def __str__(self) -> str:
+        actions = self.actions
+        offloaded = actions.get("swap", 0) + actions.get("zvc-swap", 0)
+        mean = f" ({_seconds(self.mean_iteration_s)} each)" if self.iterations else ""
+        rows = [
+            ("tensors", f"kept {actions.get('keep', 0)}, offloaded {offloaded} (swap {actions.get('swap', 0)}, "
+                        f"zvc-swap {actions.get('zvc-swap', 0)}), compressed and kept {actions.get('zvc-keep', 0)}, "
+                        f"never moved {self.never_moved_tensors}"
+                        + (f", stored once {self.deduplicated_tensors}" if self.deduplicated_tensors else "")
+                        + (f", not in the plan {self.unknown_keys}" if self.unknown_keys else "")),
+            ("kept", human_bytes(self.kept_bytes)),
+            ("offloaded", f"{human_bytes(self.offloaded_bytes)}, transferred {human_bytes(self.transferred_bytes)}"),
+            ("compressed", f"{human_bytes(self.compressed_input_bytes)} -> {human_bytes(self.compressed_bytes)} "
+                           f"(ratio {self.compression_ratio:.2f}x)"),
+            ("peak", f"{human_bytes(self.peak_resident_bytes)} resident (now {human_bytes(self.resident_bytes)})"),
+            ("host arena", f"{human_bytes(self.arena_bytes)} ({self.arena_misses} misses)"),
+            ("time", f"{_seconds(self.iteration_s)} in iterations{mean}, pack hooks {_seconds(self.pack_s)}, "
+                     f"unpack hooks {_seconds(self.unpack_s)}"),
+        ]
+        title = (f"cswap stats: policy {self.policy}, epoch {self.epoch}, {self.iterations} iterations "
+                 f"({self.profiled_iterations} profiled)")
+        return "\n".join([title, *(f"  {name:<12} {text}" for name, text in rows)])
