@@ -105,7 +105,7 @@ class _RecomputeContext:
         saved = self._saved.pop()
         with torch.no_grad():
             buffers = [b for m in self.norms for b in m.buffers(recurse=False)]
-            for buffer, value in zip(buffers, saved):
+            for buffer, value in zip(buffers, saved, strict=True):
                 buffer.copy_(value)
 
 
