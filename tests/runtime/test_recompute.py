@@ -256,3 +256,18 @@ def test_a_second_backward_through_an_enabled_region_fails_in_torch() -> None:
     y.backward(retain_graph=True)
     with pytest.raises(AttributeError):
         y.backward()
+
+
+# ------------------------------------------------------------------ under cswap's own outer hooks
+
+
+@pytest.mark.parametrize("policy", ["swap", "compress-swap"])
+@pytest.mark.parametrize("enabled", [["features.0"], ["features.0.1", "features.1.2"], [""]], ids=lambda e: "+".join(p or "<model>" for p in e))
+def test_regions_under_the_runtime_train_bit_identically(enabled: list[str], policy: str) -> None:
+    """The runtime's hooks stay outermost: they store the inputs checkpoint saves (and may swap them)."""
+    import cswap
+
+    runtime = cswap.Runtime(policy=policy, min_bytes=0, d2h_gbps=10.0, h2d_gbps=10.0)
+    plain = train(SmallCNN, cnn_loss, None)
+    assert_same_training(plain, train(SmallCNN, cnn_loss, enabled, runtime.iteration))
+    assert runtime.stats().offloaded_bytes > 0
