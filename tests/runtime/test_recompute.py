@@ -271,3 +271,15 @@ def test_regions_under_the_runtime_train_bit_identically(enabled: list[str], pol
     plain = train(SmallCNN, cnn_loss, None)
     assert_same_training(plain, train(SmallCNN, cnn_loss, enabled, runtime.iteration))
     assert runtime.stats().offloaded_bytes > 0
+
+
+def test_a_block_with_an_interior_in_place_relu_trains_bit_identically() -> None:
+    def build() -> nn.Module:
+        return nn.Sequential(nn.Linear(6, 8), nn.Sequential(nn.Linear(8, 8), nn.ReLU(inplace=True), nn.Dropout(0.3), nn.Linear(8, 8)), nn.Linear(8, 2))
+
+    x = torch.randn(5, 6)
+
+    def loss(model: nn.Module) -> torch.Tensor:
+        return model(x).square().sum()
+
+    assert_same_training(train(build, loss, None), train(build, loss, ["1"]))
