@@ -128,6 +128,9 @@ class RecomputeRegions:
     Attributes:
         paths: every module path (``""`` is the model itself), in ``named_modules`` order.
 
+    Raises:
+        ValueError: a module of ``model`` already has composable checkpoint hooks.
+
     Limits (torch 2.13): a region whose forward modifies its input in place (``ReLU(inplace=True)``)
     fails in backward ("modified by an inplace operation"): :func:`cswap.recompute_facts.profile_regions`
     marks it ineligible. A second backward through an enabled region (``retain_graph=True``) fails in
@@ -143,6 +146,12 @@ class RecomputeRegions:
         self.model = model
         self._regions: dict[str, _Region] = {}
         self._ineligible: dict[str, str] = {}
+        for path, module in model.named_modules():
+            if checkpoint.state(module) is not None:
+                raise ValueError(
+                    f"module {path!r} already has torch's composable checkpoint (a RecomputeRegions of this model exists, "
+                    "or the model applies checkpoint itself): make one RecomputeRegions per model and reuse it"
+                )
         for path, module in model.named_modules():
             if path in self._regions:
                 continue

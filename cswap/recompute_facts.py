@@ -368,11 +368,8 @@ def profile_regions(model: nn.Module, step: Callable[[], Any], *, clock: Stamps 
         ValueError: a region of ``model`` is enabled (profile with nothing enabled).
     """
     for path, module in model.named_modules():
-        try:
-            enabled = checkpoint.state(module).enable_hook
-        except Exception:  # no checkpoint state: never attached
-            enabled = False
-        if enabled:
+        state = checkpoint.state(module)  # None when checkpoint was never applied
+        if state is not None and state.enable_hook:
             raise ValueError(f"recompute region {path!r} is enabled: profile with nothing enabled (RecomputeRegions.disable_all())")
     with RegionTracer(model, clock) as tracer, torch.autograd.graph.saved_tensors_hooks(tracer.pack, tracer.unpack):
         step()

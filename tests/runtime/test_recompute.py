@@ -283,3 +283,10 @@ def test_a_block_with_an_interior_in_place_relu_trains_bit_identically() -> None
         return model(x).square().sum()
 
     assert_same_training(train(build, loss, None), train(build, loss, ["1"]))
+
+
+def test_a_second_set_of_regions_on_one_model_is_refused() -> None:
+    model = SmallCNN()
+    RecomputeRegions(model)
+    with pytest.raises(ValueError, match=r"module '' already has torch's composable checkpoint.*one RecomputeRegions per model"):
+        RecomputeRegions(model)
