@@ -290,3 +290,21 @@ def test_a_second_set_of_regions_on_one_model_is_refused() -> None:
     RecomputeRegions(model)
     with pytest.raises(ValueError, match=r"module '' already has torch's composable checkpoint.*one RecomputeRegions per model"):
         RecomputeRegions(model)
+
+
+def test_regions_under_cpu_autocast_train_bit_identically() -> None:
+    """Checkpoint records the autocast state at the region's entry and recomputes under it."""
+    def autocast() -> AbstractContextManager[Any]:
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+
+    plain = train(SmallCNN, cnn_loss, None, autocast)
+    assert_same_training(plain, train(SmallCNN, cnn_loss, ["features.0", "head"], autocast))
+
+
+def test_enabled_regions_are_inert_without_grad() -> None:
+    torch.manual_seed(0)
+    model = SmallCNN().eval()
+    expected = model(CNN_X)
+    RecomputeRegions(model).enable(["features.0", "head"])
+    with torch.no_grad():
+        assert torch.equal(model(CNN_X), expected)
