@@ -228,6 +228,17 @@ class RegionProfile:
                 items.extend(i for i in call.inputs if i.name == pack.input and not i.keyword)
         return _distinct_bytes(items)
 
+    def freed_keys(self, enabled: Iterable[str]) -> tuple[int, ...]:
+        """Movable profiled keys whose memory is no longer held when ``enabled`` regions are recomputed.
+
+        Keys that share a storage (a tensor saved twice, a view and its base) come together and
+        free that storage's bytes once.
+        """
+        sequence = self.sequence(enabled)
+        held = {self.saves[p.key].storage for p in sequence if p.key is not None}
+        held |= {i.storage for p in sequence if p.key is None for i in self.calls[p.call].inputs if i.name == p.input and not i.keyword}  # type: ignore[index]
+        return tuple(s.key for s in self.saves if s.movable and s.storage not in held)
+
     def freed_bytes(self, enabled: Iterable[str]) -> int:
         """Bytes the outer hooks no longer hold when ``enabled`` regions are recomputed."""
         return self.held_bytes(()) - self.held_bytes(enabled)

@@ -165,6 +165,19 @@ def test_sequence_and_held_bytes_match_a_run_with_regions_enabled(name: str, ena
     assert held == profile.held_bytes(enabled)
 
 
+@pytest.mark.parametrize(
+    ("enabled", "keys"),
+    [([], ()), (["1"], (3, 4)), ([""], (1, 3, 4, 6, 7)), (["1.1"], ()), (["0", "1.0", "2"], ())],
+)
+def test_freed_keys(enabled: list[str], keys: tuple[int, ...]) -> None:
+    profile = profile_of(mlp(), MLP_X)
+    assert profile.freed_keys(enabled) == keys
+    # Their storages are exactly the freed bytes unless the regions hold new inputs (a lone ReLU).
+    freed = {profile.saves[k].storage: profile.saves[k].storage_bytes for k in keys}
+    if enabled != ["1.1"]:
+        assert sum(freed.values()) == profile.freed_bytes(enabled)
+
+
 def test_region_inputs_are_mapped_to_their_region_and_position() -> None:
     profile = profile_of(mlp(), MLP_X)
     sequence = profile.sequence(["1"])
