@@ -306,7 +306,12 @@ class RegionTracer:
 
     def _leave(self, module: nn.Module, args: Any, output: Any) -> None:
         if self._stack:
-            self._calls[self._stack.pop()]["end"] = self.clock.stamp()
+            call = self._calls[self._stack.pop()]
+            call["end"] = self.clock.stamp()
+            # Decide now and drop the tensors: holding every module's inputs to the end of the
+            # iteration would keep all activations alive.
+            call["modifies_input"] = any(t._version != v for _, t, v in call["inputs"])
+            call["inputs"] = [(record, None, v) for record, _, v in call["inputs"]]
 
     def record(self, t: torch.Tensor) -> None:
         """Record the next outer pack (call from a pack hook, once per pack)."""
@@ -333,7 +338,7 @@ class RegionTracer:
                 index=i, path=c["path"], first_key=c["first_key"], grad_enabled=c["grad_enabled"],
                 forward_s=(seconds(c["end"]) - seconds(c["start"])) if c["end"] is not None else 0.0,
                 inputs=tuple(r for r, _, _ in c["inputs"]),
-                modifies_input=any(t._version != v for _, t, v in c["inputs"]),
+                modifies_input=c.get("modifies_input", False),
                 reentrant=c["reentrant"],
             )
             for i, c in enumerate(self._calls)
