@@ -152,15 +152,23 @@ def backends_here(device: torch.device) -> list[str]:
 
 
 def measure(
-    sizes_mib: list[int], device: torch.device, repeats: int, budget_s: float
+    sizes_mib: list[int],
+    device: torch.device,
+    repeats: int,
+    budget_s: float,
+    sparsities: tuple[float, ...] = SPARSITIES,
+    backends: list[str] | None = None,
 ) -> Iterator[Row]:
-    """Every row, sizes ascending; each row's copy bandwidth measured alongside it."""
+    """Every row, sizes ascending; each row's copy bandwidth measured alongside it.
+
+    ``backends`` defaults to :func:`backends_here`; ``vs_torch`` is ``None`` when ``torch`` is not among them.
+    """
     timer = Timer(device)
-    backends = backends_here(device)
+    backends = backends or backends_here(device)
     for size_mib in sizes_mib:
         nbytes = size_mib * MiB
         for dtype_name, dtype in DTYPES.items():
-            for sparsity in SPARSITIES:
+            for sparsity in sparsities:
                 t = make_tensor(nbytes, dtype, sparsity, device)
                 src, dst = t.clone(), torch.empty_like(t)
                 baseline: dict[str, float] = {}
