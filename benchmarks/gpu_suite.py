@@ -131,7 +131,7 @@ def run_step(name: str, fn: Callable[[], dict[str, Any]], needs_gpu: bool) -> di
         record.update(status="skipped", reason=str(skip))
     except ImportError as missing:
         record.update(status="skipped", reason=f"optional package missing: {missing}")
-    except Exception as error:  # noqa: BLE001 - a failed step is data; the suite goes on
+    except Exception as error:  # a failed step is data: the suite goes on
         record.update(status="failed", error=f"{type(error).__name__}: {error}", traceback=traceback.format_exc(limit=8))
     record["seconds"] = time.perf_counter() - start
     print(f"[gpu_suite] {name}: {record['status']} in {record['seconds']:.1f} s", file=sys.stderr, flush=True)
@@ -278,7 +278,7 @@ def summary(report: dict[str, Any]) -> str:
     tests = steps["gpu_tests"]
     if tests["status"] == "ok":
         r = tests["result"]
-        lines += ["", f"## GPU tests", "", f"{r['passed']} passed, {r['failures']} failed, {r['errors']} errors, {r['skipped']} skipped."]
+        lines += ["", "## GPU tests", "", f"{r['passed']} passed, {r['failures']} failed, {r['errors']} errors, {r['skipped']} skipped."]
     codec = steps["codec_traffic"]
     if codec["status"] == "ok":
         r = codec["result"]
@@ -343,7 +343,7 @@ def run_suite(device: torch.device, scale_name: str, out: Path, only: tuple[str,
             steps[name] = {"status": "skipped", "reason": "not selected (--only)", "needs_gpu": name in GPU_ONLY, "seconds": 0.0}
     report = {
         "suite": "gpu_suite",
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "device": device.type,
         "machine": fingerprint(device).name,
         "cores": os.cpu_count(),
