@@ -150,9 +150,15 @@ def step_gpu_tests(device: torch.device, out: Path) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     command = [sys.executable, "-m", "pytest", "-m", "gpu", "tests", "-q", "-p", "no:cacheprovider", f"--junitxml={xml_path}"]
     completed = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    return {**parse_junit(xml_path), "exit_code": completed.returncode, "output_tail": completed.stdout[-2000:]}
+
+
+def parse_junit(xml_path: Path) -> dict[str, Any]:
+    """Counts (tests, failures, errors, skipped, passed) and failed test ids from pytest's JUnit XML."""
     suite = ElementTree.parse(xml_path).getroot()
     suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
-    assert suite is not None
+    if suite is None:
+        raise ValueError(f"{xml_path} holds no <testsuite>: not pytest's --junitxml output")
     failed = [
         f"{case.get('classname')}::{case.get('name')}"
         for case in suite.iter("testcase")
@@ -160,7 +166,7 @@ def step_gpu_tests(device: torch.device, out: Path) -> dict[str, Any]:
     ]
     counts = {key: int(suite.get(key, 0)) for key in ("tests", "failures", "errors", "skipped")}
     return {**counts, "passed": counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"],
-            "failed_tests": failed, "exit_code": completed.returncode, "output_tail": completed.stdout[-2000:]}
+            "failed_tests": failed}
 
 
 def step_codec_traffic(device: torch.device, scale: Scale) -> dict[str, Any]:

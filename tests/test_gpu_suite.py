@@ -93,3 +93,18 @@ def test_a_failing_step_is_recorded_and_a_missing_package_skips() -> None:
     assert failed["status"] == "failed" and failed["error"] == "RuntimeError: kernel exploded"
     skipped = suite.run_step("y", missing, needs_gpu=False)
     assert skipped["status"] == "skipped" and "torchtune" in skipped["reason"]
+
+
+def test_junit_results_are_counted_and_failures_named(tmp_path: Path) -> None:
+    xml = tmp_path / "gpu.xml"
+    xml.write_text(
+        '<testsuites><testsuite name="pytest" tests="4" failures="1" errors="0" skipped="1">'
+        '<testcase classname="tests.codecs.test_cuda" name="test_roundtrip"/>'
+        '<testcase classname="tests.codecs.test_cuda" name="test_race"><failure message="boom"/></testcase>'
+        '<testcase classname="tests.runtime.test_gpu" name="test_sync"><skipped/></testcase>'
+        '<testcase classname="tests.runtime.test_gpu" name="test_stream"/>'
+        "</testsuite></testsuites>"
+    )
+    result = _suite().parse_junit(xml)
+    assert result == {"tests": 4, "failures": 1, "errors": 0, "skipped": 1, "passed": 2,
+                      "failed_tests": ["tests.codecs.test_cuda::test_race"]}
