@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.cswap-installed
 
-.PHONY: demo test install bench clean
+.PHONY: demo test install bench clean gpu-check gpu-wheels
 
 demo: $(STAMP)
 	$(VENV)/bin/cswap train --model vgg16 --dataset digits --epochs 2 --policy cswap --tune bo
@@ -28,3 +28,25 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis
+
+# The GPU suite (never part of `test`): one command on a machine with one GPU, under 8 minutes,
+# writing suite.json and summary.md into GPU_OUT. It runs with the machine's own Python (its CUDA
+# torch, numba, numba-cuda); packages that Python lacks come from wheels in WHEELS, made here by
+# `make gpu-wheels` (the versions this venv tested) and carried along.
+GPU_PYTHON ?= python3
+WHEELS     ?= .whl
+GPU_SITE   ?= /tmp/cswap-wheels
+GPU_OUT    ?= benchmarks/results/gpu-$(shell date -u +%F)
+GPU_WHEEL_PACKAGES := scikit-optimize|pyaml|fastapi|starlette|pydantic|pydantic[-_]core|annotated[-_]types|typing[-_]inspection|uvicorn
+
+gpu-check:
+	@$(GPU_PYTHON) -c "import skopt, fastapi, pydantic" 2>/dev/null \
+		|| $(GPU_PYTHON) -m pip install -q --no-index --no-deps --no-compile --upgrade --target $(GPU_SITE) $(WHEELS)/*.whl
+	PYTHONPATH=$(GPU_SITE) $(GPU_PYTHON) -m pip install -q --no-deps --no-build-isolation -e .
+	PYTHONPATH=$(GPU_SITE) $(GPU_PYTHON) benchmarks/gpu_suite.py --device cuda --out $(GPU_OUT)
+
+gpu-wheels: $(STAMP)
+	$(PY) -m pip freeze | grep -iE '^($(GPU_WHEEL_PACKAGES))==' > $(WHEELS).txt
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+		-d $(WHEELS) -r $(WHEELS).txt

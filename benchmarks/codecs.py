@@ -26,6 +26,11 @@ Usage:
     python benchmarks/codecs.py            # a rich table
     python benchmarks/codecs.py --json     # one JSON object per line: a header, then one per row
     python benchmarks/codecs.py --quick    # two small sizes, under a minute
+    python benchmarks/codecs.py --validation   # JSON: decompress with vs without validate, 16 MiB fp32
+
+``--validation`` times ``decompress(packed)`` (``validate=True``, the default) against
+``decompress(packed, validate=False)`` on the same buffers, alternating the two every round, and
+reports ``ratio`` = median with / median without (also from the minima).
 """
 
 from __future__ import annotations
@@ -147,15 +152,23 @@ def backends_here(device: torch.device) -> list[str]:
 
 
 def measure(
-    sizes_mib: list[int], device: torch.device, repeats: int, budget_s: float
+    sizes_mib: list[int],
+    device: torch.device,
+    repeats: int,
+    budget_s: float,
+    sparsities: tuple[float, ...] = SPARSITIES,
+    backends: list[str] | None = None,
 ) -> Iterator[Row]:
-    """Every row, sizes ascending; each row's copy bandwidth measured alongside it."""
+    """Every row, sizes ascending; each row's copy bandwidth measured alongside it.
+
+    ``backends`` defaults to :func:`backends_here`; ``vs_torch`` is ``None`` when ``torch`` is not among them.
+    """
     timer = Timer(device)
-    backends = backends_here(device)
+    backends = backends or backends_here(device)
     for size_mib in sizes_mib:
         nbytes = size_mib * MiB
         for dtype_name, dtype in DTYPES.items():
-            for sparsity in SPARSITIES:
+            for sparsity in sparsities:
                 t = make_tensor(nbytes, dtype, sparsity, device)
                 src, dst = t.clone(), torch.empty_like(t)
                 baseline: dict[str, float] = {}
@@ -201,6 +214,36 @@ def measure(
                             device=device.type,
                         )
                     del packed, workspace, restored
+
+
+def measure_validation(
+    size_mib: int, device: torch.device, backend: str, repeats: int, budget_s: float, sparsity: float = 0.5
+) -> dict[str, object]:
+    """Decompress with ``validate=True`` against ``validate=False``, fp32, alternating every round."""
+    timer = Timer(device)
+    t = make_tensor(size_mib * MiB, torch.float32, sparsity, device)
+    packed = compress(t, backend=backend)
+    restored = torch.empty_like(t)
+    timing = interleaved(
+        lambda: decompress(packed, backend=backend, out=restored, validate=True),
+        lambda: decompress(packed, backend=backend, out=restored, validate=False),
+        timer,
+        repeats,
+        budget_s,
+    )
+    return {
+        "kind": "validation",
+        "backend": backend,
+        "dtype": "fp32",
+        "nbytes": size_mib * MiB,
+        "sparsity": sparsity,
+        "validated_s": timing.median_s,
+        "unvalidated_s": timing.copy_median_s,
+        "ratio": timing.median_s / timing.copy_median_s,
+        "ratio_min": timing.min_s / timing.copy_min_s,
+        "repeats": timing.rounds,
+        "device": device.type,
+    }
 
 
 def header(device: torch.device, sizes_mib: list[int]) -> dict[str, object]:
@@ -263,9 +306,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sizes-mib", type=int, nargs="+", default=None, help="override the sizes")
     parser.add_argument("--repeats", type=int, default=None, help="rounds per row (median reported)")
     parser.add_argument("--budget-s", type=float, default=None, help="stop adding rounds to a row after this long")
+    parser.add_argument(
+        "--validation", action="store_true", help="JSON: decompress with validation vs without (16 MiB fp32, 50%% zeros)"
+    )
     args = parser.parse_args(argv)
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if args.validation:
+        size = (args.sizes_mib or [16])[0]
+        print(json.dumps(header(device, [size])), flush=True)
+        backend = "cuda" if device.type == "cuda" else "cpu"
+        print(json.dumps(measure_validation(size, device, backend, args.repeats or 41, args.budget_s or 5.0)), flush=True)
+        return
     if args.sizes_mib:
         sizes = args.sizes_mib
     elif args.quick:

@@ -73,6 +73,10 @@ from cswap.device import fingerprint, resolve_device
 from cswap.options import POLICIES
 
 BASELINES: tuple[str, ...] = ("plain", "save_on_cpu")
+#: torchtune's activation offloading (CUDA streams and pinned memory), measured when it imports.
+OFFLOAD_ACTIVATIONS = "offload_activations"
+#: Suffix of a policy run with ``Runtime(memory_budget=...)``: ``cswap+budget``.
+BUDGET_SUFFIX = "+budget"
 CPU_MODELS = "vgg16,resnet18"
 GPU_MODELS = "vgg16,resnet50"
 #: GPU batch per model at 224x224 (fits an 80 GB H100 under plain PyTorch with room to spare).
@@ -94,12 +98,22 @@ class Config:
     steady_peak_bytes: int = 0
 
 
-def _config(name: str, model: nn.Module, device: torch.device) -> Config:
+def _config(name: str, model: nn.Module, device: torch.device, memory_budget_bytes: int | None = None) -> Config:
     if name == "plain":
         return Config(name, contextlib.nullcontext)
     if name == "save_on_cpu":
         pin = device.type == "cuda"
         return Config(name, lambda: torch.autograd.graph.save_on_cpu(pin_memory=pin))
+    if name == OFFLOAD_ACTIVATIONS:
+        from torchtune.training import OffloadActivations
+
+        return Config(name, OffloadActivations)
+    if name.endswith(BUDGET_SUFFIX):
+        if memory_budget_bytes is None:
+            raise ValueError(f"configuration {name!r} needs memory_budget_bytes")
+        policy = name.removesuffix(BUDGET_SUFFIX)
+        runtime = cswap.Runtime(policy=policy, model=model, device=str(device), memory_budget=memory_budget_bytes)
+        return Config(name, runtime.iteration, runtime)
     runtime = cswap.Runtime(policy=name, model=model, device=str(device))
     return Config(name, runtime.iteration, runtime)
 
@@ -166,13 +180,18 @@ def _run_epoch(model: nn.Module, initial: dict[str, torch.Tensor], batches: list
 
 
 def measure(model_name: str, policies: tuple[str, ...], batch_size: int, resolution: int, width_mult: float,
-            iterations: int, rounds: int, data: str, device: torch.device, context: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """One record per configuration (baselines first, then ``policies``) of ``model_name``."""
+            iterations: int, rounds: int, data: str, device: torch.device, context: dict[str, Any],
+            memory_budget_bytes: int | None = None) -> Iterator[dict[str, Any]]:
+    """One record per configuration (baselines first, then ``policies``) of ``model_name``.
+
+    ``policies`` may also name :data:`OFFLOAD_ACTIVATIONS` and ``<policy>+budget`` (run with
+    ``memory_budget_bytes``).
+    """
     torch.manual_seed(0)
     model = models.build(model_name, num_classes=10, width_mult=width_mult).to(device).train()
     initial = copy.deepcopy(model.state_dict())
     batches = _batches(data, max(iterations, WARMUP_ITERATIONS), batch_size, resolution, device)
-    configs = [_config(name, model, device) for name in (*BASELINES, *policies)]
+    configs = [_config(name, model, device, memory_budget_bytes) for name in (*BASELINES, *policies)]
     for config in configs:
         warmup = WARMUP_ITERATIONS if config.runtime is not None else 1
         _run_epoch(model, initial, batches, warmup, device, config, record=False)

@@ -24,9 +24,11 @@ import torch
 
 __all__ = [
     "DEFAULT_CHUNK_WORDS",
+    "MAX_CHUNK_WORDS",
     "SUPPORTED_DTYPES",
     "Packed",
     "bits_dtype",
+    "check_chunk_words",
     "check_dtype",
     "n_chunks_for",
     "n_words_for",
@@ -36,6 +38,11 @@ __all__ = [
 #: Words per chunk in the offsets table: 32 words are 1024 elements, one CUDA block of 1024
 #: threads, and cost 8 bytes of offsets per 1024 elements (under 0.1% of a float32 tensor).
 DEFAULT_CHUNK_WORDS = 32
+
+#: The largest chunk: 65536 words are 2 Mi elements per offsets entry, four times the tuner's
+#: largest choice. Bounding it keeps every per-chunk buffer (a CUDA block's work, the torch
+#: backend's padding) proportional to the tensor rather than to an arbitrary integer.
+MAX_CHUNK_WORDS = 1 << 16
 
 _BITS_BY_ITEMSIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -68,6 +75,20 @@ def check_dtype(dtype: torch.dtype) -> None:
             f"ZVC cannot compress dtype {dtype}: supported dtypes are {names}. "
             "Convert the tensor (for complex, torch.view_as_real) before compressing."
         )
+
+
+def check_chunk_words(chunk_words: object) -> str | None:
+    """What is wrong with ``chunk_words`` as a chunk size, or ``None`` when it is valid.
+
+    Example:
+        >>> check_chunk_words(32) is None
+        True
+        >>> check_chunk_words(2**33)
+        'chunk_words is 8589934592, must be an int between 1 and MAX_CHUNK_WORDS = 65536'
+    """
+    if isinstance(chunk_words, bool) or not isinstance(chunk_words, int) or not 1 <= chunk_words <= MAX_CHUNK_WORDS:
+        return f"chunk_words is {chunk_words!r}, must be an int between 1 and MAX_CHUNK_WORDS = {MAX_CHUNK_WORDS}"
+    return None
 
 
 def bits_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -264,8 +285,9 @@ class Packed:
             )
 
     def _problems(self, check_counts: bool) -> list[str]:
-        if self.chunk_words < 1:
-            return [f"chunk_words is {self.chunk_words}, must be >= 1"]
+        chunk_problem = check_chunk_words(self.chunk_words)
+        if chunk_problem:
+            return [chunk_problem]
         if any(s < 0 for s in self.shape):
             return [f"shape {self.shape} has a negative size"]
         check_dtype(self.dtype)
@@ -305,22 +327,13 @@ class Packed:
         tail = self.numel % 32
         if tail and (int(self.bitmap[-1]) & 0xFFFFFFFF) >> tail:
             return [f"the last bitmap word has bits set past element {self.numel - 1}"]
-        counts = _chunk_popcounts(self.bitmap, self.numel, self.chunk_words).cpu()
+        # Imported here: popcount builds on the Numba backend, which itself imports this module.
+        from cswap.codecs.popcount import chunk_popcounts
+
+        counts = chunk_popcounts(self.bitmap, self.chunk_words).cpu()
         if not torch.equal(counts, steps):
             bad = int((counts != steps).nonzero()[0, 0])
             problems.append(
                 f"chunk {bad} has {int(counts[bad])} set bits in the bitmap but {int(steps[bad])} values in offsets"
             )
         return problems
-
-
-def _chunk_popcounts(bitmap: torch.Tensor, numel: int, chunk_words: int) -> torch.Tensor:
-    """Set bits per chunk, ignoring bits past ``numel`` in the last word (they must be zero anyway)."""
-    words = bitmap.to(torch.int64) & 0xFFFFFFFF
-    shifts = torch.arange(32, device=bitmap.device, dtype=torch.int64)
-    bits = (words.unsqueeze(1) >> shifts) & 1
-    per_word = bits.sum(dim=1)
-    n_chunks = n_chunks_for(numel, chunk_words)
-    padded = torch.zeros(n_chunks * chunk_words, dtype=torch.int64, device=bitmap.device)
-    padded[: per_word.numel()] = per_word
-    return padded.view(n_chunks, chunk_words).sum(dim=1)

@@ -20,7 +20,7 @@ import os
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping, Union
 
-from cswap.codecs.format import DEFAULT_CHUNK_WORDS
+from cswap.codecs.format import DEFAULT_CHUNK_WORDS, check_chunk_words
 
 __all__ = ["CUDA_KERNELS", "CpuLaunch", "CudaLaunch", "Launch", "launch_from_params"]
 
@@ -29,8 +29,9 @@ CUDA_KERNELS: tuple[str, ...] = ("compress", "scan", "scatter", "decompress")
 
 
 def _check_chunk_words(chunk_words: int, where: str) -> None:
-    if not isinstance(chunk_words, int) or chunk_words < 1:
-        raise ValueError(f"invalid {where} launch config: chunk_words is {chunk_words!r}, must be an int >= 1")
+    problem = check_chunk_words(chunk_words)
+    if problem:
+        raise ValueError(f"invalid {where} launch config: {problem}")
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,7 @@ from numba.core.typing.context import Context
 from numba.core.typing.templates import Signature
 from numba.extending import intrinsic
 
-from cswap.codecs.format import Packed, n_chunks_for, n_words_for
+from cswap.codecs.format import Packed, check_chunk_words, n_chunks_for, n_words_for
 from cswap.codecs.launch import CpuLaunch
 from cswap.codecs.zvc import out_buffer
 
@@ -370,8 +370,9 @@ def decompress_bits(packed: Packed, out_bits: torch.Tensor, launch: CpuLaunch | 
     for name in ("bitmap", "offsets", "values"):
         _require_cpu(f"packed.{name}", getattr(packed, name))
     _require_cpu("out", out_bits)
-    if packed.chunk_words < 1:
-        raise ValueError(f"corrupt ZVC buffer: chunk_words is {packed.chunk_words}, must be >= 1. Compress the tensor again.")
+    chunk_problem = check_chunk_words(packed.chunk_words)
+    if chunk_problem:
+        raise ValueError(f"corrupt ZVC buffer: {chunk_problem}. Compress the tensor again.")
     numel = out_bits.numel()
     n_words = n_words_for(numel)
     n_chunks = n_chunks_for(numel, packed.chunk_words)

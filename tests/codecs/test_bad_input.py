@@ -59,6 +59,8 @@ CORRUPTIONS: dict[str, Callable[[Packed], Packed]] = {
     "2-d values": lambda p: replace(p, values=p.values.reshape(1, -1)),
     "chunk_words 0": lambda p: replace(p, chunk_words=0),
     "chunk_words changed": lambda p: replace(p, chunk_words=p.chunk_words * 2),
+    # Past MAX_CHUNK_WORDS: refused by name before any buffer is sized from it (64 GiB once).
+    "chunk_words 2**33": lambda p: replace(p, chunk_words=2**33),
 }
 
 
@@ -125,11 +127,14 @@ def test_cpu_backend_refuses_tensors_off_the_cpu() -> None:
         (lambda: CudaLaunch(decompress_block=16), r"decompress_block is 16"),
         (lambda: CudaLaunch(scan_grid=0), r"scan_grid is 0, must be between 1"),
         (lambda: CudaLaunch(compress_grid=-3), r"compress_grid is -3"),
-        (lambda: CudaLaunch(chunk_words=0), r"chunk_words is 0, must be an int >= 1"),
+        (lambda: CudaLaunch(chunk_words=0), r"chunk_words is 0, must be an int between 1 and MAX_CHUNK_WORDS = 65536"),
         (lambda: CudaLaunch.from_params({"compress_blocks": 256}), r"unknown keys \['compress_blocks'\]"),
         (lambda: CpuLaunch(threads=0), r"threads is 0, must be between 1 and"),
         (lambda: CpuLaunch(threads=(os.cpu_count() or 1) + 1), r"threads is \d+, must be between 1 and"),
         (lambda: CpuLaunch(chunk_words=-1), r"chunk_words is -1"),
+        (lambda: CpuLaunch(chunk_words=2**33), r"chunk_words is 8589934592, must be an int between 1 and MAX_CHUNK_WORDS = 65536"),
+        (lambda: CudaLaunch(chunk_words=2**16 + 1), r"chunk_words is 65537, must be an int between 1 and MAX_CHUNK_WORDS"),
+        (lambda: CudaLaunch.from_params({"chunk_words": 2**33}), r"invalid CUDA launch config: chunk_words is 8589934592"),
         (lambda: CpuLaunch.from_params({"threads": 1, "blocks": 2}), r"unknown keys \['blocks'\]; valid keys are"),
     ],
 )

@@ -1,0 +1,110 @@
+"""benchmarks/gpu_suite.py on the CPU: every step recorded with a status, GPU-only steps named as skipped."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "benchmarks" / "gpu_suite.py"
+
+
+def _suite() -> ModuleType:
+    if "gpu_suite_under_test" in sys.modules:
+        return sys.modules["gpu_suite_under_test"]
+    spec = importlib.util.spec_from_file_location("gpu_suite_under_test", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_suite_under_test"] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def cpu_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str]:
+    out = tmp_path_factory.mktemp("suite")
+    completed = subprocess.run(
+        [sys.executable, str(SCRIPT), "--device", "cpu", "--scale", "smoke", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    return json.loads((out / "suite.json").read_text()), (out / "summary.md").read_text()
+
+
+def test_every_step_has_a_status(cpu_run: tuple[dict, str]) -> None:
+    report, _ = cpu_run
+    suite = _suite()
+    assert list(report["steps"]) == list(suite.STEPS)
+    for name, step in report["steps"].items():
+        assert step["status"] in {"ok", "skipped", "failed"}, name
+        assert step["needs_gpu"] == (name in suite.GPU_ONLY)
+    assert report["device"] == "cpu" and report["scale"] == "smoke"
+
+
+def test_cpu_capable_steps_ran_and_gpu_steps_say_why_not(cpu_run: tuple[dict, str]) -> None:
+    report, summary = cpu_run
+    steps = report["steps"]
+    for name in ("codec_traffic", "tuning", "training", "simulator"):
+        assert steps[name]["status"] == "ok", steps[name].get("error")
+    for name in ("gpu_tests", "max_batch"):
+        assert steps[name]["status"] == "skipped"
+        assert steps[name]["reason"].startswith("needs a GPU")
+    assert report["skipped_for_no_gpu"] == ["gpu_tests", "max_batch"]
+    assert "Skipped here because they need a GPU: `gpu_tests`, `max_batch`." in summary
+
+
+def test_codec_rows_cover_both_dtypes_sparsities_and_ops(cpu_run: tuple[dict, str]) -> None:
+    rows = cpu_run[0]["steps"]["codec_traffic"]["result"]["rows"]
+    assert {(r["op"], r["dtype"], r["sparsity"]) for r in rows} == {
+        (op, dtype, sparsity) for op in ("compress", "decompress") for dtype in ("fp32", "bf16") for sparsity in (0.5, 0.9)
+    }
+    assert {r["backend"] for r in rows} == {"cpu"}
+
+
+def test_training_has_every_policy_and_marks_the_rest_skipped(cpu_run: tuple[dict, str]) -> None:
+    from cswap.options import POLICIES
+
+    result = cpu_run[0]["steps"]["training"]["result"]
+    for model in ("vgg16", "resnet50"):
+        assert {r["policy"] for r in result["records"] if r["model"] == model} >= {"plain", "save_on_cpu", *POLICIES}
+    skipped = result["skipped_configs"]
+    assert skipped["offload_activations"].startswith("needs a GPU")
+    suite = _suite()
+    if not suite.runtime_takes_memory_budget():
+        assert {f"{p}+budget" for p in POLICIES} <= set(skipped)
+
+
+def test_a_failing_step_is_recorded_and_a_missing_package_skips() -> None:
+    suite = _suite()
+
+    def broken() -> dict:
+        raise RuntimeError("kernel exploded")
+
+    def missing() -> dict:
+        raise ModuleNotFoundError("No module named 'torchtune'")
+
+    failed = suite.run_step("x", broken, needs_gpu=False)
+    assert failed["status"] == "failed" and failed["error"] == "RuntimeError: kernel exploded"
+    skipped = suite.run_step("y", missing, needs_gpu=False)
+    assert skipped["status"] == "skipped" and "torchtune" in skipped["reason"]
+
+
+def test_junit_results_are_counted_and_failures_named(tmp_path: Path) -> None:
+    xml = tmp_path / "gpu.xml"
+    xml.write_text(
+        '<testsuites><testsuite name="pytest" tests="4" failures="1" errors="0" skipped="1">'
+        '<testcase classname="tests.codecs.test_cuda" name="test_roundtrip"/>'
+        '<testcase classname="tests.codecs.test_cuda" name="test_race"><failure message="boom"/></testcase>'
+        '<testcase classname="tests.runtime.test_gpu" name="test_sync"><skipped/></testcase>'
+        '<testcase classname="tests.runtime.test_gpu" name="test_stream"/>'
+        "</testsuite></testsuites>"
+    )
+    result = _suite().parse_junit(xml)
+    assert result == {"tests": 4, "failures": 1, "errors": 0, "skipped": 1, "passed": 2,
+                      "failed_tests": ["tests.codecs.test_cuda::test_race"]}
