@@ -100,7 +100,7 @@ class CswapCallback(_pl.Callback):
             self._scope.close()
             self._stepped = True
         if self._stepped and self._log_stats:
-            to_logger = bool(trainer.loggers)  # without one the values still reach trainer.logged_metrics
+            to_logger = bool(trainer.loggers)  # without one the values still reach trainer.callback_metrics
             for name, value in log_values(self.runtime).items():
                 pl_module.log(name, value, on_step=True, on_epoch=False, prog_bar=False, logger=to_logger)
 

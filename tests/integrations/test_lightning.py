@@ -88,7 +88,7 @@ def test_lightning_weights_bit_identical(plain, tmp_path: Path, policy: str) -> 
     assert stats.packed_tensors > 0 and stats.resident_bytes == 0
     if MOVED[policy] is not None:
         assert getattr(stats, MOVED[policy]) > 0
-    logged = trainer.logged_metrics
+    logged = trainer.callback_metrics
     assert float(logged["cswap/offloaded_bytes"]) == pytest.approx(stats.offloaded_bytes, rel=1e-6)
     assert float(logged["cswap/compressed_bytes"]) == pytest.approx(stats.compressed_bytes, rel=1e-6)
     assert float(logged["cswap/peak_resident_bytes"]) == pytest.approx(stats.peak_resident_bytes, rel=1e-6)
