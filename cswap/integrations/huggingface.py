@@ -38,7 +38,6 @@ from cswap.integrations.scope import IterationScope, log_values, make_runtime, r
 from cswap.runtime import Runtime
 
 _transformers = require("transformers", "hf", __name__)
-TrainerCallback = _transformers.TrainerCallback
 
 __all__ = ["CswapCallback"]
 
@@ -47,7 +46,7 @@ class _StepInterrupted(RuntimeError):
     """Closes an iteration whose step never reached its optimizer step (an exception stopped it)."""
 
 
-class CswapCallback(TrainerCallback):
+class CswapCallback(_transformers.TrainerCallback):
     """Runs the Hugging Face ``Trainer``'s optimizer steps under a :class:`cswap.Runtime`.
 
     Args:
@@ -62,7 +61,7 @@ class CswapCallback(TrainerCallback):
         ValueError, TypeError: a bad policy, option or budget (at construction).
     """
 
-    def __init__(self, policy: str | None = None, memory_budget: Any = None, **options: Any) -> None:
+    def __init__(self, policy: str | None = None, memory_budget: int | str | float | None = None, **options: Any) -> None:
         self._kwargs = runtime_options(policy, memory_budget, options)
         self._runtime: Runtime | None = None
         self._model: torch.nn.Module | None = None

@@ -48,7 +48,7 @@ class CswapCallback(_pl.Callback):
         ValueError, TypeError: a bad policy, option or budget (at construction).
     """
 
-    def __init__(self, policy: str | None = None, memory_budget: Any = None, log_stats: bool = True, **options: Any) -> None:
+    def __init__(self, policy: str | None = None, memory_budget: int | str | float | None = None, log_stats: bool = True, **options: Any) -> None:
         self._kwargs = runtime_options(policy, memory_budget, options)
         self._log_stats = log_stats
         self._runtime: Runtime | None = None

@@ -21,6 +21,7 @@ Example:
 from __future__ import annotations
 
 import importlib
+import inspect
 import threading
 from contextlib import ExitStack
 from types import ModuleType
@@ -55,12 +56,12 @@ def require(module: str, extra: str, needed_by: str) -> ModuleType:
         raise ImportError(f"{needed_by} needs {module}, which is not installed: pip install 'cswap[{extra}]'") from None
 
 
-def runtime_options(policy: str | None, memory_budget: Any, options: dict[str, Any]) -> dict[str, Any]:
+def runtime_options(policy: str | None, memory_budget: int | str | float | None, options: dict[str, Any]) -> dict[str, Any]:
     """The keyword arguments of the callback's :class:`cswap.Runtime`, validated now.
 
     ``policy`` is resolved (``None`` gives the default's), and ``memory_budget`` is passed on only
-    when it is not ``None``, so a runtime without budgets never sees the keyword. A bad policy, option or budget raises here, when the callback is made,
-    not when training reaches it.
+    when it is not ``None``, so a runtime that plans to no budget never sees the keyword. A bad
+    policy, option or budget raises here, when the callback is made, not when training reaches it.
 
     Example:
         >>> runtime_options("swap", None, {"min_bytes": 0})
@@ -76,6 +77,8 @@ def runtime_options(policy: str | None, memory_budget: Any, options: dict[str, A
     kwargs["policy"] = load_options(**kwargs).policy
     if memory_budget is not None:
         parse_budget(memory_budget)
+        if "memory_budget" not in inspect.signature(Runtime).parameters:
+            raise TypeError("this version of cswap.Runtime takes no memory_budget: leave memory_budget=None")
         kwargs["memory_budget"] = memory_budget
     return kwargs
 

@@ -5,12 +5,14 @@ policy, while the runtime moves its activations; one ``rt.iteration()`` per opti
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+import cswap
 from cswap.options import POLICIES
 from tests.integrations.conftest import MOVED, offload_everything
 
@@ -150,3 +152,12 @@ def test_bad_options_fail_when_the_callback_is_made() -> None:
         CswapCallback("swap", min_byte=0)
     with pytest.raises(ValueError, match="budget"):
         CswapCallback("swap", memory_budget="-3GiB")
+
+
+def test_a_memory_budget_reaches_the_runtime_that_takes_one() -> None:
+    if "memory_budget" in inspect.signature(cswap.Runtime).parameters:
+        assert CswapCallback("swap", memory_budget="1GiB")._kwargs["memory_budget"] == "1GiB"
+    else:
+        with pytest.raises(TypeError, match="takes no memory_budget: leave memory_budget=None"):
+            CswapCallback("swap", memory_budget="1GiB")
+    assert "memory_budget" not in CswapCallback("swap")._kwargs
