@@ -12,6 +12,7 @@ import pytest
 #: integration module -> (the framework modules it imports, the extra that installs them)
 MODULES = {
     "cswap.integrations.huggingface": (("transformers",), "hf"),
+    "cswap.integrations.lightning": (("lightning.pytorch", "lightning"), "lightning"),
 }
 
 
