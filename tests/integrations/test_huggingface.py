@@ -94,11 +94,10 @@ def test_an_iteration_spans_every_micro_batch_of_a_step(tmp_path: Path) -> None:
     callback = CswapCallback("swap", **offload_everything("swap"))
     _train(tmp_path, callback)
     trace = callback.runtime.trace()
-    # The profiled iteration saw both micro-batches' forwards: two of each saved input.
-    batch_inputs = [r for r in trace.tensors if tuple(r.shape) == (BATCH, SEQ_LEN, 32)]
-    assert batch_inputs and len(batch_inputs) % ACCUMULATION == 0
-    embeddings = [r for r in trace.tensors if r.producer and "embeddings.LayerNorm" in r.producer]
-    assert len(embeddings) >= ACCUMULATION
+    # The word embedding saves its token ids once per forward: the profiled iteration saw every
+    # micro-batch of its optimizer step.
+    embedding_saves = [r for r in trace.tensors if r.producer.startswith("bert.embeddings.word_embeddings:")]
+    assert len(embedding_saves) == ACCUMULATION
 
 
 @pytest.mark.parametrize("policy", ["swap", "cswap"])
