@@ -1,0 +1,114 @@
+"""``CswapCallback`` for Lightning: every optimizer step under one ``rt.iteration()``.
+
+Pass it in ``Trainer(callbacks=[...])``. With automatic optimization each optimizer step, with all
+the batches of its ``accumulate_grad_batches`` window, runs inside one ``rt.iteration()`` (opened
+at the window's first ``on_train_batch_start`` and closed at ``on_before_optimizer_step``, after
+the last backward); with manual optimization each training batch is one iteration. Each training
+epoch begins with ``rt.new_epoch()``. The runtime is made when fitting begins, for the
+LightningModule and on its device (``callback.runtime``); after each optimizer step its stats are
+logged through ``pl_module.log`` (``cswap/offloaded_bytes``, ``cswap/compressed_bytes``,
+``cswap/peak_resident_bytes``, ... see :func:`cswap.integrations.log_values`). An exception
+closes the open iteration (``on_exception``).
+
+Needs the ``lightning`` extra: ``pip install 'cswap[lightning]'``.
+
+Example:
+    >>> callback = CswapCallback("swap", min_bytes=0)
+    >>> callback.policy
+    'swap'
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from cswap.integrations.scope import IterationScope, log_values, make_runtime, require, runtime_options
+from cswap.runtime import Runtime
+
+_pl = require("lightning.pytorch", "lightning", __name__)
+
+__all__ = ["CswapCallback"]
+
+
+class CswapCallback(_pl.Callback):
+    """Runs a Lightning ``Trainer``'s optimizer steps under a :class:`cswap.Runtime`.
+
+    Args:
+        policy: ``none``, ``swap``, ``compress-swap``, ``cswap`` or ``compress-keep`` (default from
+            ``configs/default.yaml``).
+        memory_budget: passed to the runtime when it is not ``None`` (bytes, ``"2GiB"``, or a
+            fraction of policy ``none``'s activation peak).
+        log_stats: log the runtime's stats after each optimizer step.
+        **options: any other :class:`cswap.Runtime` option (``min_bytes``, ``backend``, ...).
+            ``model`` defaults to the LightningModule and ``device`` to where it runs.
+
+    Raises:
+        ValueError, TypeError: a bad policy, option or budget (at construction).
+    """
+
+    def __init__(self, policy: str | None = None, memory_budget: int | str | float | None = None, log_stats: bool = True, **options: Any) -> None:
+        self._kwargs = runtime_options(policy, memory_budget, options)
+        self._log_stats = log_stats
+        self._runtime: Runtime | None = None
+        self._model: torch.nn.Module | None = None
+        self._scope = IterationScope()
+        self._stepped = False
+
+    @property
+    def policy(self) -> str:
+        """The policy the runtime runs."""
+        return str(self._kwargs["policy"])
+
+    @property
+    def runtime(self) -> Runtime:
+        """The :class:`cswap.Runtime` (made when fitting begins).
+
+        Raises:
+            RuntimeError: fitting has not begun yet.
+        """
+        if self._runtime is None:
+            raise RuntimeError("the runtime is made when fitting begins (on_fit_start): pass the callback to a Trainer and call fit() first")
+        return self._runtime
+
+    # ------------------------------------------------------------------ Trainer hooks
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        if self._runtime is None or pl_module is not self._model:
+            kwargs = dict(self._kwargs)
+            kwargs.setdefault("device", str(pl_module.device))
+            self._runtime = make_runtime(kwargs, pl_module)
+            self._model = pl_module
+
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        self.runtime.new_epoch()
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        self._stepped = False
+        if not self._scope.is_open:  # the first batch of an accumulation window
+            self._scope.open(self.runtime)
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        if pl_module.automatic_optimization:
+            # Every backward of the window is done; the optimizer step saves nothing for backward.
+            self._scope.close()
+            self._stepped = True
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if not pl_module.automatic_optimization:
+            self._scope.close()
+            self._stepped = True
+        if self._stepped and self._log_stats:
+            to_logger = bool(trainer.loggers)  # without one the values still reach trainer.callback_metrics
+            for name, value in log_values(self.runtime).items():
+                pl_module.log(name, value, on_step=True, on_epoch=False, prog_bar=False, logger=to_logger)
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        self._scope.close()
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self._scope.close()
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self._scope.close(exception)

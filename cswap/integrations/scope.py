@@ -1,0 +1,175 @@
+"""What the framework callbacks share: one ``rt.iteration()`` kept open across callback calls,
+the runtime's options, the stats as log values, and the import of an optional framework.
+
+A callback cannot hold a ``with`` block open across the framework's calls, so
+:class:`IterationScope` enters ``rt.iteration()`` in one callback and leaves it in a later one
+through a :class:`contextlib.ExitStack`. Saved-tensor hooks are thread-local: the scope refuses
+to close on another thread than the one that opened it (closing there would pop that thread's hooks).
+
+Example:
+    >>> import torch, cswap
+    >>> rt = cswap.Runtime("swap", device="cpu", min_bytes=0, d2h_gbps=10.0, h2d_gbps=10.0)
+    >>> scope = IterationScope()
+    >>> x = torch.randn(16, requires_grad=True)
+    >>> scope.open(rt)                  # e.g. at the first micro-batch of an optimizer step
+    >>> x.exp().sum().backward()        # the framework's forward and backward, in between
+    >>> scope.close()                   # e.g. before the optimizer step
+    >>> rt.stats().iterations, log_values(rt)["cswap/offloaded_bytes"]
+    (1, 64.0)
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import threading
+from contextlib import ExitStack
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from cswap.budget import parse_budget
+from cswap.options import load_options
+from cswap.runtime import Runtime
+
+__all__ = ["IterationScope", "log_values", "make_runtime", "require", "runtime_options"]
+
+
+def require(module: str, extra: str, needed_by: str) -> ModuleType:
+    """Import the optional ``module``, or raise a one-line ``ImportError`` naming the extra.
+
+    Args:
+        module: the framework's module (``transformers``, ``lightning.pytorch``).
+        extra: the cswap extra that installs it (``hf``, ``lightning``).
+        needed_by: the cswap module that needs it, for the message.
+
+    Example:
+        >>> require("no_such_framework", "hf", "cswap.integrations.huggingface")
+        Traceback (most recent call last):
+        ...
+        ImportError: cswap.integrations.huggingface needs no_such_framework, which is not installed: pip install 'cswap[hf]'
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ImportError(f"{needed_by} needs {module}, which is not installed: pip install 'cswap[{extra}]'") from None
+
+
+def runtime_options(policy: str | None, memory_budget: int | str | float | None, options: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments of the callback's :class:`cswap.Runtime`, validated now.
+
+    ``policy`` is resolved (``None`` gives the default's), and ``memory_budget`` is passed on only
+    when it is not ``None``, so a runtime that plans to no budget never sees the keyword. A bad
+    policy, option or budget raises here, when the callback is made, not when training reaches it.
+
+    Example:
+        >>> runtime_options("swap", None, {"min_bytes": 0})
+        {'min_bytes': 0, 'policy': 'swap'}
+        >>> runtime_options("swop", None, {})
+        Traceback (most recent call last):
+        ...
+        ValueError: invalid Runtime option policy='swop': choose one of none, swap, compress-swap, cswap, compress-keep
+    """
+    kwargs = dict(options)
+    if policy is not None:
+        kwargs["policy"] = policy
+    kwargs["policy"] = load_options(**kwargs).policy
+    if memory_budget is not None:
+        parse_budget(memory_budget)
+        if "memory_budget" not in inspect.signature(Runtime).parameters:
+            raise TypeError("this version of cswap.Runtime takes no memory_budget: leave memory_budget=None")
+        kwargs["memory_budget"] = memory_budget
+    return kwargs
+
+
+def make_runtime(kwargs: dict[str, Any], model: torch.nn.Module | None) -> Runtime:
+    """A runtime for ``model``: its parameters and buffers are never offloaded, its submodule names
+    label the profile, and, unless ``device`` was given, it runs where the model's parameters are."""
+    kwargs = dict(kwargs)
+    if model is not None:
+        kwargs.setdefault("model", model)
+        first = next(model.parameters(), None)
+        if first is not None and "device" not in kwargs:
+            kwargs["device"] = str(first.device)
+    return Runtime(**kwargs)
+
+
+def log_values(rt: Runtime) -> dict[str, float]:
+    """The runtime's stats as the flat ``{name: number}`` a trainer logs.
+
+    Cumulative bytes offloaded, transferred and compressed, the compression ratio, the peak of
+    resident activation bytes, and, when the runtime plans to a memory budget, the budget and the
+    peak's share of it.
+    """
+    stats = rt.stats()
+    values = {
+        "cswap/offloaded_bytes": float(stats.offloaded_bytes),
+        "cswap/transferred_bytes": float(stats.transferred_bytes),
+        "cswap/compressed_input_bytes": float(stats.compressed_input_bytes),
+        "cswap/compressed_bytes": float(stats.compressed_bytes),
+        "cswap/compression_ratio": float(stats.compression_ratio),
+        "cswap/peak_resident_bytes": float(stats.peak_resident_bytes),
+    }
+    budget_bytes = getattr(stats, "budget_bytes", None)  # reported by runtimes that plan to a budget
+    if budget_bytes:
+        values["cswap/budget_bytes"] = float(budget_bytes)
+        values["cswap/peak_to_budget"] = stats.peak_resident_bytes / budget_bytes
+    return values
+
+
+class IterationScope:
+    """One ``rt.iteration()`` opened by one callback call and closed by a later one.
+
+    Example:
+        >>> scope = IterationScope()
+        >>> scope.is_open
+        False
+        >>> scope.close()                   # closing a closed scope does nothing
+    """
+
+    def __init__(self) -> None:
+        self._stack: ExitStack | None = None
+        self._thread: int | None = None
+
+    @property
+    def is_open(self) -> bool:
+        """Whether an iteration is open."""
+        return self._stack is not None
+
+    def open(self, rt: Runtime) -> None:
+        """Enter ``rt.iteration()`` on this thread.
+
+        Raises:
+            RuntimeError: one is open already (close it first).
+        """
+        if self._stack is not None:
+            raise RuntimeError("an iteration is already open: close() it before opening the next one")
+        stack = ExitStack()
+        stack.enter_context(rt.iteration())
+        self._stack, self._thread = stack, threading.get_ident()
+
+    def close(self, error: BaseException | None = None) -> None:
+        """Leave the open iteration, if any.
+
+        Args:
+            error: the exception that ended the step early, if one did: the runtime then drops the
+                iteration's partial profile (and re-profiles the next one) instead of planning from it.
+
+        Raises:
+            RuntimeError: called on another thread than the one that opened the iteration.
+            cswap.BudgetError: from a runtime with a memory budget, when the profiled iteration
+                showed the policy cannot meet it (the iteration's gradients are complete).
+        """
+        if self._stack is None:
+            return
+        if threading.get_ident() != self._thread:
+            raise RuntimeError(
+                "the iteration was opened on another thread: saved-tensor hooks are thread-local, "
+                "so the callback events that open and close it must run on the same thread"
+            )
+        stack, self._stack, self._thread = self._stack, None, None
+        if error is None:
+            stack.close()
+        else:
+            stack.__exit__(type(error), error, error.__traceback__)

@@ -1,0 +1,38 @@
+"""Shared setup of the integration tests: one intra-op thread (tiny models, a shared 2-core machine),
+and runtime options that offload everything and decide without measuring the machine."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from tests.runtime.helpers import FAST_CODEC, SLOW_LINK, one_thread_below_1mib
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def offload_everything(policy: str) -> dict[str, Any]:
+    """Callback options: every saved activation is movable (``min_bytes=0``), the link is slow and
+    the codec fast, so ``cswap`` compresses the sparse tensors and swaps the dense ones."""
+    options: dict[str, Any] = {"min_bytes": 0, "launch_lookup": one_thread_below_1mib, **SLOW_LINK}
+    if policy == "cswap":
+        options["time_model"] = FAST_CODEC
+    return options
+
+
+#: The stats field that shows a policy moved bytes: ``none`` moves nothing.
+MOVED = {
+    "none": None,
+    "swap": "offloaded_bytes",
+    "compress-swap": "compressed_input_bytes",
+    "cswap": "offloaded_bytes",
+    "compress-keep": "compressed_input_bytes",
+}

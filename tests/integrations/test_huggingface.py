@@ -1,0 +1,162 @@
+"""The Hugging Face ``Trainer`` with ``CswapCallback``: a tiny BERT trained with gradient
+accumulation ends with exactly the weights of the same run without the callback, under every
+policy, while the runtime moves its activations; one ``rt.iteration()`` per optimizer step."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import cswap
+from cswap.options import POLICIES
+from tests.integrations.conftest import MOVED, offload_everything
+
+transformers = pytest.importorskip("transformers")
+from cswap.integrations.huggingface import CswapCallback  # noqa: E402
+
+SAMPLES, SEQ_LEN, VOCAB = 16, 12, 100
+BATCH, ACCUMULATION, EPOCHS = 4, 2, 2
+STEPS = EPOCHS * SAMPLES // (BATCH * ACCUMULATION)
+# transformers 5 renamed gradient_checkpointing (still accepted, with a warning).
+_ARGUMENTS = {f.name for f in dataclasses.fields(transformers.TrainingArguments)}
+CHECKPOINTING = "activation_checkpointing" if "activation_checkpointing" in _ARGUMENTS else "gradient_checkpointing"
+
+
+class _Tokens(torch.utils.data.Dataset):
+    """Random token sequences with random binary labels."""
+
+    def __init__(self) -> None:
+        g = torch.Generator().manual_seed(7)
+        self.ids = torch.randint(1, VOCAB, (SAMPLES, SEQ_LEN), generator=g)
+        self.ids[::3, -4:] = 0  # some padding, so the attention mask matters
+        self.labels = torch.randint(0, 2, (SAMPLES,), generator=g)
+
+    def __len__(self) -> int:
+        return SAMPLES
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[i], "attention_mask": (self.ids[i] != 0).long(), "labels": self.labels[i]}
+
+
+def _train(tmp_path: Path, callback: CswapCallback | None, checkpointing: bool = False) -> tuple[list[torch.Tensor], Any]:
+    config = transformers.BertConfig(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=SEQ_LEN, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, num_labels=2,
+    )
+    torch.manual_seed(0)
+    model = transformers.BertForSequenceClassification(config)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=BATCH, gradient_accumulation_steps=ACCUMULATION,
+        num_train_epochs=EPOCHS, learning_rate=1e-3, use_cpu=True, report_to=[], save_strategy="no", logging_steps=1,
+        seed=0, data_seed=0, disable_tqdm=True, dataloader_num_workers=0, **{CHECKPOINTING: checkpointing},
+    )
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=_Tokens(), callbacks=[callback] if callback else None)
+    trainer.train()
+    return [p.detach().clone() for p in model.parameters()], trainer
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory: pytest.TempPathFactory) -> dict[bool, list[torch.Tensor]]:
+    return {checkpointing: _train(tmp_path_factory.mktemp("plain"), None, checkpointing)[0] for checkpointing in (False, True)}
+
+
+def _assert_same_weights(expected: list[torch.Tensor], got: list[torch.Tensor], what: str) -> None:
+    assert len(expected) == len(got)
+    for i, (e, g) in enumerate(zip(expected, got, strict=True)):
+        assert torch.equal(e, g), f"{what}: parameter {i} differs from the run without the callback"
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_trainer_weights_bit_identical(plain, tmp_path: Path, policy: str) -> None:
+    callback = CswapCallback(policy, **offload_everything(policy))
+    weights, trainer = _train(tmp_path, callback)
+    _assert_same_weights(plain[False], weights, policy)
+    stats = callback.runtime.stats()
+    assert trainer.state.global_step == STEPS
+    # One iteration per optimizer step (not per micro-batch), the first of each epoch profiled.
+    assert (stats.iterations, stats.profiled_iterations, stats.epoch) == (STEPS, EPOCHS, EPOCHS - 1)
+    assert stats.packed_tensors > 0 and stats.resident_bytes == 0
+    if MOVED[policy] is not None:
+        assert getattr(stats, MOVED[policy]) > 0
+    logged = [record for record in trainer.state.log_history if "loss" in record]
+    assert len(logged) == STEPS
+    assert logged[-1]["cswap/offloaded_bytes"] == stats.offloaded_bytes
+    assert logged[-1]["cswap/compressed_bytes"] == stats.compressed_bytes
+    assert logged[-1]["cswap/peak_resident_bytes"] == stats.peak_resident_bytes
+
+
+def test_an_iteration_spans_every_micro_batch_of_a_step(tmp_path: Path) -> None:
+    callback = CswapCallback("swap", **offload_everything("swap"))
+    _train(tmp_path, callback)
+    trace = callback.runtime.trace()
+    # The word embedding saves its token ids once per forward: the profiled iteration saw every
+    # micro-batch of its optimizer step.
+    embedding_saves = [r for r in trace.tensors if r.producer.startswith("bert.embeddings.word_embeddings:")]
+    assert len(embedding_saves) == ACCUMULATION
+
+
+@pytest.mark.parametrize("policy", ["swap", "cswap"])
+def test_trainer_with_gradient_checkpointing(plain, tmp_path: Path, policy: str) -> None:
+    callback = CswapCallback(policy, **offload_everything(policy))
+    weights, _ = _train(tmp_path, callback, checkpointing=True)
+    _assert_same_weights(plain[True], weights, f"{policy} with gradient checkpointing")
+    assert callback.runtime.stats().offloaded_bytes > 0
+
+
+def test_a_step_that_raises_is_closed_by_the_next_train(tmp_path: Path) -> None:
+    callback = CswapCallback("swap", **offload_everything("swap"))
+
+    class Boom(transformers.TrainerCallback):
+        def on_substep_end(self, args, state, control, **kwargs):
+            raise KeyboardInterrupt("stopped by the user")
+
+    config = transformers.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=64, max_position_embeddings=SEQ_LEN)
+    model = transformers.BertForSequenceClassification(config)
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=BATCH, gradient_accumulation_steps=ACCUMULATION,
+                                          max_steps=1, use_cpu=True, report_to=[], save_strategy="no", disable_tqdm=True)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=_Tokens(), callbacks=[callback, Boom()])
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train()
+    with pytest.raises(RuntimeError, match="already active in this thread"):
+        with callback.runtime.iteration():
+            pass
+    trainer.pop_callback(Boom)
+    trainer.train()
+    stats = callback.runtime.stats()
+    # The interrupted iteration is not counted, and its partial profile was dropped: the next one profiled.
+    assert (stats.iterations, stats.profiled_iterations, stats.resident_bytes) == (1, 1, 0)
+
+
+def test_the_context_manager_closes_a_step_that_raised() -> None:
+    with pytest.raises(ValueError, match="in the step"):
+        with CswapCallback("swap", device="cpu", min_bytes=0, d2h_gbps=1.0, h2d_gbps=1.0) as callback:
+            callback.on_train_begin(None, None, None, model=torch.nn.Linear(4, 4))
+            callback.on_step_begin(None, None, None)
+            raise ValueError("in the step")
+    x = torch.ones(3, requires_grad=True)
+    x.exp().sum().backward()  # no cswap hooks left on this thread
+    assert callback.runtime.stats().packed_tensors == 0
+
+
+def test_bad_options_fail_when_the_callback_is_made() -> None:
+    with pytest.raises(ValueError, match="choose one of none, swap"):
+        CswapCallback("swop")
+    with pytest.raises(TypeError, match="unknown Runtime option 'min_byte'"):
+        CswapCallback("swap", min_byte=0)
+    with pytest.raises(ValueError, match="budget"):
+        CswapCallback("swap", memory_budget="-3GiB")
+
+
+def test_a_memory_budget_reaches_the_runtime_that_takes_one() -> None:
+    if "memory_budget" in inspect.signature(cswap.Runtime).parameters:
+        assert CswapCallback("swap", memory_budget="1GiB")._kwargs["memory_budget"] == "1GiB"
+    else:
+        with pytest.raises(TypeError, match="takes no memory_budget: leave memory_budget=None"):
+            CswapCallback("swap", memory_budget="1GiB")
+    assert "memory_budget" not in CswapCallback("swap")._kwargs
