@@ -30,7 +30,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, computed_field, field_validator
 
 from cswap.tuner.fingerprints import Fingerprint, fingerprint_key, normalize_fingerprint
 from cswap.tuner.validation import (
@@ -216,9 +216,10 @@ class TuningRun(BaseModel):
     def _finite_seconds(cls, value: Any, info: Any) -> float:
         return check_seconds(value, info.field_name, allow_inf=False)
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def fingerprint_key(self) -> str:
-        """Key of the device the run was made on."""
+        """Key of the device the run was made on (answered by the service, never read from input)."""
         return fingerprint_key(self.fingerprint)
 
     def to_dict(self) -> dict[str, Any]:
@@ -247,7 +248,7 @@ class TuningRun(BaseModel):
         missing = [name for name in required if name not in data]
         if missing:
             raise ValueError(f"tuning run is missing {', '.join(missing)}")
-        unknown = sorted(set(data) - set(cls.model_fields))
+        unknown = sorted(set(data) - set(cls.model_fields) - {"fingerprint_key"})
         if unknown:
             raise ValueError(f"tuning run has unknown fields {', '.join(map(str, unknown))}")
         return cls.model_validate(dict(data))
