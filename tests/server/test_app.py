@@ -38,7 +38,8 @@ def test_openapi_lists_the_versioned_endpoints(client: TestClient) -> None:
 
 
 def test_server_imports_no_torch() -> None:
-    code = "import sys, cswap.server.app, cswap.server.client; assert 'torch' not in sys.modules, 'torch was imported'"
+    code = ("import sys, cswap.server.app, cswap.server.client, cswap.server.schemas, cswap.tuner.store, "
+            "cswap.tuner.records; assert 'torch' not in sys.modules, 'torch was imported'")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
 
