@@ -7,7 +7,8 @@ One file (``$CSWAP_HOME/store.db`` by default) holds
 * every tuning run with every evaluated point (for convergence plots and for seeding new searches),
 * calibrated predictor models as JSON coefficients.
 
-The file, its transactions and its errors are :mod:`cswap.tuner.database`'s; the records are
+The file, its transactions and its errors are :mod:`cswap.tuner.database`'s, the row writers
+:mod:`cswap.tuner.rows`'; the records are
 :mod:`cswap.tuner.records`'; which device's config a new device gets is :mod:`cswap.tuner.transfer`'s;
 the export format is :mod:`cswap.tuner.exchange`'s. A store opened with ``read_only=True`` (or on a
 file without write permission) lists and reads; writing to it raises :class:`StoreError`.
@@ -42,11 +43,12 @@ from typing import Any
 
 from cswap.paths import cswap_home
 from cswap.tuner.database import Database, StoreError
+from cswap.tuner.rows import insert_device, insert_run, offer_best
 from cswap.tuner.exchange import export_document, parse_export
 from cswap.tuner.fingerprints import FingerprintLike, fingerprint_key, normalize_fingerprint
 from cswap.tuner.records import Evaluation, LookupResult, TuningRun
 from cswap.tuner.transfer import WARM_START_MAX, Candidate, nearest_of_kind, same_model, transferred
-from cswap.tuner.validation import check_params, check_text, dumps, json_seconds
+from cswap.tuner.validation import check_params, check_text, dumps
 
 __all__ = ["ConfigStore", "StoreError"]
 
@@ -115,23 +117,6 @@ class ConfigStore:
 
     # ------------------------------------------------------------------ devices
 
-    @staticmethod
-    def _insert_device(tx: sqlite3.Connection, fingerprint: dict[str, Any], key: str) -> None:
-        tx.execute(
-            "INSERT OR IGNORE INTO devices (key, kind, name, compute_capability, sm_count, memory_bytes, "
-            "fingerprint, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                key,
-                fingerprint["kind"],
-                fingerprint["name"],
-                fingerprint["compute_capability"],
-                fingerprint["sm_count"],
-                fingerprint["memory_bytes"],
-                dumps(fingerprint),
-                time.time(),
-            ),
-        )
-
     def add_device(self, fingerprint: FingerprintLike) -> str:
         """Register a device (idempotent) and return its fingerprint key.
 
@@ -144,7 +129,7 @@ class ConfigStore:
         data = normalize_fingerprint(fingerprint)
         key = fingerprint_key(data)
         with self._transaction(write=True) as tx:
-            self._insert_device(tx, data, key)
+            insert_device(tx, data, key)
         return key
 
     def device(self, fingerprint_key: str) -> dict[str, Any] | None:
@@ -194,24 +179,8 @@ class ConfigStore:
             raise TypeError(f"record_run takes a TuningRun, got {type(run).__name__}")
         key = fingerprint_key(run.fingerprint)
         with self._transaction(write=True) as tx:
-            self._insert_device(tx, run.fingerprint, key)
-            return self._insert_run(tx, run, key)
-
-    @staticmethod
-    def _offer_best(
-        tx: sqlite3.Connection, key: str, kernel: str, source_hash: str, dtype: str, bucket: int,
-        params: dict[str, int], time_s: float, run_id: str | None, method: str,
-    ) -> bool:
-        """Insert or replace the best config when ``time_s`` is strictly lower; True if it changed."""
-        cursor = tx.execute(
-            "INSERT INTO best_configs (device_key, kernel, source_hash, dtype, bucket, params, time_s, run_id, "
-            "method, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-            "ON CONFLICT (device_key, kernel, source_hash, dtype, bucket) DO UPDATE SET "
-            "params = excluded.params, time_s = excluded.time_s, run_id = excluded.run_id, "
-            "method = excluded.method, updated_at = excluded.updated_at WHERE excluded.time_s < best_configs.time_s",
-            (key, kernel, source_hash, dtype, bucket, dumps(params), time_s, run_id, method, time.time()),
-        )
-        return cursor.rowcount > 0
+            insert_device(tx, run.fingerprint, key)
+            return insert_run(tx, run, key)
 
     def best(
         self, fingerprint_key: str, kernel: str, source_hash: str, dtype: str, bucket: int
@@ -430,7 +399,7 @@ class ConfigStore:
             ) from None
         key = fingerprint_key(data)
         with self._transaction(write=True) as tx:
-            self._insert_device(tx, data, key)
+            insert_device(tx, data, key)
             tx.execute(
                 "INSERT INTO models (device_key, name, model, updated_at) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT (device_key, name) DO UPDATE SET model = excluded.model, updated_at = excluded.updated_at",
@@ -494,18 +463,18 @@ class ConfigStore:
             for fp in [*document.devices, *(run.fingerprint for run in document.runs)]:
                 key = fingerprint_key(fp)
                 if key not in known:
-                    self._insert_device(tx, fp, key)
+                    insert_device(tx, fp, key)
                     known.add(key)
                     counts["devices"] += 1
             for run in document.runs:
-                if self._insert_run(tx, run, run.fingerprint_key):
+                if insert_run(tx, run, run.fingerprint_key):
                     counts["runs"] += 1
             for entry in document.best_configs:
                 if entry.device_key not in known:
                     raise ValueError(
                         f"store export has a best config for unknown device {entry.device_key}; export is incomplete"
                     )
-                self._offer_best(tx, *entry)
+                offer_best(tx, *entry)
             for key, name, blob in document.models:
                 if key not in known:
                     raise ValueError(f"store export has model {name!r} for unknown device {key}; export is incomplete")
@@ -522,25 +491,3 @@ class ConfigStore:
             after = {row[:5]: row[5:] for row in tx.execute(best_query)}
             counts["configs"] = sum(1 for config, value in after.items() if before.get(config) != value)
         return counts
-
-    def _insert_run(self, tx: sqlite3.Connection, run: TuningRun, key: str) -> bool:
-        cursor = tx.execute(
-            "INSERT OR IGNORE INTO runs (run_id, device_key, kernel, source_hash, dtype, bucket, method, "
-            "best_params, best_time_s, wall_s, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                run.run_id, key, run.kernel, run.source_hash, run.dtype, run.bucket, run.method,
-                dumps(run.best_params), json_seconds(run.best_time_s), run.wall_s, run.created_at,
-            ),
-        )
-        if cursor.rowcount == 0:
-            return False
-        tx.executemany(
-            "INSERT INTO evaluations (run_id, idx, params, time_s) VALUES (?, ?, ?, ?)",
-            [(run.run_id, index, dumps(e.params), json_seconds(e.time_s)) for index, e in enumerate(run.evaluations)],
-        )
-        if math.isfinite(run.best_time_s):
-            self._offer_best(
-                tx, key, run.kernel, run.source_hash, run.dtype, run.bucket,
-                run.best_params, run.best_time_s, run.run_id, run.method,
-            )
-        return True

@@ -6,7 +6,9 @@ The store is split by concern; this module re-exports their public names so that
 * :mod:`cswap.tuner.records`: the validated records (:class:`TuningRun`, :class:`Evaluation`,
   :class:`LookupResult`) shared with the tuning service, and :func:`size_bucket`;
 * :mod:`cswap.tuner.fingerprints`: :class:`Fingerprint`, :func:`normalize_fingerprint`, :func:`fingerprint_key`;
-* :mod:`cswap.tuner.database` and :mod:`cswap.tuner.configstore`: the SQLite file and :class:`ConfigStore`;
+* :mod:`cswap.tuner.database`, :mod:`cswap.tuner.rows` and :mod:`cswap.tuner.configstore`: the SQLite
+  file, its row writers and :class:`ConfigStore`;
+* :mod:`cswap.tuner.validation`: the field checks behind the records;
 * :mod:`cswap.tuner.transfer`: configs across devices (:func:`scale_grid_params`);
 * :mod:`cswap.tuner.exchange`: the export/import document.
 
