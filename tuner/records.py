@@ -251,7 +251,15 @@ class TuningRun(BaseModel):
         unknown = sorted(set(data) - set(cls.model_fields) - {"fingerprint_key"})
         if unknown:
             raise ValueError(f"tuning run has unknown fields {', '.join(map(str, unknown))}")
-        return cls.model_validate(dict(data))
+        # The service answers runs with their device key; it is derived, so it must agree.
+        fields = {name: value for name, value in data.items() if name != "fingerprint_key"}
+        run = cls.model_validate(fields)
+        if "fingerprint_key" in data and data["fingerprint_key"] != run.fingerprint_key:
+            raise ValueError(
+                f"tuning run has fingerprint_key {data['fingerprint_key']!r} but its fingerprint's key is "
+                f"{run.fingerprint_key!r}"
+            )
+        return run
 
 
 class LookupResult(BaseModel):

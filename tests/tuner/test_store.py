@@ -543,3 +543,11 @@ def test_a_missing_store_cannot_be_opened_read_only(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="does not exist, so it cannot be opened read-only"):
         ConfigStore(tmp_path / "absent.db", read_only=True)
     assert not (tmp_path / "absent.db").exists()
+
+
+def test_a_run_answered_with_its_device_key_reads_back() -> None:
+    run = make_run()
+    assert TuningRun.from_dict({**run.to_dict(), "fingerprint_key": run.fingerprint_key}) == run
+    with pytest.raises(ValueError, match="fingerprint_key 'ffff' but its fingerprint's key is"):
+        TuningRun.from_dict({**run.to_dict(), "fingerprint_key": "ffff"})
+    assert run.model_dump(mode="json")["fingerprint_key"] == fingerprint_key(H100)
