@@ -5,10 +5,9 @@ Every cell is a :class:`rich.text.Text`: device names, kernels and parameters co
 
 Example:
     >>> from rich.console import Console
-    >>> console = Console(width=120, record=True)
-    >>> print_list({"store": "s.db", "devices": []}, console)
-    >>> "no tuned devices" in console.export_text()
-    True
+    >>> print_list({"store": "s.db", "devices": []}, Console(width=120))
+    store: s.db
+    no tuned devices yet: run `cswap tune`, or `cswap configs import FILE`
 """
 
 from __future__ import annotations
