@@ -13,9 +13,11 @@ Endpoints (OpenAPI at ``/openapi.json``):
 * ``GET /v1/tuning-runs``, ``GET /v1/tuning-runs/{run_id}``: runs with every evaluated point
 * ``GET /v1/predictors?fingerprint=KEY``: calibrated models as JSON coefficients
 
-Errors: 422 for bad parameters or bodies (400 for a body that is not parseable JSON), 401 for a
-missing or wrong token, 404 for unknown ids, 413 for a body over 1 MiB, 503 when the store itself
-fails (locked, corrupt). Nothing a client sends gets a 500.
+Errors: 422 for bad parameters or bodies, as FastAPI answers them, including a body that is not
+parseable JSON (error type ``json_invalid``); 401 for a missing or wrong token, 404 for unknown
+ids, 413 for a body over 1 MiB, 503 when the store itself fails (locked, corrupt). Nothing a
+client sends gets a 500. Bodies are the store's own records (:mod:`cswap.server.schemas`), so the
+service refuses exactly what the store would, with the same messages.
 
 Example:
     >>> from fastapi.testclient import TestClient
@@ -35,10 +37,12 @@ from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response, status
 from fastapi.encoders import jsonable_encoder
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import cswap
 from cswap.server.schemas import (
@@ -143,9 +147,23 @@ def create_app(store: ConfigStore | str | os.PathLike[str] | None = None, token:
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         # The submitted value is not echoed back: it may be large, or hold NaN that JSON cannot carry.
         errors = [{k: v for k, v in error.items() if k not in ("input", "url")} for error in exc.errors()]
+        for error in errors:  # the exception behind a value error is its message again, and not JSON
+            if isinstance(error.get("ctx"), dict):
+                error["ctx"] = {k: v for k, v in error["ctx"].items() if k != "error"} or None
+                if error["ctx"] is None:
+                    del error["ctx"]
         return JSONResponse(
             {"detail": _json_safe(jsonable_encoder(errors))}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT
         )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        # FastAPI answers a body its JSON parser gave up on (nested too deeply) with a bare 400, but
+        # other malformed JSON with 422 json_invalid; every malformed body gets the 422 here.
+        if exc.status_code == status.HTTP_400_BAD_REQUEST:
+            error = {"type": "json_invalid", "loc": ["body"], "msg": f"JSON decode error: {exc.detail}"}
+            return JSONResponse({"detail": [error]}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
+        return await http_exception_handler(request, exc)
 
     @app.exception_handler(StoreError)
     async def _store_error(request: Request, exc: StoreError) -> JSONResponse:
@@ -193,7 +211,7 @@ def create_app(store: ConfigStore | str | os.PathLike[str] | None = None, token:
             name=query.name, compute_capability=query.compute_capability, sm_count=query.sm_count,
             memory_bytes=query.memory_bytes,
         )
-        return LookupOut.from_result(result)
+        return result
 
     @app.post(
         "/v1/configs",
@@ -202,7 +220,11 @@ def create_app(store: ConfigStore | str | os.PathLike[str] | None = None, token:
         tags=["configs"],
         responses={
             200: {"model": PublishOut, "description": "a run with this id was already stored; nothing changed"},
-            **_error(400, "the body is not parseable JSON (e.g. nested too deeply)"),
+            422: {
+                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/HTTPValidationError"}}},
+                "description": "a field is invalid (the error names it), or the body is not parseable JSON "
+                "(error type json_invalid)",
+            },
             **_error(401, "a token is needed and was missing or wrong"),
             **_error(413, "body over 1 MiB"),
             **_STORE_DOWN,
@@ -213,10 +235,7 @@ def create_app(store: ConfigStore | str | os.PathLike[str] | None = None, token:
 
         Idempotent: publishing the same ``run_id`` again answers 200 and changes nothing.
         """
-        try:
-            record = run.to_run()
-        except ValueError as exc:
-            raise _invalid(("body",), str(exc)) from None
+        record = run.to_run()
         created = config_store.record_run(record)
         if not created:
             response.status_code = status.HTTP_200_OK
@@ -232,7 +251,7 @@ def create_app(store: ConfigStore | str | os.PathLike[str] | None = None, token:
     ) -> RunsOut:
         """Tuning runs, oldest first, with every evaluated point (for convergence plots)."""
         runs = config_store.runs(fingerprint, kernel, with_evaluations=evaluations, limit=limit, offset=offset)
-        return RunsOut(runs=[TuningRunOut.from_run(r) for r in runs])
+        return RunsOut(runs=[r for r in runs])
 
     @app.get(
         "/v1/tuning-runs/{run_id}",
@@ -245,7 +264,7 @@ def create_app(store: ConfigStore | str | os.PathLike[str] | None = None, token:
         run = config_store.run(run_id)
         if run is None:
             raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no tuning run with id {run_id!r}; see GET /v1/tuning-runs")
-        return TuningRunOut.from_run(run)
+        return run
 
     @app.get(
         "/v1/predictors",

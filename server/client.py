@@ -115,6 +115,12 @@ class TuningClient:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(base_url=self.url, timeout=self.timeout_s, headers=headers, transport=transport)
         self._warned: set[type[BaseException]] = set()
+        #: Whether every request so far was answered: ``None`` before the first, ``False`` once one
+        #: went unanswered (down, too slow, or failing with a 5xx); a refusal (4xx) is an answer.
+        self.answered: bool | None = None
+
+    def _note_answer(self, answered: bool) -> None:
+        self.answered = answered if self.answered is None else self.answered and answered
 
     def close(self) -> None:
         """Close the connection pool."""
@@ -149,6 +155,7 @@ class TuningClient:
             if response.status_code in _RETRY_STATUS:
                 last = f"HTTP {response.status_code}: {_detail(response)}"
                 continue
+            self._note_answer(response.status_code < 500)
             if response.status_code == 404 and allow_404:
                 return None
             if 400 <= response.status_code < 500:
@@ -168,10 +175,12 @@ class TuningClient:
             try:
                 return response.json()
             except ValueError:
+                self.answered = False
                 raise ServiceUnavailable(
                     f"tuning service at {self.url} answered {method} {path} with a body that is not JSON; "
                     f"is {self.url} a `cswap serve`?"
                 ) from None
+        self._note_answer(False)
         raise ServiceUnavailable(
             f"tuning service at {self.url} did not answer {method} {path} after {attempts} attempt(s) "
             f"within {self.timeout_s:g} s each ({last}); is `cswap serve` running there?"

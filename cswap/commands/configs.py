@@ -1,7 +1,11 @@
-"""``cswap configs``: inspect, export, import and publish the kernel-config store. Output is JSON.
+"""``cswap configs``: inspect, export, import and publish the kernel-config store.
+
+``list`` and ``show`` print tables (``--json`` for JSON); ``export``, ``import`` and ``push`` print JSON.
+``list``, ``show`` and ``export`` only read: they work on a read-only store.
 
 Example:
     $ cswap configs list
+    $ cswap configs list --json
     $ cswap configs show 3fa2c1
     $ cswap configs export store.json
     $ cswap configs import store.json
@@ -26,16 +30,25 @@ def _emit(data: Any) -> None:
     typer.echo(json.dumps(data, indent=2, sort_keys=True, allow_nan=False))
 
 
+def _console():  # -> rich Console; imported lazily to keep `cswap --help` fast
+    from rich.console import Console
+
+    return Console()
+
+
 def _fail(message: str, code: int = 1) -> typer.Exit:
     typer.echo(f"error: {message}", err=True)
     return typer.Exit(code)
 
 
-def _open(store: Path | None):  # -> ConfigStore; imported lazily to keep `cswap --help` fast
+def _open(store: Path | None, read: bool = False):  # -> ConfigStore; imported lazily to keep `cswap --help` fast
+    from cswap.paths import cswap_home
     from cswap.tuner.store import ConfigStore, StoreError
 
+    path = store if store is not None else cswap_home() / "store.db"
     try:
-        return ConfigStore(store)
+        # Reading commands open an existing store read-only, so they work where it cannot be written.
+        return ConfigStore(path, read_only=read and path.is_file())
     except StoreError as exc:
         raise _fail(str(exc)) from None
 
@@ -50,15 +63,18 @@ def _run_summary(run: Any) -> dict[str, Any]:
 
 def register(app: typer.Typer) -> None:
     """Add ``configs`` (list, show, export, import, push) to the ``cswap`` command."""
-    configs = typer.Typer(help="Inspect, export, import and publish tuned kernel configs (JSON).", no_args_is_help=True)
+    configs = typer.Typer(help="Inspect, export, import and publish tuned kernel configs.", no_args_is_help=True)
     app.add_typer(configs, name="configs")
 
     @configs.command("list")
-    def list_(store: Path = typer.Option(None, help=_STORE_HELP)) -> None:
+    def list_(
+        store: Path = typer.Option(None, help=_STORE_HELP),
+        json_output: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+    ) -> None:
         """Every tuned device with its best configs."""
         from cswap.tuner.store import StoreError
 
-        config_store = _open(store)
+        config_store = _open(store, read=True)
         try:
             devices = config_store.devices()
             for device in devices:
@@ -67,17 +83,25 @@ def register(app: typer.Typer) -> None:
                 ]
         except StoreError as exc:
             raise _fail(str(exc)) from None
-        _emit({"store": str(config_store.path), "devices": devices})
+        body = {"store": str(config_store.path), "devices": devices}
+        if json_output:
+            _emit(body)
+        else:
+            from cswap.commands.configs_tables import print_list
+
+            print_list(body, _console())
 
     @configs.command("show")
     def show(
         key: str = typer.Argument(..., help="A device key (or a unique prefix of one), or a tuning run id."),
         store: Path = typer.Option(None, help=_STORE_HELP),
+        json_output: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
     ) -> None:
         """One device: fingerprint, best configs, calibrated models and runs; or one run with its evaluations."""
+        from cswap.commands.configs_tables import print_run, print_show
         from cswap.tuner.store import StoreError
 
-        config_store = _open(store)
+        config_store = _open(store, read=True)
         try:
             device_key = config_store.resolve_key(key)
             if device_key is None:
@@ -87,9 +111,13 @@ def register(app: typer.Typer) -> None:
                         f"no device key starting with {key!r} and no tuning run with that id in {config_store.path}; "
                         f"see `cswap configs list`"
                     )
-                _emit({**run.to_dict(), "fingerprint_key": run.fingerprint_key})
+                body = {**run.to_dict(), "fingerprint_key": run.fingerprint_key}
+                if json_output:
+                    _emit(body)
+                else:
+                    print_run(body, _console())
                 return
-            _emit({
+            body = {
                 "key": device_key,
                 "fingerprint": config_store.device(device_key),
                 "best_configs": [
@@ -97,7 +125,11 @@ def register(app: typer.Typer) -> None:
                 ],
                 "models": config_store.models(device_key),
                 "runs": [_run_summary(r) for r in config_store.runs(device_key, with_evaluations=True)],
-            })
+            }
+            if json_output:
+                _emit(body)
+            else:
+                print_show(body, _console())
         except StoreError as exc:
             raise _fail(str(exc)) from None
 
@@ -110,7 +142,7 @@ def register(app: typer.Typer) -> None:
         from cswap.tuner.store import StoreError
 
         try:
-            document = _open(store).export_json()
+            document = _open(store, read=True).export_json()
         except StoreError as exc:
             raise _fail(str(exc)) from None
         text = json.dumps(document, indent=2, sort_keys=True, allow_nan=False)

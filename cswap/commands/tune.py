@@ -20,7 +20,8 @@ import math
 import re
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import typer
 from rich import box
@@ -151,7 +152,9 @@ def run_tune(
         "wall_s", "store_hit", "match", "results"}``; ``best_params``, ``best_time_s`` and
         ``match`` map each ``<kernel>/<dtype>/<size>`` label to its result, ``evaluations`` and
         ``wall_s`` are totals, ``store_hit`` is true when nothing had to be measured, and
-        ``results`` has one entry per label.
+        ``results`` has one entry per label. Each result says ``published`` (whether the service
+        holds its run now) and ``publication``: ``published``, ``queued`` (the service was down;
+        ``cswap configs push`` sends it later), ``local`` (no ``tuner_url``) or ``none`` (a store hit).
 
     Raises:
         ValueError: a bad method, op, dtype or size; RuntimeError: the backend cannot be tuned
@@ -160,8 +163,9 @@ def run_tune(
     import torch
 
     from cswap.device import fingerprint
-    from cswap.tuner.kernels import dtype_name, kernel_name, kernel_source_hash
-    from cswap.tuner.lookup import CACHED_METHOD, default_params, tune
+    from cswap.kernelconfigs import settle_config
+    from cswap.tuner.kernels import dtype_name, kernel_name
+    from cswap.tuner.lookup import CACHED_METHOD
     from cswap.tuner.objective import check_tunable
     from cswap.tuner.search import METHODS
     from cswap.tuner.space import load_search_space
@@ -181,7 +185,6 @@ def run_tune(
     spaces = {name: load_search_space(backend, name, space) for name in ops}
     config_store = ConfigStore(store)
     device = fingerprint(backend)
-    source_hash = kernel_source_hash(backend)
     client = _client(tuner_url, token)
     results: list[dict[str, Any]] = []
     started_s = time.perf_counter()
@@ -191,24 +194,20 @@ def run_tune(
                 kernel = kernel_name(backend, name)
                 bucket = size_bucket(nbytes)
                 label = f"{kernel}/{dtype}/{format_size(nbytes)}"
-                found = _lookup(client, config_store, device, kernel, source_hash, dtype, bucket, default_params(backend))
-                run = tune(
-                    device, backend, name, dtype, nbytes, method, budget, config_store, seed, bar.task(label),
-                    force=force, space=spaces[name], repeats=repeats, found=found,
+                settled = settle_config(
+                    device, backend, name, dtype, nbytes, config_store, client, method, budget=budget, seed=seed,
+                    force=force, space=spaces[name], repeats=repeats, progress=bar.task(label),
                 )
+                run, found = settled.run, settled.found
+                assert run is not None  # a method was given
                 hit = run.method == CACHED_METHOD
-                published = None
-                if client is not None and not hit:
-                    from cswap.server.client import publish_or_queue
-
-                    published = publish_or_queue(client, run, config_store)
                 results.append({
                     "label": label, "kernel": kernel, "op": name, "dtype": dtype, "nbytes": nbytes, "bucket": bucket,
                     "method": run.method, "store_hit": hit, "match": found.match,
                     "warm_started": found.match == "transferred" and method == "bo" and not hit,
                     "best_params": run.best_params, "best_time_s": run.best_time_s,
                     "evaluations": len(run.evaluations), "wall_s": run.wall_s, "run_id": None if hit else run.run_id,
-                    "published": published,
+                    "published": settled.published, "publication": settled.publication,
                 })
     finally:
         if client is not None:
@@ -226,15 +225,6 @@ def run_tune(
         "store_hit": all(r["store_hit"] for r in results),
         "results": results,
     }
-
-
-def _lookup(client: Any, store: Any, device: Any, kernel: str, source_hash: str, dtype: str, bucket: int,
-            default: dict[str, int]) -> Any:
-    if client is None:
-        return store.lookup(device, kernel, source_hash, dtype, bucket, default=default)
-    from cswap.server.client import best_lookup
-
-    return best_lookup(client, store, device, kernel, source_hash, dtype, bucket, default=default)
 
 
 def _print_report(report: dict[str, Any], console: Console) -> None:

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+import cswap.server.app as app_module
 from cswap.server.app import MAX_BODY_BYTES, create_app
 from tests.server.helpers import A100, BUCKET, CPU, DTYPE, GRID, H100, KERNEL, SOURCE, TOKEN, make_run
-from cswap.tuner.store import ConfigStore, StoreError, fingerprint_key
+from cswap.tuner.store import ConfigStore, StoreError, TuningRun, fingerprint_key
 
 QUERY = {"kernel": KERNEL, "source_hash": SOURCE, "dtype": DTYPE, "bucket": BUCKET}
 
@@ -37,7 +38,8 @@ def test_openapi_lists_the_versioned_endpoints(client: TestClient) -> None:
 
 
 def test_server_imports_no_torch() -> None:
-    code = "import sys, cswap.server.app, cswap.server.client; assert 'torch' not in sys.modules, 'torch was imported'"
+    code = ("import sys, cswap.server.app, cswap.server.client, cswap.server.schemas, cswap.tuner.store, "
+            "cswap.tuner.records; assert 'torch' not in sys.modules, 'torch was imported'")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
 
@@ -257,9 +259,9 @@ BAD_BODIES = {
 
 
 @pytest.mark.parametrize("name", sorted(BAD_BODIES))
-def test_bad_bodies_get_a_4xx_never_a_5xx(client: TestClient, store: ConfigStore, name: str) -> None:
+def test_bad_bodies_get_a_422_never_a_5xx(client: TestClient, store: ConfigStore, name: str) -> None:
     response = client.post("/v1/configs", content=BAD_BODIES[name], headers={"content-type": "application/json"})
-    assert response.status_code in (400, 422), response.text
+    assert response.status_code == 422, response.text
     assert "detail" in response.json()
     assert store.runs() == []
 
@@ -267,7 +269,8 @@ def test_bad_bodies_get_a_4xx_never_a_5xx(client: TestClient, store: ConfigStore
 def test_validation_errors_name_the_field(client: TestClient) -> None:
     response = client.post("/v1/configs", content=BAD_BODIES["nan time"], headers={"content-type": "application/json"})
     assert response.json()["detail"] == [
-        {"type": "finite_number", "loc": ["body", "best_time_s"], "msg": "Input should be a finite number"}
+        {"type": "value_error", "loc": ["body", "best_time_s"],
+         "msg": "Value error, best_time_s is NaN; use a measured time (or inf / null for a config that failed to launch)"}
     ]
     response = client.post("/v1/configs", content=BAD_BODIES["lone surrogate"], headers={"content-type": "application/json"})
     assert [e["loc"] for e in response.json()["detail"]] == [["body", "fingerprint", "name"]]
@@ -300,3 +303,30 @@ def test_create_app_over_a_corrupt_file_raises(tmp_path: Path) -> None:
 def test_create_app_takes_a_path(tmp_path: Path) -> None:
     app = create_app(str(tmp_path / "by-path.db"))
     assert app.state.store.path == tmp_path / "by-path.db"
+
+
+@pytest.mark.parametrize("body", ["{not json", '{"kernel": ', "[" * 200_000, BAD_BODIES["deep nesting"]])
+def test_malformed_json_is_422_as_documented(client: TestClient, body: str) -> None:
+    response = client.post("/v1/configs", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 422
+    assert response.json()["detail"][0]["type"] == "json_invalid"
+    responses = client.get("/openapi.json").json()["paths"]["/v1/configs"]["post"]["responses"]
+    assert "400" not in responses
+    assert "json_invalid" in responses["422"]["description"]
+    assert "400" not in app_module.__doc__ and "json_invalid" in app_module.__doc__
+
+
+def test_an_infinite_time_must_arrive_as_null(client: TestClient) -> None:
+    response = client.post("/v1/configs", content=BAD_BODIES["infinite time"], headers={"content-type": "application/json"})
+    assert response.status_code == 422
+    assert "send null for a failed launch" in response.json()["detail"][0]["msg"]
+
+
+def test_the_service_and_the_store_refuse_with_the_same_message(client: TestClient) -> None:
+    body = {**make_run().to_dict(), "bucket": 64}
+    with pytest.raises(ValueError) as refused:
+        TuningRun.from_dict(body)
+    detail = client.post("/v1/configs", json=body).json()["detail"]
+    assert detail[0]["loc"] == ["body", "bucket"]
+    assert detail[0]["msg"] == "Value error, bucket is 64, must be between 0 and 63"
+    assert "bucket is 64, must be between 0 and 63" in str(refused.value)

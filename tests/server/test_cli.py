@@ -34,7 +34,7 @@ def home_store() -> ConfigStore:
 
 
 def test_list(home_store: ConfigStore) -> None:
-    result = invoke("configs", "list")
+    result = invoke("configs", "list", "--json")
     assert result.exit_code == 0, result.output
     body = json.loads(result.stdout)
     assert body["store"] == str(Path(os.environ["CSWAP_HOME"]) / "store.db")
@@ -45,18 +45,18 @@ def test_list(home_store: ConfigStore) -> None:
 
 
 def test_list_an_empty_store_given_by_path(tmp_path: Path) -> None:
-    result = invoke("configs", "list", "--store", str(tmp_path / "empty.db"))
+    result = invoke("configs", "list", "--json", "--store", str(tmp_path / "empty.db"))
     assert result.exit_code == 0 and json.loads(result.stdout)["devices"] == []
 
 
 def test_show_a_device_by_prefix_and_a_run_by_id(home_store: ConfigStore) -> None:
     key = fingerprint_key(H100)
-    body = json.loads(invoke("configs", "show", key[:5]).stdout)
+    body = json.loads(invoke("configs", "show", key[:5], "--json").stdout)
     assert body["key"] == key and body["fingerprint"] == H100
     assert body["models"] == {"compress_time": {"coef": [1.0, 2.0]}}
     assert [r["evaluations"] for r in body["runs"]] == [3, 3]
     run = home_store.run(home_store.runs()[0].run_id)
-    shown = json.loads(invoke("configs", "show", run.run_id).stdout)
+    shown = json.loads(invoke("configs", "show", run.run_id, "--json").stdout)
     assert shown["evaluations"] == [e.to_dict() for e in run.evaluations]
 
 
@@ -64,6 +64,55 @@ def test_show_unknown(home_store: ConfigStore) -> None:
     result = invoke("configs", "show", "zzzz")
     assert result.exit_code == 1
     assert "no device key starting with 'zzzz'" in result.stderr and "cswap configs list" in result.stderr
+
+
+def _table_text(*args: str) -> str:
+    result = runner.invoke(cli.app, list(args), env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert not result.stdout.lstrip().startswith("{"), "a table, not JSON, by default"
+    return result.stdout
+
+
+def test_list_prints_tables_by_default(home_store: ConfigStore) -> None:
+    out = _table_text("configs", "list")
+    assert f"store: {home_store.path}" in out
+    h100_row = next(line for line in out.splitlines() if line.strip().startswith(fingerprint_key(H100)) and "cuda" in line)
+    assert H100["name"] in h100_row and h100_row.split()[-4:] == ["132", "1", "2", "1"]
+    best = [line.split() for line in out.splitlines() if KERNEL in line and fingerprint_key(H100)[:8] in line]
+    assert best == [[fingerprint_key(H100)[:8], KERNEL, "float32", "12", "0.500", "chunk_words=32"]]
+    assert "compress_grid=528" in out
+
+
+def test_show_prints_a_device_and_a_run_as_tables(home_store: ConfigStore) -> None:
+    out = _table_text("configs", "show", fingerprint_key(H100)[:6])
+    assert f"device {fingerprint_key(H100)}" in out and H100["name"] in out
+    assert "compress_time" in out
+    runs = home_store.runs()
+    assert all(run.run_id in out for run in runs if run.fingerprint_key == fingerprint_key(H100))
+    run = home_store.run(runs[0].run_id)
+    out = _table_text("configs", "show", run.run_id)
+    assert f"tuning run {run.run_id}" in out
+    lines = [line.split() for line in out.splitlines()]
+    evaluations = [line for line in lines if line and line[0] in ("0", "1", "2")]
+    assert [line[1] for line in evaluations] == [f"{run.evaluations[0].time_s * 1e3:.3f}",
+                                                 f"{run.evaluations[1].time_s * 1e3:.3f}", "failed"]
+
+
+def test_tables_never_read_stored_text_as_markup(tmp_path: Path) -> None:
+    store = ConfigStore(tmp_path / "odd.db")
+    store.record_run(make_run(fp={**H100, "name": "[bold]GPU[/] [/x]"}))
+    out = _table_text("configs", "list", "--store", str(store.path))
+    assert "[bold]GPU[/] [/x]" in out
+
+
+def test_listing_a_read_only_store(home_store: ConfigStore) -> None:
+    assert json.loads(invoke("configs", "list", "--json").stdout)["devices"]
+    home_store.close()
+    os.chmod(home_store.path, 0o444)
+    try:
+        assert len(json.loads(invoke("configs", "list", "--json").stdout)["devices"]) == 2
+    finally:
+        os.chmod(home_store.path, 0o644)
 
 
 def test_export_import_round_trip(home_store: ConfigStore, tmp_path: Path) -> None:

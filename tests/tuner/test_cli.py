@@ -31,11 +31,13 @@ def test_json_has_the_required_keys_and_a_second_run_is_a_store_hit(tmp_path: Pa
     assert sorted(report["best_params"]) == labels and set(report["best_params"][labels[0]]) == {"threads", "chunk_words"}
     assert all(r["evaluations"] == 3 and r["method"] == "bo" and r["match"] == "default" for r in report["results"])
     assert [r["best_time_s"] for r in report["results"]] == [report["best_time_s"][label] for label in labels]
+    assert {(r["published"], r["publication"]) for r in report["results"]} == {(False, "local")}
 
     code, out, err = tune(*TINY, "--json", "--budget", "3", "--store", store)
     again = json.loads(out)
     assert code == 0 and again["evaluations"] == 0 and again["store_hit"] is True
     assert again["best_params"] == report["best_params"] and set(again["match"].values()) == {"exact"}
+    assert {(r["published"], r["publication"]) for r in again["results"]} == {(False, "none")}
 
     code, out, _ = tune(*TINY, "--store", store, "--op", "compress")
     assert code == 0 and "store hit: 1 of 1 kernel configs" in " ".join(out.split())
@@ -101,7 +103,7 @@ def test_tuner_url_publishes_runs_and_serves_them_to_a_fresh_machine(tmp_path: P
         assert code == 0, err
         first = json.loads(out)
         (result,) = first["results"]
-        assert result["published"] is True and result["evaluations"] == 2
+        assert result["published"] is True and result["publication"] == "published" and result["evaluations"] == 2
         assert service_store.run(result["run_id"]) is not None
 
         code, out, err = tune(*args, "--store", str(tmp_path / "fresh.db"))

@@ -501,3 +501,53 @@ def test_a_forked_child_opens_its_own_connection(store: ConfigStore) -> None:
     assert child.exitcode == 0
     store.record_run(make_run(run_id="parent-after"))  # the parent's connection still works
     assert {r.run_id for r in store.runs()} == {"parent-before", "child", "parent-after"}
+
+
+# ----------------------------------------------------------------------------- read-only stores
+
+
+def test_a_read_only_store_lists_and_reads_but_refuses_writes(tmp_path: Path) -> None:
+    path = tmp_path / "store.db"
+    with ConfigStore(path) as writable:
+        writable.record_run(make_run())
+        expected_devices, expected_runs = writable.devices(), writable.runs(with_evaluations=True)
+    before = path.read_bytes()
+    with ConfigStore(path, read_only=True) as store:
+        assert store.read_only
+        assert store.devices() == expected_devices
+        assert store.runs(with_evaluations=True) == expected_runs
+        assert store.lookup(H100, KERNEL, SOURCE, DTYPE, BUCKET).match == "exact"
+        assert store.export_json()["runs"] == [run.to_dict() for run in expected_runs]
+        for write in (lambda: store.record_run(make_run(fp=A100)), lambda: store.add_device(CPU),
+                      lambda: store.put_model(H100, "m", {}), lambda: store.import_json(store.export_json())):
+            with pytest.raises(StoreError, match=rf"{path} is read-only.*point cswap at a writable store.*CSWAP_HOME"):
+                write()
+    assert path.read_bytes() == before
+
+
+def test_opening_a_store_takes_no_write_lock(tmp_path: Path) -> None:
+    """Another process holding the write lock (a running `cswap tune`) does not stop a reader from opening."""
+    path = tmp_path / "store.db"
+    ConfigStore(path).record_run(make_run())
+    writer = sqlite3.connect(path, isolation_level=None)
+    writer.execute("BEGIN IMMEDIATE")
+    try:
+        with ConfigStore(path, timeout_s=0.1) as store:
+            assert [d["key"] for d in store.devices()] == [fingerprint_key(H100)]
+    finally:
+        writer.execute("ROLLBACK")
+        writer.close()
+
+
+def test_a_missing_store_cannot_be_opened_read_only(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="does not exist, so it cannot be opened read-only"):
+        ConfigStore(tmp_path / "absent.db", read_only=True)
+    assert not (tmp_path / "absent.db").exists()
+
+
+def test_a_run_answered_with_its_device_key_reads_back() -> None:
+    run = make_run()
+    assert TuningRun.from_dict({**run.to_dict(), "fingerprint_key": run.fingerprint_key}) == run
+    with pytest.raises(ValueError, match="fingerprint_key 'ffff' but its fingerprint's key is"):
+        TuningRun.from_dict({**run.to_dict(), "fingerprint_key": "ffff"})
+    assert run.model_dump(mode="json")["fingerprint_key"] == fingerprint_key(H100)
