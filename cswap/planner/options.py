@@ -4,8 +4,9 @@ An :class:`Option` is one action carried out one way: the bytes it holds over th
 (see :mod:`cswap.lifetime`) and its predicted seconds from the cost model. Per tensor:
 
 * ``keep``: the raw bytes from pack to free; no cost.
-* ``zvc-keep``: raw plus compressed at pack (while compressing), compressed until the unpack, raw
-  plus compressed at it (while decompressing), raw until free; costs ``Time_c + Time_dc``.
+* ``zvc-keep``: raw plus compressed at pack (while compressing), compressed until the unpack, then
+  raw plus compressed until free (the stored data lives as long as autograd holds the saved
+  tensor, beside the rebuilt one); costs ``Time_c + Time_dc``.
 * ``swap`` / ``zvc-swap``: raw (plus compressed) at pack; then the stored bytes stay while the
   device-to-host copy is in flight (``Size/BW_d2h`` seconds from the pack, its exposed part
   ``max(Size/BW_d2h - Hidden_f, 0)`` costed as in ``T'``), or, in the **waiting** variant, pack
@@ -159,8 +160,7 @@ def _keep_options(spec: TensorSpec, last_event: int) -> list[Option]:
     holds = (
         _segment(life.pack, life.pack, raw + compressed)
         + _segment(life.pack + 1, life.unpack - 1, compressed)
-        + _segment(life.unpack, life.unpack, raw + compressed)
-        + _segment(life.unpack + 1, life.free, raw)
+        + _segment(life.unpack, life.free, raw + compressed)
     )
     return [*options, Option(ZVC_KEEP, spec.compress_s + spec.decompress_s, tuple(holds))]
 
