@@ -558,6 +558,8 @@ class Executor:
                 out = stored.tensor
             else:
                 out = self._materialize(stored)
+                if profiler is not None:
+                    profiler.record_rebuilt(handle.key, out.untyped_storage().nbytes())
             if stored is not None:
                 stored.unpacked = True
             self._prefetch_after(it, handle.key)

@@ -137,6 +137,7 @@ class Profiler:
         self._events: list[int] = []
         # key -> events seen before its storage was seen dead, minus one (-1: in forward)
         self._frees: dict[int, int] = {}
+        self._rebuilt: dict[int, int] = {}
         self._reasons: dict[int, str] = {}
         self._duplicates: dict[int, int] = {}
         self._hooks: list[Any] = []
@@ -266,6 +267,10 @@ class Profiler:
         for key in keys:
             self._frees[key] = rank
 
+    def record_rebuilt(self, key: int, nbytes: int) -> None:
+        """The first unpack of ``key`` rebuilt it into ``nbytes`` of storage."""
+        self._rebuilt.setdefault(key, nbytes)
+
     def record_unpack(self, key: int, start: Any, end: Any) -> None:
         """An unpack hook call; only the first per key is kept."""
         if key not in self._unpacks:
@@ -345,6 +350,7 @@ class Profiler:
                     hidden_backward_s=hidden_b.get(p.key, 0.0),
                     unpack_order=rank,
                     free_order=free,
+                    rebuilt_nbytes=self._rebuilt.get(p.key) if self._rebuilt.get(p.key, p.nbytes) != p.nbytes else None,
                 )
             )
         reasons = {str(k): v for k, v in self._reasons.items()}

@@ -55,7 +55,7 @@ def _spec(  # type: ignore[no-untyped-def]
     used = record.unpack_at_s is not None or record.unpack_order is not None
     if encoding is None:
         return TensorSpec(key=record.key, nbytes=record.nbytes, lifetime=lifetime, hidden_forward_s=record.hidden_forward_s,
-                          movable=record.nbytes >= min_bytes)
+                          movable=record.nbytes >= min_bytes, rebuilt_nbytes=record.rebuilt_nbytes)
     numel = record.nbytes // encoding.dtype.itemsize
     encoded_nbytes = numel * encoding.encoded_itemsize
     sparsity = max(record.sparsity - sparsity_margin, 0.0)
@@ -69,6 +69,7 @@ def _spec(  # type: ignore[no-untyped-def]
         decompress_s=float(time_model.decompress_s(encoded_nbytes, density, encoding.encoded_itemsize, backend)) if used else 0.0,
         hidden_forward_s=record.hidden_forward_s,
         movable=record.nbytes >= min_bytes,
+        rebuilt_nbytes=record.rebuilt_nbytes,
     )
 
 

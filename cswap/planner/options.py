@@ -76,6 +76,8 @@ class TensorSpec:
         compressed_nbytes: exact ZVC size, or ``None`` when ZVC cannot encode its dtype.
         compress_s, decompress_s: predicted codec seconds on the device.
         hidden_forward_s: compute a copy out issued at its pack can overlap (``Hidden_f``).
+        rebuilt_nbytes: device bytes of the tensor rebuilt at its unpack (default ``nbytes``; more
+            for a strided view rebuilt in a buffer spanning its strides).
         movable: ``False``: it may only be kept (below ``min_bytes``, or pinned).
     """
 
@@ -87,6 +89,12 @@ class TensorSpec:
     decompress_s: float = 0.0
     hidden_forward_s: float = 0.0
     movable: bool = True
+    rebuilt_nbytes: int | None = None
+
+    @property
+    def unpacked_nbytes(self) -> int:
+        """Device bytes the tensor takes once rebuilt for backward."""
+        return self.rebuilt_nbytes if self.rebuilt_nbytes is not None else self.nbytes
 
 
 @dataclass(frozen=True)
@@ -160,7 +168,7 @@ def _keep_options(spec: TensorSpec, last_event: int) -> list[Option]:
     holds = (
         _segment(life.pack, life.pack, raw + compressed)
         + _segment(life.pack + 1, life.unpack - 1, compressed)
-        + _segment(life.unpack, life.free, raw + compressed)
+        + _segment(life.unpack, life.free, spec.unpacked_nbytes + compressed)
     )
     return [*options, Option(ZVC_KEEP, spec.compress_s + spec.decompress_s, tuple(holds))]
 
@@ -192,8 +200,9 @@ def _swap_options(
         backward.append((None, [], 0.0, events.event_count, None))
     else:
         in_s = _seconds(stored, link.h2d_gbps)
-        at_unpack = _segment(life.unpack, life.unpack, raw + (stored if compressing else 0)) + _segment(
-            life.unpack + 1, life.free, raw
+        rebuilt = spec.unpacked_nbytes
+        at_unpack = _segment(life.unpack, life.unpack, rebuilt + (stored if compressing else 0)) + _segment(
+            life.unpack + 1, life.free, rebuilt
         )
         seen: set[int] = set()
         for distance in distances if link.async_copies else (0,):

@@ -164,3 +164,40 @@ def test_without_enforcement_backward_prefetches_past_the_budget(enforced: bool,
     check = contextlib.nullcontext() if enforced else pytest.raises(AssertionError, match="over the budget")
     with check:
         _holds_or_says_least("swap", _cnn, CNN_BATCHES, reference, int(0.4 * none_peak))
+
+
+class _Bert(torch.nn.Module):
+    """A small BERT classifier with dropout on, returning logits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        transformers = pytest.importorskip("transformers")
+        config = transformers.BertConfig(
+            vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+            max_position_embeddings=32, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, num_labels=3,
+            attn_implementation="eager",
+        )
+        self.bert = transformers.BertForSequenceClassification(config)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.bert(input_ids=ids).logits
+
+
+def _token_batches(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(3)
+    return [(torch.randint(0, 100, (4, 16), generator=g), torch.randint(0, 3, (4,), generator=g)) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def bert_reference() -> tuple[list[list[torch.Tensor]], int, list[tuple[torch.Tensor, torch.Tensor]]]:
+    pytest.importorskip("transformers")
+    data = _token_batches(4)
+    grads, _ = train(_Bert, data, 1)
+    return grads, _none_peak(_Bert, data), data
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_transformer_with_dropout_at_four_tenths_of_none(policy: str, bert_reference: Any) -> None:
+    reference, none_peak, data = bert_reference
+    assert any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in _Bert().modules())
+    _holds_or_says_least(policy, _Bert, data, reference, int(0.4 * none_peak))
