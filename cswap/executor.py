@@ -123,6 +123,7 @@ class Counters:
     resident_bytes: int = 0
     peak_resident_bytes: int = 0
     epoch_peak_resident_bytes: int = 0
+    iteration_peak_resident_bytes: int = 0
     pack_s: float = 0.0
     unpack_s: float = 0.0
     unpacks: int = 0
@@ -138,6 +139,8 @@ class Counters:
             self.peak_resident_bytes = self.resident_bytes
         if self.resident_bytes > self.epoch_peak_resident_bytes:
             self.epoch_peak_resident_bytes = self.resident_bytes
+        if self.resident_bytes > self.iteration_peak_resident_bytes:
+            self.iteration_peak_resident_bytes = self.resident_bytes
 
 
 class _Stored:
@@ -272,6 +275,7 @@ class Executor:
             if need:
                 self.arena.reserve(int(need * (1.0 + self.arena_slack)))
             self.arena.reset_peak()
+            self.counters.iteration_peak_resident_bytes = self.counters.resident_bytes
         protected: frozenset[int] = frozenset()
         if model is not None:
             protected = frozenset(_storage_id(t) for t in (*model.parameters(), *model.buffers()))

@@ -434,5 +434,6 @@ class Runtime:
                 budget_bytes=self._budget_bytes,
                 budget_fallbacks=counters.budget_fallbacks,
                 budget_waits=counters.budget_waits,
+                iteration_peak_resident_bytes=counters.iteration_peak_resident_bytes,
                 history=(*self._history, self._epoch_stats(counters)),
             )

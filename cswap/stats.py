@@ -117,6 +117,7 @@ class RuntimeStats:
         budget_fallbacks: packs whose planned keep would have passed the budget, stored with the
             policy's smallest-footprint action instead.
         budget_waits: device-to-host copies that pack waited for to stay within the budget (GPU).
+        iteration_peak_resident_bytes: the peak of resident bytes in the last iteration the hooks ran.
         history: per epoch, oldest first, the current one last.
     """
 
@@ -148,6 +149,7 @@ class RuntimeStats:
     budget_bytes: int | None = None
     budget_fallbacks: int = 0
     budget_waits: int = 0
+    iteration_peak_resident_bytes: int = 0
     history: tuple[EpochStats, ...] = field(default_factory=tuple)
 
     @property
