@@ -15,6 +15,7 @@ import cswap
 from cswap.models import build
 from cswap.stats import human_bytes
 from cswap import budgetplan, runtime
+from cswap.executor import Executor
 from cswap.plan import Action, Plan
 from tests.runtime.helpers import assert_bit_equal, batches, runtime_for, train
 
@@ -201,3 +202,60 @@ def test_transformer_with_dropout_at_four_tenths_of_none(policy: str, bert_refer
     reference, none_peak, data = bert_reference
     assert any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in _Bert().modules())
     _holds_or_says_least(policy, _Bert, data, reference, int(0.4 * none_peak))
+
+
+class _CopyEvent:
+    """Stands for a device-to-host copy's CUDA event: records whether pack waited on it."""
+
+    def __init__(self) -> None:
+        self.waited = False
+
+    def synchronize(self) -> None:
+        self.waited = True
+
+    def query(self) -> bool:
+        return self.waited
+
+
+def test_pack_waits_for_the_oldest_copies_while_resident_bytes_pass_the_budget() -> None:
+    executor = Executor(torch.device("cpu"), backend="cpu", prefetch_bytes=0)
+    events = [_CopyEvent() for _ in range(3)]
+    executor._inflight = [(event, 100) for event in events]
+    executor.counters.add_resident(350)
+    executor._wait_for_budget(200)  # 350 -> 250 -> 150: the two oldest copies are waited for
+    assert [e.waited for e in events] == [True, True, False]
+    assert executor.counters.resident_bytes == 150 and executor.counters.budget_waits == 2
+    executor._wait_for_budget(None)  # no budget: never waits
+    assert not events[2].waited
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_pack_holds_the_budget_waiting_on_copy_events_never_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_device_sync(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("pack or unpack synchronised the whole device")
+
+    torch.manual_seed(0)
+    model = build("vgg11", num_classes=10, width_mult=0.125).cuda()
+    x, y = CNN_BATCHES[0][0].cuda(), CNN_BATCHES[0][1].cuda()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    expected = [p.grad.clone() for p in model.parameters()]
+
+    def step(rt: cswap.Runtime) -> None:
+        model.zero_grad(set_to_none=True)
+        with rt.iteration():
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+        assert_bit_equal(expected, [p.grad for p in model.parameters()], "gradient")
+
+    rt = cswap.Runtime("swap", device="cuda", min_bytes=0, model=model, memory_budget=0.4)
+    try:
+        step(rt)  # profiling: the trace reads its CUDA timestamps with one device synchronise
+    except cswap.BudgetError as error:
+        rt = cswap.Runtime("swap", device="cuda", min_bytes=0, model=model, memory_budget=error.minimum_bytes)
+        step(rt)
+    with monkeypatch.context() as patched:
+        patched.setattr(torch.cuda, "synchronize", no_device_sync)
+        for _ in range(2):
+            step(rt)
+    stats = rt.stats()
+    assert stats.budget_bytes is not None and stats.peak_resident_bytes <= stats.budget_bytes
