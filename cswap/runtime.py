@@ -62,13 +62,13 @@ class Runtime:
         policy: ``none``, ``swap``, ``compress-swap``, ``cswap`` or ``compress-keep``.
         device, backend, min_bytes, prefetch_bytes, decider, paper_size, passive_profile,
             arena_slack, d2h_gbps, h2d_gbps, model, time_model, launch_lookup, logistic_model: the
-            options, documented on :class:`cswap.options.RuntimeOptions`.
+            options, documented on :class:`cswap.options.RuntimeOptions`. The defaults shown are
+            ``configs/default.yaml``'s (``$CSWAP_RUNTIME_CONFIG`` names another file, read at
+            each call for the options left at their default).
         memory_budget: the most bytes of saved activations on the device: ``None`` (no budget),
             int bytes, a string with a unit (``"512MiB"``, ``"2GiB"``) or a float in (0, 1], that
             fraction of policy ``none``'s activation peak from the profile. The policy's actions
-            are then planned per tensor within it (:mod:`cswap.budgetplan`). The defaults shown are
-            ``configs/default.yaml``'s (``$CSWAP_RUNTIME_CONFIG`` names another file, read at
-            each call for the options left at their default).
+            are then planned per tensor within it (:mod:`cswap.budgetplan`).
 
     Raises:
         TypeError: an unknown option (the message lists the valid ones).
