@@ -123,11 +123,14 @@ class Counters:
     resident_bytes: int = 0
     peak_resident_bytes: int = 0
     epoch_peak_resident_bytes: int = 0
+    iteration_peak_resident_bytes: int = 0
     pack_s: float = 0.0
     unpack_s: float = 0.0
     unpacks: int = 0
     prefetches: int = 0
     prefetch_hits: int = 0
+    budget_fallbacks: int = 0
+    budget_waits: int = 0
 
     def add_resident(self, nbytes: int) -> None:
         """Account ``nbytes`` more (or, negative, fewer) resident bytes and track the peaks."""
@@ -136,6 +139,8 @@ class Counters:
             self.peak_resident_bytes = self.resident_bytes
         if self.resident_bytes > self.epoch_peak_resident_bytes:
             self.epoch_peak_resident_bytes = self.resident_bytes
+        if self.resident_bytes > self.iteration_peak_resident_bytes:
+            self.iteration_peak_resident_bytes = self.resident_bytes
 
 
 class _Stored:
@@ -187,7 +192,7 @@ class _Stored:
 
     def __del__(self) -> None:
         try:
-            self._sink.append((self.block, self.held_bytes + self.prefetched_bytes, self.prefetched_bytes))
+            self._sink.append((self.key, self.block, self.held_bytes + self.prefetched_bytes, self.prefetched_bytes))
         except Exception:  # interpreter shutdown
             pass
 
@@ -243,9 +248,9 @@ class Executor:
         self.counters = Counters()
         self._lock = threading.RLock()
         self._dedupe: weakref.WeakValueDictionary[tuple[Any, ...], _Stored] = weakref.WeakValueDictionary()
-        self._released: collections.deque[tuple[ArenaBlock | None, int, int]] = collections.deque()
+        self._released: collections.deque[tuple[int, ArenaBlock | None, int, int]] = collections.deque()
         self._inflight: list[tuple[Any, int]] = []
-        self._handed_out: list[tuple[StorageWeakRef, int]] = []
+        self._handed_out: list[tuple[StorageWeakRef, int, int]] = []
         self._prefetched_bytes = 0
 
     # ------------------------------------------------------------------ iterations
@@ -270,6 +275,7 @@ class Executor:
             if need:
                 self.arena.reserve(int(need * (1.0 + self.arena_slack)))
             self.arena.reset_peak()
+            self.counters.iteration_peak_resident_bytes = self.counters.resident_bytes
         protected: frozenset[int] = frozenset()
         if model is not None:
             protected = frozenset(_storage_id(t) for t in (*model.parameters(), *model.buffers()))
@@ -278,8 +284,8 @@ class Executor:
     def end(self, it: IterationState) -> None:
         """Finish an iteration (the state stops recording; later unpacks still work)."""
         with self._lock:
+            self._drain(it.profiler)
             it.profiler = None
-            self._drain()
 
     def hooks(self, it: IterationState) -> tuple[Callable[[torch.Tensor], _Handle], Callable[[_Handle], torch.Tensor]]:
         """``(pack, unpack)`` for ``torch.autograd.graph.saved_tensors_hooks``."""
@@ -298,15 +304,21 @@ class Executor:
 
     # ------------------------------------------------------------------ bookkeeping
 
-    def _drain(self) -> None:
-        """Apply releases posted by dead handles, finished copies and freed rebuilt tensors."""
+    def _drain(self, profiler: Profiler | None = None) -> None:
+        """Apply releases posted by dead handles, finished copies and freed rebuilt tensors.
+
+        A profiling iteration's ``profiler`` learns which keys' stored data or rebuilt tensors
+        were seen dead here (their lifetimes end at the last unpack before this hook).
+        """
         counters = self.counters
+        freed: list[int] = []
         while self._released:
-            block, held, prefetched = self._released.popleft()
+            key, block, held, prefetched = self._released.popleft()
             if block is not None:
                 self.arena.free(block)
             counters.resident_bytes -= held
             self._prefetched_bytes -= prefetched
+            freed.append(key)
         if self._inflight:
             pending = []
             for event, nbytes in self._inflight:
@@ -317,12 +329,15 @@ class Executor:
             self._inflight = pending
         if self._handed_out:
             alive = []
-            for ref, nbytes in self._handed_out:
+            for ref, nbytes, key in self._handed_out:
                 if ref.expired():
                     counters.resident_bytes -= nbytes
+                    freed.append(key)
                 else:
-                    alive.append((ref, nbytes))
+                    alive.append((ref, nbytes, key))
             self._handed_out = alive
+        if profiler is not None and freed:
+            profiler.record_free(freed)
 
     def _never_move(self, it: IterationState, t: torch.Tensor) -> str | None:
         """Why ``t`` must stay where it is, or ``None``."""
@@ -358,7 +373,7 @@ class Executor:
         profiler = it.profiler
         stamp = profiler.stamp() if profiler is not None else None
         with self._lock:
-            self._drain()
+            self._drain(profiler)
             key = it.next_key
             it.next_key += 1
             handle, record = self._pack(it, key, tensor, profiler)
@@ -396,15 +411,18 @@ class Executor:
             if profiler is not None:
                 profiler.record_duplicate(key, stored.key)
         else:
-            decision = plan.resolve(key, layout.shape, layout.dtype, layout.nbytes)
-            if not decision.planned and plan.decisions:
+            decision = plan.resolve(key, layout.shape, layout.dtype, layout.nbytes, resident_bytes=counters.resident_bytes)
+            if decision.budget_fallback:
+                counters.budget_fallbacks += 1
+            elif not decision.planned and plan.decisions:
                 counters.unknown_keys += 1
             stored, zeros = self._store(key, tensor.detach(), layout, decision, count_zeros=profiler is not None)
+            self._wait_for_budget(plan.budget_bytes)
             if profiler is not None:
                 # Deferred like the zero count: what the encoding needs to predict its size.
                 encoding_facts = value_range(tensor.detach())
             self._dedupe[dedupe_key] = stored
-            counters.actions[decision.action.value] += 1
+            counters.actions[stored.action.value] += 1
         it.stored_by_key[key] = weakref.ref(stored)
         record = None
         if profiler is not None:
@@ -455,6 +473,15 @@ class Executor:
                 stored.ready = event
         else:
             self._store_on_stream(stored, flat, action, compress_launch)
+        if action is Action.ZVC_KEEP and decision.raw_unless_smaller and stored.packed.compressed_nbytes >= layout.nbytes:  # type: ignore[union-attr]
+            # The decision stores it compressed only where that holds fewer bytes (known once encoded).
+            if count_zeros:
+                zeros = layout.numel - stored.packed.nnz  # type: ignore[union-attr]
+            stored.packed, stored.ready, stored.action, stored.tensor = None, None, Action.KEEP, tensor
+            stored.held_bytes = layout.nbytes
+            counters.kept_bytes += layout.nbytes
+            counters.add_resident(layout.nbytes)
+            return stored, zeros
         if action.compresses:
             packed = stored.packed
             assert packed is not None
@@ -469,6 +496,21 @@ class Executor:
             stored.held_bytes = stored.packed.compressed_nbytes  # type: ignore[union-attr]
             counters.add_resident(stored.held_bytes)
         return stored, zeros
+
+    def _wait_for_budget(self, budget_bytes: int | None) -> None:
+        """Under a budget, wait for the oldest device-to-host copies while resident bytes pass it.
+
+        Only sources of copies in flight can be released by waiting (GPU); an event wait blocks
+        this thread until that copy finished, never the whole device.
+        """
+        if budget_bytes is None:
+            return
+        counters = self.counters
+        while self._inflight and counters.resident_bytes > budget_bytes:
+            event, nbytes = self._inflight.pop(0)
+            event.synchronize()
+            counters.resident_bytes -= nbytes
+            counters.budget_waits += 1
 
     def _store_on_stream(self, stored: _Stored, flat: torch.Tensor, action: Action, launch: Any) -> None:
         """The copies and compression of one tensor, on the current stream."""
@@ -512,7 +554,7 @@ class Executor:
         profiler = it.profiler
         stamp = profiler.stamp() if profiler is not None else None
         with self._lock:
-            self._drain()
+            self._drain(profiler)
             stored = handle.stored
             if stored is None:
                 out = handle.tensor
@@ -520,6 +562,8 @@ class Executor:
                 out = stored.tensor
             else:
                 out = self._materialize(stored)
+                if profiler is not None:
+                    profiler.record_rebuilt(handle.key, out.untyped_storage().nbytes())
             if stored is not None:
                 stored.unpacked = True
             self._prefetch_after(it, handle.key)
@@ -553,7 +597,7 @@ class Executor:
             compute = torch.cuda.current_stream(self.device)
             compute.wait_event(event)
             out.record_stream(compute)
-        self._handed_out.append((StorageWeakRef(out.untyped_storage()), nbytes))
+        self._handed_out.append((StorageWeakRef(out.untyped_storage()), nbytes, stored.key))
         stored.last_out = weakref.ref(out)
         return out
 
@@ -591,7 +635,9 @@ class Executor:
     def _prefetch_after(self, it: IterationState, key: int) -> None:
         """Fetch the offloaded tensors that follow ``key`` in the profiled unpack order, within the budget."""
         position = it.unpack_position.get(key)
-        if position is None or self.prefetch_bytes <= 0:
+        plan = it.plan
+        window = self.prefetch_bytes if plan.prefetch_bytes is None else min(plan.prefetch_bytes, self.prefetch_bytes)
+        if position is None or window <= 0:
             return
         order = it.plan.unpack_order
         i = max(position + 1, it.prefetch_cursor)
@@ -602,7 +648,9 @@ class Executor:
                 i += 1
                 continue
             nbytes = stored.layout.nbytes
-            if self._prefetched_bytes + nbytes > self.prefetch_bytes:
+            if self._prefetched_bytes + nbytes > window:
+                break
+            if plan.budget_bytes is not None and self.counters.resident_bytes + nbytes > plan.budget_bytes:
                 break
             out, event = self._fetch(stored)
             held = out.untyped_storage().nbytes()

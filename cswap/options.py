@@ -13,7 +13,7 @@ Example:
     >>> load_options(min_byte=0)
     Traceback (most recent call last):
     ...
-    TypeError: unknown Runtime option 'min_byte'; valid options are arena_slack, backend, d2h_gbps, decider, device, h2d_gbps, launch_lookup, logistic_model, min_bytes, model, paper_size, passive_profile, policy, prefetch_bytes, time_model
+    TypeError: unknown Runtime option 'min_byte'; valid options are arena_slack, backend, d2h_gbps, decider, device, h2d_gbps, launch_lookup, logistic_model, memory_budget, min_bytes, model, paper_size, passive_profile, policy, prefetch_bytes, time_model
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import yaml
 
+from cswap.budget import MemoryBudget, parse_budget
 from cswap.codecs.launch import Launch
 from cswap.paths import shipped_configs_dir
 
@@ -74,7 +75,7 @@ FILE_OPTIONS: tuple[str, ...] = (
 )
 
 #: Options that are objects, given as keyword arguments only (``None`` by default).
-OBJECT_OPTIONS: tuple[str, ...] = ("model", "time_model", "launch_lookup", "logistic_model")
+OBJECT_OPTIONS: tuple[str, ...] = ("model", "time_model", "launch_lookup", "logistic_model", "memory_budget")
 
 #: ``launch_lookup(backend, op, dtype, nbytes)``: the launch config to use for one tensor, or ``None``.
 LaunchLookup = Callable[[str, str, torch.dtype, int], "Launch | None"]
@@ -102,6 +103,9 @@ class RuntimeOptions:
         launch_lookup: ``(backend, op, dtype, nbytes) -> Launch | None``, e.g. backed by the tuner's store.
         logistic_model: an object with ``should_compress(nbytes, sparsity, hidden_forward_s,
             hidden_backward_s, d2h_gbps, h2d_gbps) -> bool``, for ``decider="logistic"``.
+        memory_budget: the most bytes of saved activations kept on the device
+            (:class:`cswap.budget.MemoryBudget`; given as bytes, ``"2GiB"`` or a fraction of policy
+            ``none``'s peak, read by :func:`cswap.budget.parse_budget`); ``None``: no budget.
     """
 
     policy: str
@@ -119,8 +123,11 @@ class RuntimeOptions:
     time_model: Any = None
     launch_lookup: LaunchLookup | None = None
     logistic_model: Any = None
+    memory_budget: MemoryBudget | None = None
 
     def __post_init__(self) -> None:
+        # any accepted form becomes a MemoryBudget; parse_budget's error names the forms
+        object.__setattr__(self, "memory_budget", parse_budget(self.memory_budget))
         for name in FILE_OPTIONS + OBJECT_OPTIONS:
             problem = _problem(name, getattr(self, name))
             if problem:
@@ -170,6 +177,8 @@ def _problem(name: str, value: Any) -> str | None:
         return None if ok else "must have compress_s(...) and decompress_s(...) (cswap.costmodel.TimeModel) or be None"
     if name == "launch_lookup":
         return None if value is None or callable(value) else "must be a callable (backend, op, dtype, nbytes) -> Launch | None"
+    if name == "memory_budget":
+        return None if value is None or isinstance(value, MemoryBudget) else "read it with cswap.budget.parse_budget"
     if name == "logistic_model":
         ok = value is None or callable(getattr(value, "should_compress", None))
         return None if ok else "must have should_compress(nbytes, sparsity, hidden_forward_s, hidden_backward_s, d2h_gbps, h2d_gbps)"

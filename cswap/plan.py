@@ -26,7 +26,7 @@ import enum
 import warnings
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -168,6 +168,13 @@ class Decision:
         compress_launch, decompress_launch: the codec launch configs (``None``: the backend default).
         module: the module that produced the tensor (``features.3 (ReLU)``), when known.
         planned: made from the profile; False for a decision :meth:`Plan.resolve` made at run time.
+        predicted_s: the seconds the memory-budget planner predicts this action adds (budget plans only).
+        slack_bytes: the budget minus the planned resident bytes at the fullest event of this
+            tensor's lifetime (budget plans only).
+        budget_fallback: the planned action would have passed the budget at pack, so the policy's
+            smallest-footprint action was taken instead.
+        raw_unless_smaller: a ``zvc-keep`` that keeps the tensor raw when its encoding turns out no
+            smaller (profiling under a budget, before sizes are known).
     """
 
     key: int
@@ -186,6 +193,10 @@ class Decision:
     decompress_launch: Launch | None = None
     module: str = ""
     planned: bool = True
+    predicted_s: float | None = None
+    slack_bytes: int | None = None
+    budget_fallback: bool = False
+    raw_unless_smaller: bool = False
 
     def matches(self, shape: tuple[int, ...], dtype: str, nbytes: int | None = None) -> bool:
         """Whether a tensor of ``shape``, ``dtype`` (and ``nbytes``, when given) passes this decision's guard."""
@@ -203,6 +214,9 @@ class Decision:
             "action": self.action.value,
             "reason": self.reason,
             "planned": self.planned,
+            "predicted_s": self.predicted_s,
+            "slack_bytes": self.slack_bytes,
+            "budget_fallback": self.budget_fallback,
             "swap_s": self.swap_s,
             "compressed_swap_s": self.compressed_swap_s,
             "compress_s": self.compress_s,
@@ -229,6 +243,19 @@ class Plan:
         min_bytes: tensors below this stay, whatever the action.
         default_reason: the reason given with ``default_action`` (``""``: "not in the plan").
         launches: the launch configs of compressed tensors the plan did not know.
+        budget_bytes: the memory budget in bytes (``None``: no budget).
+        fallback_action: the policy's smallest-footprint action, taken instead of a keep or
+            zvc-keep that would pass the budget at pack (``None``: no fallback).
+        prefetch_bytes: the most bytes backward may fetch ahead of need under this plan
+            (``None``: the runtime's ``prefetch_bytes``).
+        binding: which constraint binds, in words (budget plans).
+        planner: the budget planner's summary: status, predicted seconds, peak and slack bytes,
+            the greedy's gap (budget plans).
+        raw_unless_smaller: decisions made here for ``zvc-keep`` keep a tensor raw when its
+            encoding is no smaller (profiling under a budget).
+        expected_bytes: per planned key, the resident bytes the budget plan expects just before
+            its pack; more than that by over the decision's ``slack_bytes`` means a kept tensor
+            would pass the budget later in its lifetime, so it falls back (budget plans).
     """
 
     policy: str
@@ -242,6 +269,13 @@ class Plan:
     min_bytes: int = 0
     default_reason: str = ""
     launches: LaunchCache | None = field(default=None, compare=False, repr=False)
+    budget_bytes: int | None = None
+    fallback_action: Action | None = None
+    prefetch_bytes: int | None = None
+    binding: str = ""
+    planner: Mapping[str, Any] = field(default_factory=dict)
+    expected_bytes: Mapping[int, int] = field(default_factory=dict)
+    raw_unless_smaller: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "decisions", MappingProxyType(dict(self.decisions)))
@@ -264,6 +298,7 @@ class Plan:
         *,
         never_moved: str | None = None,
         duplicate_of: Decision | None = None,
+        resident_bytes: int = 0,
     ) -> Decision:
         """The complete decision for one pack; the executor carries it out as it is.
 
@@ -272,6 +307,8 @@ class Plan:
             shape, dtype, nbytes: the tensor's shape, dtype and compact bytes.
             never_moved: why the tensor must stay where it is (a parameter, another device...), if so.
             duplicate_of: the decision of the pack whose data this one shares (stored once).
+            resident_bytes: what the executor holds on the device now; under a budget, a keep or
+                zvc-keep that would take it past ``budget_bytes`` becomes ``fallback_action``.
 
         Returns:
             The planned :class:`Decision` when its guard holds and the facts agree with it; else a
@@ -300,13 +337,36 @@ class Plan:
             action, why = constrained(self.default_action, nbytes, name, self.min_bytes)
             reason = why or self.default_reason or f"key {key} ({name} {list(shape)}) not in the plan: policy {self.policy}'s default"
             launches = self.launches.launches(name, nbytes) if action.compresses and self.launches is not None else {}
-            decision = Decision(**facts, action=action, reason=reason, **launches)
+            decision = Decision(**facts, action=action, reason=reason, raw_unless_smaller=self.raw_unless_smaller, **launches)
+        if never_moved is None and duplicate_of is None:
+            decision = self._within_budget(decision, resident_bytes)
         resolved: dict[int, Decision] = self._resolved  # type: ignore[attr-defined]
         if decision is planned:
             resolved.pop(key, None)
         else:
             resolved[key] = decision
         return decision
+
+    def _within_budget(self, decision: Decision, resident_bytes: int) -> Decision:
+        """``decision``, or the fallback action when keeping it would pass the budget now."""
+        fallback = self.fallback_action
+        if self.budget_bytes is None or fallback is None or decision.action.offloads or decision.action is fallback:
+            return decision
+        held = decision.nbytes
+        if decision.action is Action.ZVC_KEEP and decision.compressed_nbytes is not None:
+            held = min(held, int(decision.compressed_nbytes))
+        expected = self.expected_bytes.get(decision.key) if decision.planned else None
+        drift = resident_bytes - expected if expected is not None else 0
+        within_slack = decision.slack_bytes is None or drift <= decision.slack_bytes
+        if resident_bytes + held <= self.budget_bytes and within_slack:
+            return decision
+        action, why = constrained(fallback, decision.nbytes, decision.dtype, self.min_bytes)
+        if action is decision.action or (why is not None and not action.offloads):
+            return decision  # the rules leave nothing smaller (below min_bytes, or nothing to fall back to)
+        launches = self.launches.launches(decision.dtype, decision.nbytes) if action.compresses and self.launches is not None else {}
+        reason = (f"budget fallback: {resident_bytes:,d} B resident at pack ({drift:+,d} B over the plan), "
+                  f"{decision.action.value} of {held:,d} B would pass the {self.budget_bytes:,d} B budget; {action.value} instead")
+        return replace(decision, action=action, reason=reason, planned=False, budget_fallback=True, **launches)
 
     def rows(self) -> Mapping[int, Decision]:
         """Per key, in key order, what the executor last did: the planned decision, or the one
@@ -331,16 +391,26 @@ class Plan:
             "host_bytes": self.host_bytes,
             "d2h_gbps": self.d2h_gbps,
             "h2d_gbps": self.h2d_gbps,
+            "budget_bytes": self.budget_bytes,
+            "prefetch_bytes": self.prefetch_bytes,
+            "binding": self.binding,
+            "planner": dict(self.planner),
         }
 
     def __str__(self) -> str:
         lines = [f"Plan(policy={self.policy}, epoch={self.epoch}, default={self.default_action.value}, {self.counts()})"]
+        if self.budget_bytes is not None:
+            lines.append(f"  budget {self.budget_bytes:,d} B" + (f"; binds: {self.binding}" if self.binding else ""))
         rows = self.rows().values()
         width = max((len(d.module) for d in rows), default=0)
         for d in rows:
             cost = ""
             if d.swap_s is not None and d.compressed_swap_s is not None:
                 cost = f"  T={d.compressed_swap_s * 1e3:.3f} ms  T'={d.swap_s * 1e3:.3f} ms"
+            if d.predicted_s is not None:
+                cost += f"  predicted {d.predicted_s * 1e3:.3f} ms"
+            if d.slack_bytes is not None:
+                cost += f"  slack {d.slack_bytes:,d} B"
             module = f"  {d.module:<{width}}" if width else ""
             lines.append(f"  {d.key:4d}{module} {d.dtype:>8} {list(d.shape)!s:>20} {d.nbytes:>11,d} B  {d.action.value:8}{cost}  {d.reason}")
         return "\n".join(lines)

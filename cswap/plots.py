@@ -21,7 +21,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
 from matplotlib.colors import ListedColormap  # noqa: E402
 
-__all__ = ["ACTION_COLORS", "decision_label", "plot_convergence", "plot_decisions", "plot_memory", "plot_sparsity"]
+__all__ = ["ACTION_COLORS", "decision_label", "plot_budget", "plot_convergence", "plot_decisions", "plot_memory", "plot_sparsity"]
 
 #: One colour per runtime action, in the order of the decision map's legend.
 ACTION_COLORS: dict[str, str] = {"keep": "#9e9e9e", "swap": "#1f77b4", "zvc-swap": "#2ca02c", "zvc-keep": "#ff7f0e"}
@@ -87,6 +87,19 @@ def plot_decisions(epochs: Sequence[Mapping[str, Any]], path: Path) -> Path:
         ax.set_yticks(range(len(keys)), [decision_label(k, modules.get(k, "")) for k in keys], fontsize="x-small")
         ax.set_ylabel("saved tensor (pack order, producing module)")
     ax.set_title("What the plan did with each tensor")
+    return _save(fig, path)
+
+
+def plot_budget(epochs: Sequence[Mapping[str, Any]], budget_bytes: int, path: Path) -> Path:
+    """The resident peak of each iteration against the memory budget."""
+    peaks = [p for e in epochs for p in e.get("iteration_peak_resident_bytes", [])]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(range(len(peaks)), [p / 2**20 for p in peaks], marker=".", label="peak resident")
+    ax.axhline(budget_bytes / 2**20, color="black", linestyle="--", label="budget")
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("saved activations on the device (MiB)")
+    ax.set_title("Peak per iteration against the memory budget")
+    ax.legend()
     return _save(fig, path)
 
 

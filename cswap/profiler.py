@@ -133,6 +133,11 @@ class Profiler:
         self.clock = clock if clock is not None else Clock(device)
         self._packs: dict[int, _Pack] = {}
         self._unpacks: dict[int, tuple[Any, Any]] = {}
+        # keys of the planner's backward events (first unpacks of stored, not duplicate, tensors) in order
+        self._events: list[int] = []
+        # key -> events seen before its storage was seen dead, minus one (-1: in forward)
+        self._frees: dict[int, int] = {}
+        self._rebuilt: dict[int, int] = {}
         self._reasons: dict[int, str] = {}
         self._duplicates: dict[int, int] = {}
         self._hooks: list[Any] = []
@@ -255,8 +260,23 @@ class Profiler:
         """``key`` packed the same storage and view as ``first_key``: it is stored once."""
         self._duplicates[key] = first_key
 
+    def record_free(self, keys: list[int]) -> None:
+        """The executor saw the stored data or rebuilt tensor of ``keys`` dead at this hook: each
+        was last alive at the previous first unpack (the latest sighting per key counts)."""
+        rank = len(self._events) - 1
+        for key in keys:
+            self._frees[key] = rank
+
+    def record_rebuilt(self, key: int, nbytes: int) -> None:
+        """The first unpack of ``key`` rebuilt it into ``nbytes`` of storage."""
+        self._rebuilt.setdefault(key, nbytes)
+
     def record_unpack(self, key: int, start: Any, end: Any) -> None:
         """An unpack hook call; only the first per key is kept."""
+        if key not in self._unpacks:
+            packed = self._packs.get(key)
+            if packed is not None and packed.offloadable and key not in self._duplicates:
+                self._events.append(key)
         self._unpacks.setdefault(key, (start, end))
 
     # ------------------------------------------------------------------ the trace
@@ -297,11 +317,20 @@ class Profiler:
             hidden_b[key] = max(started - previous_end, 0.0)
             previous_end = ended
 
+        # ranks among first unpacks, in the order the hooks ran (dicts keep insertion order)
+        unpack_rank = {key: rank for rank, key in enumerate(self._events)}
+        last_rank = len(unpack_rank) - 1
         records = []
         for p in packs:
             source = self._packs.get(self._duplicates.get(p.key, p.key), p)
             sparsity = zeros[source.key] / source.numel if source.numel else 0.0
             unpacked = unpack_at.get(p.key)
+            rank = unpack_rank.get(p.key)
+            free = self._frees.get(source.key)
+            if rank is not None:
+                free = max(rank, last_rank if free is None else free)
+            elif free is not None and free < 0:
+                free = None  # died in forward: its last event is its own (no later unpack bounds it)
             records.append(
                 TensorRecord(
                     key=p.key,
@@ -319,6 +348,9 @@ class Profiler:
                     unpack_at_s=unpacked[0] if unpacked else None,
                     hidden_forward_s=hidden_f.get(p.key, 0.0),
                     hidden_backward_s=hidden_b.get(p.key, 0.0),
+                    unpack_order=rank,
+                    free_order=free,
+                    rebuilt_nbytes=self._rebuilt.get(p.key) if self._rebuilt.get(p.key, p.nbytes) != p.nbytes else None,
                 )
             )
         reasons = {str(k): v for k, v in self._reasons.items()}

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 from rich.console import Console
 from rich.table import Table
 
-from cswap.plots import plot_convergence, plot_decisions, plot_memory, plot_sparsity
+from cswap.plots import plot_budget, plot_convergence, plot_decisions, plot_memory, plot_sparsity
 from cswap.progress import format_bytes
 from cswap.trainconfig import TrainConfig
 
@@ -43,6 +43,8 @@ def draw_plots(report: Mapping[str, Any], directory: Path) -> dict[str, str]:
         "sparsity": plot_sparsity(epochs, directory / "sparsity.png"),
         "decisions": plot_decisions(epochs, directory / "decisions.png"),
     }
+    if report.get("budget_bytes") is not None:
+        paths["budget"] = plot_budget(epochs, report["budget_bytes"], directory / "budget.png")
     timeline = report.get("memory_timeline")
     if timeline:
         unit = "device memory allocated (MiB)" if report.get("device", {}).get("kind") == "cuda" else "resident activation memory (MiB)"

@@ -31,6 +31,8 @@ from typing import Any
 import torch
 
 from cswap.advisor import Advisor
+from cswap.budget import BudgetError
+from cswap.budgetplan import FALLBACK_ACTIONS, NO_CODEC, PROFILE_ACTIONS, budget_plan
 from cswap.codecs.api import default_backend
 from cswap.device import bandwidth, fingerprint, resolve_device
 from cswap.executor import Counters, Executor
@@ -63,10 +65,18 @@ class Runtime:
             options, documented on :class:`cswap.options.RuntimeOptions`. The defaults shown are
             ``configs/default.yaml``'s (``$CSWAP_RUNTIME_CONFIG`` names another file, read at
             each call for the options left at their default).
+        memory_budget: the most bytes of saved activations on the device: ``None`` (no budget),
+            int bytes, a string with a unit (``"512MiB"``, ``"2GiB"``) or a float in (0, 1], that
+            fraction of policy ``none``'s activation peak from the profile. The policy's actions
+            are then planned per tensor within it (:mod:`cswap.budgetplan`).
 
     Raises:
         TypeError: an unknown option (the message lists the valid ones).
-        ValueError: an unknown policy (the message lists the choices) or another bad value.
+        ValueError: an unknown policy (the message lists the choices), a bad memory budget or
+            another bad value.
+        cswap.BudgetError: from the ``rt.iteration()`` block of a profiling iteration whose profile
+            shows the policy cannot meet the budget (that iteration's gradients are complete); its
+            ``minimum_bytes`` is the least budget the policy meets on this model.
 
     Example:
         >>> rt = Runtime("swap", device="cpu", min_bytes=0)
@@ -95,6 +105,7 @@ class Runtime:
         time_model: Any = None,
         launch_lookup: LaunchLookup | None = None,
         logistic_model: Any = None,
+        memory_budget: int | str | float | None = None,
         **unknown: Any,
     ) -> None:
         given = dict(
@@ -105,7 +116,8 @@ class Runtime:
         # ($CSWAP_RUNTIME_CONFIG may name another file); `unknown` exists only so that a misspelt
         # option's error lists the valid ones.
         overrides = {name: value for name, value in given.items() if value != _DEFAULTS[name] or type(value) is not type(_DEFAULTS[name])}
-        objects = dict(model=model, time_model=time_model, launch_lookup=launch_lookup, logistic_model=logistic_model)
+        objects = dict(model=model, time_model=time_model, launch_lookup=launch_lookup, logistic_model=logistic_model,
+                       memory_budget=memory_budget)
         overrides.update({name: value for name, value in objects.items() if value is not None})
         self._options = load_options(**overrides, **unknown)
         opts = self._options
@@ -132,6 +144,12 @@ class Runtime:
             default_reason=POLICY_REASONS[opts.policy],
             launches=LaunchCache(self._backend, opts.launch_lookup),
         )
+        budget = opts.memory_budget
+        # A fraction of none's peak is known only from a profile; bytes hold from the first pack.
+        self._budget_bytes: int | None = None if budget is None or budget.relative else budget.resolve()
+        self._budget_error: BudgetError | None = None
+        if self._budget_bytes is not None:
+            self._plan = replace(self._plan, budget_bytes=self._budget_bytes, fallback_action=FALLBACK_ACTIONS[opts.policy])
         self._bandwidths: tuple[float, float] | None = None
         self._time_model: Any = opts.time_model
         self._fingerprint: dict[str, Any] | None = None
@@ -215,7 +233,7 @@ class Runtime:
             profiling = self._needs_profile
         started = time.perf_counter()
         try:
-            if not profiling and self.policy == "none":
+            if not profiling and self.policy == "none" and self._options.memory_budget is None:
                 yield
             else:
                 yield from self._hooked(profiling)
@@ -230,6 +248,9 @@ class Runtime:
             self._epoch_iteration_s += elapsed
             if profiling:
                 self._profiled += 1
+            error, self._budget_error = self._budget_error, None
+        if error is not None:
+            raise error
 
     def _hooked(self, profiling: bool) -> Iterator[None]:
         executor = self._executor
@@ -237,12 +258,14 @@ class Runtime:
         plan = self._plan
         if profiling:
             mode = self._profile_mode()
-            forced = {"keep-all": Action.KEEP, "passive": Action.SWAP}.get(mode)
+            forced = {"keep-all": Action.KEEP, "passive": Action.SWAP, "budget": PROFILE_ACTIONS[self.policy]}.get(mode)
             if forced is not None:
                 # Profiling modes that move every tensor alike: a plan with no per-key decisions
                 # (the current one's unpack order still drives prefetch).
-                reason = f"profiling ({mode}): {'keep' if forced is Action.KEEP else 'swap'} every tensor"
+                reason = f"profiling ({mode}): {forced.value} every tensor"
                 plan = replace(plan, decisions={}, default_action=forced, default_reason=reason)
+            if mode == "budget":
+                plan = replace(plan, prefetch_bytes=0, raw_unless_smaller=True)
             meta = {"mode": mode, "backend": self._backend, "min_bytes": self._options.min_bytes}
             if self._options.model is not None:
                 meta["model"] = type(self._options.model).__name__
@@ -265,7 +288,10 @@ class Runtime:
             self._finish_profile(profiler)
 
     def _profile_mode(self) -> str:
-        """``passive`` (swap all), ``keep-all``, or ``plan`` (follow the current plan while recording)."""
+        """``passive`` (swap all), ``keep-all``, ``budget`` (each policy's smallest footprint), or
+        ``plan`` (follow the current plan while recording)."""
+        if self._options.memory_budget is not None:
+            return "budget"
         if self._options.passive_profile:
             return "passive"
         if self.policy == "none" or (self.policy == "cswap" and self._trace is None):
@@ -284,8 +310,21 @@ class Runtime:
     def _finish_profile(self, profiler: Profiler) -> None:
         d2h, h2d = self._bandwidth()
         trace = profiler.trace(d2h, h2d, self._device_dict())
-        plan = self._advisor().plan(trace, self._epoch)
+        budget = self._options.memory_budget
+        error = None
+        if budget is None:
+            plan = self._advisor().plan(trace, self._epoch)
+        else:
+            compresses = self.policy in ("compress-swap", "compress-keep", "cswap")
+            time_model = self._codec_time_model() if compresses else NO_CODEC
+            # the profiling iteration is the epoch's first: the epoch's peak so far is its own
+            profiled_peak = self._executor.snapshot().epoch_peak_resident_bytes
+            plan, budget_bytes, error = budget_plan(trace, self.policy, budget, time_model, self._backend, self._options.min_bytes,
+                                                    self._epoch, self._plan.launches, profiled_peak)
         with self._lock:
+            if budget is not None:
+                self._budget_bytes = budget_bytes
+                self._budget_error = error
             self._trace = trace
             self._plan = plan
             self._needs_profile = False
@@ -308,13 +347,7 @@ class Runtime:
     def _advisor(self) -> Advisor:
         opts = self._options
         d2h, h2d = self._bandwidth()
-        time_model = None
-        if self.policy == "cswap":
-            if self._time_model is None:
-                from cswap.codec_speed import codec_speed  # measured only when the cost model needs it
-
-                self._time_model = codec_speed(self._device, self._backend)
-            time_model = self._time_model
+        time_model = self._codec_time_model() if self.policy == "cswap" else None
         return Advisor(
             policy=opts.policy,
             backend=self._backend,
@@ -327,6 +360,13 @@ class Runtime:
             paper_size=opts.paper_size,
             launch_lookup=opts.launch_lookup,
         )
+
+    def _codec_time_model(self) -> Any:
+        if self._time_model is None:
+            from cswap.codec_speed import codec_speed  # measured only when the cost model needs it
+
+            self._time_model = codec_speed(self._device, self._backend)
+        return self._time_model
 
     # ------------------------------------------------------------------ what it did
 
@@ -391,5 +431,9 @@ class Runtime:
                 arena_used_bytes=arena.used_bytes,
                 arena_misses=arena.misses,
                 iteration_s=self._iteration_s,
+                budget_bytes=self._budget_bytes,
+                budget_fallbacks=counters.budget_fallbacks,
+                budget_waits=counters.budget_waits,
+                iteration_peak_resident_bytes=counters.iteration_peak_resident_bytes,
                 history=(*self._history, self._epoch_stats(counters)),
             )

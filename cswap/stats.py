@@ -112,6 +112,12 @@ class RuntimeStats:
         arena_used_bytes: host arena bytes held by live saved tensors now.
         arena_misses: host allocations that did not fit in the arena (they used fresh memory).
         iteration_s: wall seconds spent inside ``rt.iteration()`` (host time).
+        budget_bytes: the memory budget in bytes (``None``: no budget, or a fraction not yet
+            resolved by a profile); ``peak_resident_bytes`` stays within it.
+        budget_fallbacks: packs whose planned keep would have passed the budget, stored with the
+            policy's smallest-footprint action instead.
+        budget_waits: device-to-host copies that pack waited for to stay within the budget (GPU).
+        iteration_peak_resident_bytes: the peak of resident bytes in the last iteration the hooks ran.
         history: per epoch, oldest first, the current one last.
     """
 
@@ -140,6 +146,10 @@ class RuntimeStats:
     arena_used_bytes: int
     arena_misses: int
     iteration_s: float
+    budget_bytes: int | None = None
+    budget_fallbacks: int = 0
+    budget_waits: int = 0
+    iteration_peak_resident_bytes: int = 0
     history: tuple[EpochStats, ...] = field(default_factory=tuple)
 
     @property
@@ -175,7 +185,11 @@ class RuntimeStats:
             ("offloaded", f"{human_bytes(self.offloaded_bytes)}, transferred {human_bytes(self.transferred_bytes)}"),
             ("compressed", f"{human_bytes(self.compressed_input_bytes)} -> {human_bytes(self.compressed_bytes)} "
                            f"(ratio {self.compression_ratio:.2f}x)"),
-            ("peak", f"{human_bytes(self.peak_resident_bytes)} resident (now {human_bytes(self.resident_bytes)})"),
+            ("peak", f"{human_bytes(self.peak_resident_bytes)} resident"
+                     + (f" of budget {human_bytes(self.budget_bytes)}" if self.budget_bytes is not None else "")
+                     + f" (now {human_bytes(self.resident_bytes)})"
+                     + (f", {self.budget_fallbacks} budget fallbacks" if self.budget_fallbacks else "")
+                     + (f", {self.budget_waits} copy waits" if self.budget_waits else "")),
             ("host arena", f"{human_bytes(self.arena_bytes)} ({self.arena_misses} misses)"),
             ("time", f"{_seconds(self.iteration_s)} in iterations{mean}, pack hooks {_seconds(self.pack_s)}, "
                      f"unpack hooks {_seconds(self.unpack_s)}"),

@@ -64,6 +64,9 @@ class TensorRecord:
             never unpacked).
         module: the module that produced it, as ``path (Type)`` (``"features.3 (ReLU)"``) when the
             runtime was given ``model=``, else ``""`` (traces written without it load as ``""``).
+        rebuilt_nbytes: the storage bytes of the tensor rebuilt for backward, when the profile
+            rebuilt it and they differ from ``nbytes`` (a strided view is rebuilt with its strides,
+            in a buffer spanning them); ``None`` otherwise.
     """
 
     key: int
@@ -84,6 +87,7 @@ class TensorRecord:
     unpack_order: int | None = None
     free_order: int | None = None
     module: str = ""
+    rebuilt_nbytes: int | None = None
 
     @property
     def density(self) -> float:

@@ -263,6 +263,7 @@ def train(cfg: TrainConfig, console: Console | None = None, show_progress: bool 
         runtime_options["time_model"] = kernels.time_model
     if cfg.min_bytes is not None:
         runtime_options["min_bytes"] = cfg.min_bytes
+    runtime_options["memory_budget"] = cfg.memory_budget
     runtime = Runtime(policy=cfg.policy, **runtime_options)
     trained: nn.Module = model
     if ctx.distributed:
@@ -280,6 +281,7 @@ def train(cfg: TrainConfig, console: Console | None = None, show_progress: bool 
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
             losses: list[float] = []
+            iteration_peaks: list[int] = []
             samples = 0
             start = time.perf_counter()
             for step, (images, labels) in enumerate(loader):
@@ -294,12 +296,14 @@ def train(cfg: TrainConfig, console: Console | None = None, show_progress: bool 
                 losses.append(float(loss.detach()))
                 samples += labels.numel() * ctx.world_size
                 stats = runtime.stats()
+                iteration_peaks.append(stats.iteration_peak_resident_bytes)
                 progress.update(epoch, step, loss=losses[-1], samples_per_s=samples / (time.perf_counter() - start),
                                 memory_bytes=_peak_memory_bytes(device, runtime),
                                 offloaded_bytes=stats.offloaded_bytes, ratio=stats.compression_ratio)
             seconds = time.perf_counter() - start
             accuracy = _evaluate(model, split.test, device, cfg.batch_size)
-            epochs.append(_epoch_record(epoch, losses, accuracy, samples, seconds, runtime, device))
+            epochs.append({**_epoch_record(epoch, losses, accuracy, samples, seconds, runtime, device),
+                           "iteration_peak_resident_bytes": iteration_peaks})
     report = {
         "model": cfg.model,
         "dataset": cfg.dataset,
@@ -310,6 +314,7 @@ def train(cfg: TrainConfig, console: Console | None = None, show_progress: bool 
         "config": cfg.model_dump(mode="json"),
         "epochs": epochs,
         "stats": runtime.stats().to_dict(),
+        "budget_bytes": runtime.stats().budget_bytes,
     }
     if ctx.is_main and cfg.save_model is not None:
         cfg.save_model.parent.mkdir(parents=True, exist_ok=True)

@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any, Literal, Mapping
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from cswap.budget import parse_budget
 from cswap.paths import shipped_configs_dir
 
 __all__ = ["RecipeError", "TrainConfig", "load_config", "recipe_path", "shipped_recipes"]
@@ -56,6 +57,8 @@ class TrainConfig(BaseModel):
         width_mult: channel multiplier of the model (1.0 is the published architecture).
         train_samples: cap on training images (``None``: all).
         min_bytes: tensors below it stay on the device.
+        memory_budget: the most bytes of saved activations on the device: bytes, ``"512MiB"``, or a
+            fraction in (0, 1] of policy ``none``'s peak (:func:`cswap.budget.parse_budget`); ``None``: no budget.
         report: JSON report path (``None``: ``runs/<model>-<policy>/report.json``).
         plots: directory for PNG plots (``None``: next to the report).
         seed: seeds model init, data order and dropout.
@@ -81,10 +84,17 @@ class TrainConfig(BaseModel):
     width_mult: float = Field(1.0, gt=0)
     train_samples: int | None = Field(None, ge=1)
     min_bytes: int | None = Field(None, ge=0)
+    memory_budget: int | float | str | None = None
     report: Path | None = None
     plots: Path | None = None
     seed: int = 0
     save_model: Path | None = None
+
+    @field_validator("memory_budget")
+    @classmethod
+    def _budget(cls, value: int | float | str | None) -> int | float | str | None:
+        parse_budget(value)  # its ValueError names the value and the accepted forms
+        return value
 
     @property
     def report_path(self) -> Path:

@@ -32,6 +32,7 @@ def train_command(
     width_mult: Optional[float] = typer.Option(None, help="Channel multiplier of the model."),
     train_samples: Optional[int] = typer.Option(None, help="Use only this many training images."),
     min_bytes: Optional[int] = typer.Option(None, help="Saved tensors below this many bytes stay on the device."),
+    memory_budget: Optional[str] = typer.Option(None, help="Most bytes of saved activations on the device: 512MiB, 2GiB, bytes, or a fraction of policy none's peak (0.5)."),
     report: Optional[Path] = typer.Option(None, help="JSON report path."),
     plots: Optional[Path] = typer.Option(None, help="Directory for PNG plots."),
     seed: Optional[int] = typer.Option(None, help="Random seed."),
@@ -48,7 +49,7 @@ def train_command(
         "model": model, "dataset": dataset, "epochs": epochs, "batch_size": batch_size, "lr": lr, "policy": policy,
         "tune": tune, "tune_budget": tune_budget, "tuner_url": tuner_url, "device": device, "amp": amp,
         "image_size": image_size, "width_mult": width_mult, "train_samples": train_samples, "min_bytes": min_bytes,
-        "report": report, "plots": plots, "seed": seed, "save_model": save_model,
+        "memory_budget": memory_budget, "report": report, "plots": plots, "seed": seed, "save_model": save_model,
     }
     try:
         cfg = load_config(config, overrides)

@@ -1,8 +1,9 @@
 """The planner's problem from a profiled :class:`~cswap.trace.Trace`, as the runtime plans it.
 
 Each offloadable record becomes a :class:`~cswap.planner.options.TensorSpec`: its lifetime from
-:func:`cswap.lifetime.lifetimes_from_trace`, its exact ZVC size (an int64 record with a
-``narrow_dtype`` is sized and timed at that width, as the executor narrows it first), its codec
+:func:`cswap.lifetime.lifetimes_from_trace`, its exact ZVC size from the codecs' encoding
+(:class:`cswap.codecs.encoding.Encoding`: an int64 record with a ``narrow_dtype`` is sized and
+timed at that width, as the encoding narrows it first), its codec
 seconds from a :class:`~cswap.costmodel.TimeModel`, and its ``hidden_forward_s``. Events happen at
 the records' ``pack_at_s`` and ``unpack_at_s``; records below ``min_bytes`` may only be kept.
 Parameters and buffers are not part of the problem (their bytes are not activations).
@@ -27,8 +28,9 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from cswap.codecs.format import DEFAULT_CHUNK_WORDS, SUPPORTED_DTYPES
-from cswap.costmodel import TimeModel, zvc_nbytes_for
+from cswap.codecs.encoding import Encoding, encodable
+from cswap.codecs.format import DEFAULT_CHUNK_WORDS
+from cswap.costmodel import TimeModel
 from cswap.lifetime import lifetimes_from_trace
 from cswap.planner.options import DEFAULT_PREFETCH_DISTANCES, LinkModel, PlanningProblem, TensorSpec, build_problem
 from cswap.trace import TensorRecord, Trace
@@ -36,31 +38,38 @@ from cswap.trace import TensorRecord, Trace
 __all__ = ["problem_from_trace"]
 
 
-def _itemsize(name: str) -> int:
-    dtype = getattr(torch, name, None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"trace record has unknown dtype {name!r}; expected a torch dtype name such as float32")
-    return dtype.itemsize
+def _encoding(record: TensorRecord) -> Encoding | None:
+    """How the codec encodes ``record``'s tensor, or ``None`` when ZVC cannot encode its dtype."""
+    if not encodable(record.dtype):
+        dtype = getattr(torch, record.dtype, None)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"trace record has unknown dtype {record.dtype!r}; expected a torch dtype name such as float32")
+        return None
+    return Encoding.named(record.dtype, record.narrow_dtype)
 
 
-def _spec(record: TensorRecord, lifetime, time_model: TimeModel, backend: str, min_bytes: int, chunk_words: int) -> TensorSpec:  # type: ignore[no-untyped-def]
-    itemsize = _itemsize(record.dtype)
-    encodable = getattr(torch, record.dtype) in SUPPORTED_DTYPES
-    encoded_itemsize = _itemsize(record.narrow_dtype) if record.narrow_dtype is not None else itemsize
-    encoded_nbytes = record.nbytes // itemsize * encoded_itemsize
-    compressed = zvc_nbytes_for(encoded_nbytes, record.sparsity, encoded_itemsize, chunk_words) if encodable else None
+def _spec(  # type: ignore[no-untyped-def]
+    record: TensorRecord, lifetime, time_model: TimeModel, backend: str, min_bytes: int, chunk_words: int, sparsity_margin: float
+) -> TensorSpec:
+    encoding = _encoding(record)
     used = record.unpack_at_s is not None or record.unpack_order is not None
+    if encoding is None:
+        return TensorSpec(key=record.key, nbytes=record.nbytes, lifetime=lifetime, hidden_forward_s=record.hidden_forward_s,
+                          movable=record.nbytes >= min_bytes, rebuilt_nbytes=record.rebuilt_nbytes)
+    numel = record.nbytes // encoding.dtype.itemsize
+    encoded_nbytes = numel * encoding.encoded_itemsize
+    sparsity = max(record.sparsity - sparsity_margin, 0.0)
+    density = 1.0 - sparsity
     return TensorSpec(
         key=record.key,
         nbytes=record.nbytes,
         lifetime=lifetime,
-        compressed_nbytes=compressed,
-        compress_s=float(time_model.compress_s(encoded_nbytes, record.density, encoded_itemsize, backend)) if encodable else 0.0,
-        decompress_s=float(time_model.decompress_s(encoded_nbytes, record.density, encoded_itemsize, backend))
-        if encodable and used
-        else 0.0,
+        compressed_nbytes=encoding.compressed_nbytes(numel, sparsity, chunk_words),
+        compress_s=float(time_model.compress_s(encoded_nbytes, density, encoding.encoded_itemsize, backend)),
+        decompress_s=float(time_model.decompress_s(encoded_nbytes, density, encoding.encoded_itemsize, backend)) if used else 0.0,
         hidden_forward_s=record.hidden_forward_s,
         movable=record.nbytes >= min_bytes,
+        rebuilt_nbytes=record.rebuilt_nbytes,
     )
 
 
@@ -72,6 +81,7 @@ def problem_from_trace(
     min_bytes: int = 0,
     chunk_words: int = DEFAULT_CHUNK_WORDS,
     prefetch_distances: Sequence[int] = DEFAULT_PREFETCH_DISTANCES,
+    sparsity_margin: float = 0.0,
 ) -> PlanningProblem:
     """Every offloadable record's options, keyed by the record's key.
 
@@ -84,6 +94,8 @@ def problem_from_trace(
         min_bytes: records smaller than this may only be kept.
         chunk_words: the ZVC chunk size, for exact sizes.
         prefetch_distances: how far ahead (events) a swap-in may be issued.
+        sparsity_margin: compressed sizes are taken at each record's sparsity less this much, so a
+            plan holds when later batches are a little denser than the profiled one.
 
     Raises:
         ValueError: no link given and the trace has no bandwidths, or an unknown dtype.
@@ -100,7 +112,7 @@ def problem_from_trace(
     for record, lifetime in zip(trace.tensors, events.lifetimes, strict=True):
         if lifetime is None:
             continue
-        specs.append(_spec(record, lifetime, time_model, backend, min_bytes, chunk_words))
+        specs.append(_spec(record, lifetime, time_model, backend, min_bytes, chunk_words, sparsity_margin))
         times[lifetime.pack] = record.pack_at_s
         if lifetime.unpack is not None:
             times[lifetime.unpack] = record.unpack_at_s if record.unpack_at_s is not None else trace.forward_s

@@ -4,8 +4,9 @@ An :class:`Option` is one action carried out one way: the bytes it holds over th
 (see :mod:`cswap.lifetime`) and its predicted seconds from the cost model. Per tensor:
 
 * ``keep``: the raw bytes from pack to free; no cost.
-* ``zvc-keep``: raw plus compressed at pack (while compressing), compressed until the unpack, raw
-  plus compressed at it (while decompressing), raw until free; costs ``Time_c + Time_dc``.
+* ``zvc-keep``: raw plus compressed at pack (while compressing), compressed until the unpack, then
+  raw plus compressed until free (the stored data lives as long as autograd holds the saved
+  tensor, beside the rebuilt one); costs ``Time_c + Time_dc``.
 * ``swap`` / ``zvc-swap``: raw (plus compressed) at pack; then the stored bytes stay while the
   device-to-host copy is in flight (``Size/BW_d2h`` seconds from the pack, its exposed part
   ``max(Size/BW_d2h - Hidden_f, 0)`` costed as in ``T'``), or, in the **waiting** variant, pack
@@ -75,6 +76,8 @@ class TensorSpec:
         compressed_nbytes: exact ZVC size, or ``None`` when ZVC cannot encode its dtype.
         compress_s, decompress_s: predicted codec seconds on the device.
         hidden_forward_s: compute a copy out issued at its pack can overlap (``Hidden_f``).
+        rebuilt_nbytes: device bytes of the tensor rebuilt at its unpack (default ``nbytes``; more
+            for a strided view rebuilt in a buffer spanning its strides).
         movable: ``False``: it may only be kept (below ``min_bytes``, or pinned).
     """
 
@@ -86,6 +89,12 @@ class TensorSpec:
     decompress_s: float = 0.0
     hidden_forward_s: float = 0.0
     movable: bool = True
+    rebuilt_nbytes: int | None = None
+
+    @property
+    def unpacked_nbytes(self) -> int:
+        """Device bytes the tensor takes once rebuilt for backward."""
+        return self.rebuilt_nbytes if self.rebuilt_nbytes is not None else self.nbytes
 
 
 @dataclass(frozen=True)
@@ -159,8 +168,7 @@ def _keep_options(spec: TensorSpec, last_event: int) -> list[Option]:
     holds = (
         _segment(life.pack, life.pack, raw + compressed)
         + _segment(life.pack + 1, life.unpack - 1, compressed)
-        + _segment(life.unpack, life.unpack, raw + compressed)
-        + _segment(life.unpack + 1, life.free, raw)
+        + _segment(life.unpack, life.free, spec.unpacked_nbytes + compressed)
     )
     return [*options, Option(ZVC_KEEP, spec.compress_s + spec.decompress_s, tuple(holds))]
 
@@ -192,8 +200,9 @@ def _swap_options(
         backward.append((None, [], 0.0, events.event_count, None))
     else:
         in_s = _seconds(stored, link.h2d_gbps)
-        at_unpack = _segment(life.unpack, life.unpack, raw + (stored if compressing else 0)) + _segment(
-            life.unpack + 1, life.free, raw
+        rebuilt = spec.unpacked_nbytes
+        at_unpack = _segment(life.unpack, life.unpack, rebuilt + (stored if compressing else 0)) + _segment(
+            life.unpack + 1, life.free, rebuilt
         )
         seen: set[int] = set()
         for distance in distances if link.async_copies else (0,):

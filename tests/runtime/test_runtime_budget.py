@@ -1,0 +1,261 @@
+"""The runtime under a memory budget: every policy holds the budget or says the least it can hold,
+with gradients bit-identical to plain PyTorch throughout."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import pytest
+import torch
+
+import cswap
+from cswap.models import build
+from cswap.stats import human_bytes
+from cswap import budgetplan, runtime
+from cswap.executor import Executor
+from cswap.plan import Action, Plan
+from tests.runtime.helpers import assert_bit_equal, batches, runtime_for, train
+
+POLICIES = ("none", "swap", "compress-swap", "compress-keep", "cswap")
+
+#: profiling and 3 following iterations
+CNN_BATCHES = batches(4, (4, 3, 32, 32), 10)
+
+
+def _cnn() -> torch.nn.Module:
+    return build("vgg11", num_classes=10, width_mult=0.125)
+
+
+def _none_peak(model: Callable[[], torch.nn.Module], data: Any, loss_fn: Any = torch.nn.functional.cross_entropy) -> int:
+    _, rt = train(model, data[:1], 1, runtime_for("none", memory_budget=1.0), loss_fn=loss_fn)
+    return rt.stats().peak_resident_bytes
+
+
+@pytest.fixture(scope="module")
+def cnn_reference() -> tuple[list[list[torch.Tensor]], int]:
+    grads, _ = train(_cnn, CNN_BATCHES, 1)
+    return grads, _none_peak(_cnn, CNN_BATCHES)
+
+
+def _holds_or_says_least(
+    policy: str, model: Callable[[], torch.nn.Module], data: Any, reference: list[list[torch.Tensor]], budget: int,
+    loss_fn: Any = torch.nn.functional.cross_entropy,
+) -> cswap.Runtime:
+    """Train under ``budget``; on BudgetError, train again at its minimum_bytes, which must hold."""
+    try:
+        grads, rt = train(model, data, 1, runtime_for(policy, memory_budget=budget), loss_fn=loss_fn)
+    except cswap.BudgetError as error:
+        assert error.minimum_bytes > budget and error.budget_bytes == budget and error.policy == policy
+        assert f"at least {error.minimum_bytes} bytes" in str(error)
+        budget = error.minimum_bytes
+        grads, rt = train(model, data, 1, runtime_for(policy, memory_budget=budget), loss_fn=loss_fn)
+    stats = rt.stats()
+    assert stats.budget_bytes == budget
+    assert stats.peak_resident_bytes <= budget, f"{policy}: peak {stats.peak_resident_bytes} over the budget {budget}"
+    assert stats.iterations == len(data) and stats.profiled_iterations == 1
+    assert_bit_equal([g for it in reference for g in it], [g for it in grads for g in it], "gradient")
+    return rt
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_cnn_at_four_tenths_of_none_holds_the_budget_or_meets_its_minimum(policy: str, cnn_reference: Any) -> None:
+    reference, none_peak = cnn_reference
+    rt = _holds_or_says_least(policy, _cnn, CNN_BATCHES, reference, int(0.4 * none_peak))
+    if policy in ("swap", "compress-swap", "cswap"):  # they can move what a budget needs moved
+        assert rt.stats().budget_bytes == int(0.4 * none_peak)
+        assert "binds:" in str(rt.plan()) and rt.plan().binding
+
+
+def test_none_cannot_go_below_its_own_peak(cnn_reference: Any) -> None:
+    reference, none_peak = cnn_reference
+    with pytest.raises(cswap.BudgetError, match="policy none cannot keep saved activations") as caught:
+        train(_cnn, CNN_BATCHES[:1], 1, runtime_for("none", memory_budget=none_peak // 2))
+    assert caught.value.minimum_bytes == none_peak
+
+
+def test_budget_error_comes_after_the_iterations_gradients(cnn_reference: Any) -> None:
+    reference, none_peak = cnn_reference
+    torch.manual_seed(0)
+    model = _cnn()
+    rt = runtime_for("swap", memory_budget=64)(model)
+    x, y = CNN_BATCHES[0]
+    with pytest.raises(cswap.BudgetError), torch.random.fork_rng():
+        torch.manual_seed(0)
+        with rt.iteration():
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+    assert_bit_equal(reference[0], [p.grad for p in model.parameters()], "gradient")
+    assert rt.stats().iterations == 1 and rt.stats().profiled_iterations == 1
+
+
+@pytest.mark.parametrize("fraction", [0.5, 1.0])
+def test_a_fraction_resolves_against_nones_peak(fraction: float, cnn_reference: Any) -> None:
+    _, none_peak = cnn_reference
+    _, rt = train(_cnn, CNN_BATCHES[:2], 1, runtime_for("swap", memory_budget=fraction))
+    assert rt.stats().budget_bytes == int(fraction * none_peak)
+    assert rt.stats().peak_resident_bytes <= int(fraction * none_peak)
+
+
+@pytest.mark.parametrize("text, nbytes", [("1MiB", 1 << 20), ("2GiB", 2 << 30), (4096, 4096)])
+def test_bytes_and_units_are_the_budget_from_the_start(text: Any, nbytes: int) -> None:
+    rt = cswap.Runtime("swap", device="cpu", memory_budget=text)
+    assert rt.stats().budget_bytes == nbytes
+    assert rt.options.memory_budget == cswap.MemoryBudget(nbytes=nbytes)
+
+
+@pytest.mark.parametrize("bad, message", [(0, "bytes must be positive"), (-5, "bytes must be positive"), (1.5, r"fraction in \(0, 1\]"),
+                                          (float("nan"), r"fraction in \(0, 1\]"), ("12 parsecs", "unknown unit"), (True, "a bool")])
+def test_bad_budgets_raise_at_construction(bad: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        cswap.Runtime("swap", device="cpu", memory_budget=bad)
+
+
+def test_without_a_budget_nothing_changes(cnn_reference: Any) -> None:
+    reference, _ = cnn_reference
+    grads, rt = train(_cnn, CNN_BATCHES, 1, runtime_for("swap"))
+    assert rt.stats().budget_bytes is None and rt.plan().budget_bytes is None
+    assert rt.trace().meta["mode"] == "plan"
+    assert_bit_equal([g for it in reference for g in it], [g for it in grads for g in it], "gradient")
+
+
+def test_plan_rows_show_predicted_cost_and_slack(cnn_reference: Any) -> None:
+    _, none_peak = cnn_reference
+    budget = int(0.5 * none_peak)
+    _, rt = train(_cnn, CNN_BATCHES[:2], 1, runtime_for("cswap", memory_budget=budget))
+    plan = rt.plan()
+    planned = [d for d in plan.rows().values() if d.predicted_s is not None]
+    assert planned and all(d.slack_bytes is not None and 0 <= d.slack_bytes <= budget for d in planned)
+    assert min(d.slack_bytes for d in planned) == plan.planner["slack_bytes"]
+    assert plan.planner["peak_bytes"] <= budget and plan.to_dict()["budget_bytes"] == budget
+    assert "predicted" in str(plan) and "slack" in str(plan)
+    assert f"of budget {human_bytes(budget)}" in str(rt.stats())
+
+
+def test_the_profile_records_when_each_tensor_dies() -> None:
+    _, rt = train(_cnn, CNN_BATCHES[:1], 1, runtime_for("swap", memory_budget=1.0))
+    records = [r for r in rt.trace().tensors if r.offloadable]
+    unpacked = [r for r in records if r.unpack_order is not None]
+    assert sorted(r.unpack_order for r in unpacked) == list(range(len(unpacked)))
+    assert all(r.free_order is not None and r.free_order >= r.unpack_order for r in unpacked)
+    # some tensor outlives its own unpack (a node unpacks several, the rebuilt one dies after the last)
+    assert any(r.free_order > r.unpack_order for r in unpacked)
+
+
+def test_a_keep_that_would_pass_the_budget_falls_back_to_the_smallest_footprint() -> None:
+    plan = Plan(policy="swap", epoch=0, default_action=Action.KEEP, budget_bytes=1000, fallback_action=Action.SWAP)
+    assert plan.resolve(0, (100,), "float32", 400, resident_bytes=500).action is Action.KEEP
+    fallen = plan.resolve(1, (100,), "float32", 400, resident_bytes=700)
+    assert fallen.action is Action.SWAP and fallen.budget_fallback and "budget fallback" in fallen.reason
+    assert plan.rows()[1].budget_fallback
+
+
+@pytest.mark.parametrize("enforced", [True, False])
+def test_without_enforcement_backward_prefetches_past_the_budget(enforced: bool, cnn_reference: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the executor told neither the budget nor the plan's prefetch window fetches as far ahead as
+    # prefetch_bytes allows, and the peak passes the budget
+    reference, none_peak = cnn_reference
+    if not enforced:
+        def unenforced(*args: Any, **kwargs: Any) -> Any:
+            plan, budget_bytes, error = budgetplan.budget_plan(*args, **kwargs)
+            return replace(plan, budget_bytes=None, prefetch_bytes=None), budget_bytes, error
+
+        monkeypatch.setattr(runtime, "budget_plan", unenforced)
+    check = contextlib.nullcontext() if enforced else pytest.raises(AssertionError, match="over the budget")
+    with check:
+        _holds_or_says_least("swap", _cnn, CNN_BATCHES, reference, int(0.4 * none_peak))
+
+
+class _Bert(torch.nn.Module):
+    """A small BERT classifier with dropout on, returning logits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        transformers = pytest.importorskip("transformers")
+        config = transformers.BertConfig(
+            vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+            max_position_embeddings=32, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, num_labels=3,
+            attn_implementation="eager",
+        )
+        self.bert = transformers.BertForSequenceClassification(config)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.bert(input_ids=ids).logits
+
+
+def _token_batches(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(3)
+    return [(torch.randint(0, 100, (4, 16), generator=g), torch.randint(0, 3, (4,), generator=g)) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def bert_reference() -> tuple[list[list[torch.Tensor]], int, list[tuple[torch.Tensor, torch.Tensor]]]:
+    pytest.importorskip("transformers")
+    data = _token_batches(4)
+    grads, _ = train(_Bert, data, 1)
+    return grads, _none_peak(_Bert, data), data
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_transformer_with_dropout_at_four_tenths_of_none(policy: str, bert_reference: Any) -> None:
+    reference, none_peak, data = bert_reference
+    assert any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in _Bert().modules())
+    _holds_or_says_least(policy, _Bert, data, reference, int(0.4 * none_peak))
+
+
+class _CopyEvent:
+    """Stands for a device-to-host copy's CUDA event: records whether pack waited on it."""
+
+    def __init__(self) -> None:
+        self.waited = False
+
+    def synchronize(self) -> None:
+        self.waited = True
+
+    def query(self) -> bool:
+        return self.waited
+
+
+def test_pack_waits_for_the_oldest_copies_while_resident_bytes_pass_the_budget() -> None:
+    executor = Executor(torch.device("cpu"), backend="cpu", prefetch_bytes=0)
+    events = [_CopyEvent() for _ in range(3)]
+    executor._inflight = [(event, 100) for event in events]
+    executor.counters.add_resident(350)
+    executor._wait_for_budget(200)  # 350 -> 250 -> 150: the two oldest copies are waited for
+    assert [e.waited for e in events] == [True, True, False]
+    assert executor.counters.resident_bytes == 150 and executor.counters.budget_waits == 2
+    executor._wait_for_budget(None)  # no budget: never waits
+    assert not events[2].waited
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_pack_holds_the_budget_waiting_on_copy_events_never_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_device_sync(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("pack or unpack synchronised the whole device")
+
+    torch.manual_seed(0)
+    model = build("vgg11", num_classes=10, width_mult=0.125).cuda()
+    x, y = CNN_BATCHES[0][0].cuda(), CNN_BATCHES[0][1].cuda()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    expected = [p.grad.clone() for p in model.parameters()]
+
+    def step(rt: cswap.Runtime) -> None:
+        model.zero_grad(set_to_none=True)
+        with rt.iteration():
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+        assert_bit_equal(expected, [p.grad for p in model.parameters()], "gradient")
+
+    rt = cswap.Runtime("swap", device="cuda", min_bytes=0, model=model, memory_budget=0.4)
+    try:
+        step(rt)  # profiling: the trace reads its CUDA timestamps with one device synchronise
+    except cswap.BudgetError as error:
+        rt = cswap.Runtime("swap", device="cuda", min_bytes=0, model=model, memory_budget=error.minimum_bytes)
+        step(rt)
+    with monkeypatch.context() as patched:
+        patched.setattr(torch.cuda, "synchronize", no_device_sync)
+        for _ in range(2):
+            step(rt)
+    stats = rt.stats()
+    assert stats.budget_bytes is not None and stats.peak_resident_bytes <= stats.budget_bytes
