@@ -116,7 +116,7 @@ def recipe_path(recipe: str | Path) -> Path:
     if shipped.is_file():
         return shipped
     names = ", ".join(shipped_recipes()) or "none"
-    raise RecipeError(f"no recipe file {recipe!r} and no shipped recipe of that name; give a YAML path or one of: {names}")
+    raise RecipeError(f"no recipe file {str(recipe)!r} and no shipped recipe of that name; give a YAML path or one of: {names}")
 
 
 def _recipe(path: Path) -> dict[str, Any]:

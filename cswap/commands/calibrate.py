@@ -35,6 +35,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from cswap.commands import fail, warnings_as_lines
+
 __all__ = [
     "DecisionData",
     "HIDDEN_SCALES",
@@ -383,10 +385,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Measure the codec, fit the time model and the compress/don't decider, store them for this device."""
         try:
-            report = run_calibrate(backend=backend, quick=quick, store_path=store, show_progress=not json_output)
+            with warnings_as_lines():
+                report = run_calibrate(backend=backend, quick=quick, store_path=store, show_progress=not json_output)
         except (ValueError, RuntimeError) as error:
-            Console(stderr=True).print(f"[red]cswap calibrate: {error}[/red]")
-            raise typer.Exit(code=2) from None
+            raise fail(error) from None
         if json_output:
             typer.echo(json.dumps(report, indent=1))
         else:

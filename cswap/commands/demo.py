@@ -15,6 +15,7 @@ from rich.table import Table
 from torch import nn
 
 from cswap.codecs import compress, decompress
+from cswap.commands import fail
 
 __all__ = ["register", "run_demo"]
 
@@ -89,4 +90,7 @@ def register(app: typer.Typer) -> None:
         backend: str = typer.Option(None, help="Codec backend: torch, cpu or cuda (default: from the device)."),
     ) -> None:
         """Compress the real activations of a small CNN and print the compression ratio per layer."""
-        run_demo(batch_size=batch_size, backend=backend)
+        try:
+            run_demo(batch_size=batch_size, backend=backend)
+        except (ValueError, RuntimeError) as error:
+            raise fail(error) from None

@@ -16,6 +16,8 @@ from typing import Any
 
 import typer
 from rich.console import Console
+
+from cswap.commands import fail
 from rich.table import Table
 
 __all__ = ["register", "run_simulate"]
@@ -207,7 +209,7 @@ def register(app: typer.Typer) -> None:
                 time_limit_s=time_limit,
             )
         except (ValueError, FileNotFoundError) as error:
-            raise typer.BadParameter(str(error)) from error
+            raise fail(error) from None
         results = report.pop("_results")
         sweep = report.pop("_sweep", None)
         if sweep is not None and "budgets" in report:

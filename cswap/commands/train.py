@@ -13,6 +13,8 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from cswap.commands import fail, warnings_as_lines
+
 __all__ = ["register", "train_command"]
 
 
@@ -51,11 +53,11 @@ def train_command(
         "report": report, "plots": plots, "seed": seed, "save_model": save_model,
     }
     try:
-        cfg = load_config(config, overrides)
-        train(cfg, console=console, show_progress=progress)
-    except (RecipeError, ValueError, RuntimeError, OutOfMemoryAdvice) as error:
-        console.print(f"[red]error:[/] {error}")
-        raise typer.Exit(2) from None
+        with warnings_as_lines():
+            cfg = load_config(config, overrides)
+            train(cfg, console=console, show_progress=progress)
+    except (RecipeError, ValueError, RuntimeError, OutOfMemoryAdvice, OSError) as error:
+        raise fail(error) from None
 
 
 def register(app: typer.Typer) -> None:
