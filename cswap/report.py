@@ -14,9 +14,10 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from cswap.plots import plot_convergence, plot_decisions, plot_memory, plot_sparsity
@@ -36,31 +37,32 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
-def draw_plots(report: Mapping[str, Any], directory: Path) -> dict[str, str]:
-    """Draw every plot the report has data for; returns plot name -> file path."""
+def draw_plots(report: Mapping[str, Any], path_of: Callable[[str], Path]) -> dict[str, str]:
+    """Draw every plot the report has data for into ``path_of(name)``; returns plot name -> file path."""
     epochs = report.get("epochs", [])
     paths = {
-        "sparsity": plot_sparsity(epochs, directory / "sparsity.png"),
-        "decisions": plot_decisions(epochs, directory / "decisions.png"),
+        "sparsity": plot_sparsity(epochs, path_of("sparsity")),
+        "decisions": plot_decisions(epochs, path_of("decisions")),
     }
     timeline = report.get("memory_timeline")
     if timeline:
         unit = "device memory allocated (MiB)" if report.get("device", {}).get("kind") == "cuda" else "resident activation memory (MiB)"
-        paths["memory"] = plot_memory(timeline, directory / "memory.png", ylabel=unit)
+        paths["memory"] = plot_memory(timeline, path_of("memory"), ylabel=unit)
     runs = [r for r in report.get("tune", {}).get("runs", []) if r.get("evaluations")]
     if runs:
-        paths["convergence"] = plot_convergence(runs, directory / "convergence.png")
+        paths["convergence"] = plot_convergence(runs, path_of("convergence"))
     return {name: str(path) for name, path in paths.items()}
 
 
 def write_report(report: dict[str, Any], cfg: TrainConfig, console: Console) -> Path:
-    """Draw the plots into ``cfg.plots_dir``, then write the JSON report to ``cfg.report_path``."""
-    report["plots"] = draw_plots(report, cfg.plots_dir)
+    """Draw the plots (:meth:`TrainConfig.plot_path`), then write the JSON report to ``cfg.report_path``."""
+    report["plots"] = draw_plots(report, cfg.plot_path)
     path = cfg.report_path
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(_json_safe(report), indent=1))
-    console.print(f"report: [bold]{path}[/]")
-    console.print(f"plots:  [bold]{cfg.plots_dir}[/] ({', '.join(sorted(report['plots']))})")
+    console.print(f"report: [bold]{escape(str(path))}[/]")
+    names = ", ".join(Path(p).name for p in sorted(report["plots"].values()))
+    console.print(f"plots:  [bold]{escape(str(cfg.plots_dir))}[/] ({escape(names)})")
     return path
 
 

@@ -57,7 +57,7 @@ class TrainConfig(BaseModel):
         train_samples: cap on training images (``None``: all).
         min_bytes: tensors below it stay on the device.
         report: JSON report path (``None``: ``runs/<model>-<policy>/report.json``).
-        plots: directory for PNG plots (``None``: next to the report).
+        plots: directory for PNG plots (``None``: the report's folder, as ``<report stem>-<plot>.png``).
         seed: seeds model init, data order and dropout.
         save_model: write the trained model's ``state_dict`` here (rank 0), or ``None``.
     """
@@ -93,8 +93,23 @@ class TrainConfig(BaseModel):
 
     @property
     def plots_dir(self) -> Path:
-        """Where the plots go."""
-        return self.plots or self.report_path.parent / "plots"
+        """Where the plots go: ``plots`` if given, else the report's own folder."""
+        return self.plots or self.report_path.parent
+
+    def plot_path(self, name: str) -> Path:
+        """The PNG file of plot ``name``: ``PLOTS/NAME.png``, or beside the report as ``REPORT-STEM-NAME.png``.
+
+        Beside the report the file is named after it, so two reports in one folder keep their own plots.
+
+        Example:
+            >>> TrainConfig(report=Path("runs/a.json")).plot_path("memory").as_posix()
+            'runs/a-memory.png'
+            >>> TrainConfig(report=Path("runs/a.json"), plots=Path("figs")).plot_path("memory").as_posix()
+            'figs/memory.png'
+        """
+        if self.plots is not None:
+            return self.plots / f"{name}.png"
+        return self.report_path.parent / f"{self.report_path.stem}-{name}.png"
 
 
 def shipped_recipes() -> tuple[str, ...]:

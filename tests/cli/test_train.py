@@ -163,3 +163,23 @@ def test_torchrun_two_processes_match_one(tmp_path: Path) -> None:
 def test_shipped_recipes_load(recipe: Path) -> None:
     cfg = load_config(recipe)
     assert cfg.model and cfg.dataset
+
+
+def test_plots_go_beside_the_report_named_after_it(tmp_path: Path) -> None:
+    """Two reports in one folder keep their own plots; none land in a shared ``../plots``."""
+    from cswap.report import draw_plots
+
+    report = {"epochs": [], "memory_timeline": {"none": [[0.0, 1 << 20], [1.0, 2 << 20]]}}
+    first = TrainConfig(report=tmp_path / "runs" / "a.json")
+    second = TrainConfig(report=tmp_path / "runs" / "b.json")
+    chosen = TrainConfig(report=tmp_path / "runs" / "c.json", plots=tmp_path / "figures")
+    paths = {cfg.report_path.stem: draw_plots(report, cfg.plot_path) for cfg in (first, second, chosen)}
+    assert paths["a"] == {"sparsity": str(tmp_path / "runs" / "a-sparsity.png"),
+                          "decisions": str(tmp_path / "runs" / "a-decisions.png"),
+                          "memory": str(tmp_path / "runs" / "a-memory.png")}
+    assert paths["b"]["memory"] == str(tmp_path / "runs" / "b-memory.png")
+    assert paths["c"]["memory"] == str(tmp_path / "figures" / "memory.png")
+    assert not (tmp_path / "plots").exists() and not (tmp_path / "runs" / "plots").exists()
+    for produced in paths.values():
+        for path in produced.values():
+            assert Path(path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
