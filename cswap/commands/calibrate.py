@@ -401,7 +401,15 @@ def register(app: typer.Typer) -> None:
         quick: bool = typer.Option(False, help="A tiny grid and two tiny models: seconds, for smoke tests."),
         store: Path = typer.Option(None, help="Config store file (default: $CSWAP_HOME/store.db)."),
     ) -> None:
-        """Measure the codec, fit the time model and the compress/don't decider, store them for this device."""
+        """Measure the codec, fit the time model and the compress/don't decider, store them for this device.
+
+        The table has one row per operation and element width. MAPE is the mean relative error of the
+        fitted time model, on sizes held out of the fit and on the fit's own samples. "knees" are the
+        tensor sizes past which the measured cost per byte steps up (the data no longer fits a cache,
+        say): the model fits a separate slope beyond each, so ">=4 MiB" means tensors of 4 MiB and
+        more are priced on their own line; "-" means one straight line fits every size. The last
+        lines give the decider's accuracy on the tensors of models it was not fitted on.
+        """
         console = Console(stderr=True)
         # --json keeps stderr quiet in logs and pipes (2>&1 stays parseable); a terminal still gets the live bar.
         show_progress = console.is_terminal or not json_output
