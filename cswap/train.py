@@ -231,6 +231,20 @@ def _oom_advice(policy: str) -> Iterator[None]:
         raise OutOfMemoryAdvice(f"out of GPU memory while training with --policy {policy}: {hint}") from error
 
 
+def _service_notice(cfg: TrainConfig) -> str:
+    """What ``--tuner-url`` does in this run, said once at the start.
+
+    Example:
+        >>> _service_notice(TrainConfig(tuner_url="http://127.0.0.1:8765"))
+        'tuning service http://127.0.0.1:8765 (--tune cached): kernel configs are looked up there, then in the local store; nothing is measured'
+    """
+    if cfg.tune == "cached":
+        does = "kernel configs are looked up there, then in the local store; nothing is measured"
+    else:
+        does = f"kernel configs are looked up there, tuned here with {cfg.tune} on a miss, and published there"
+    return f"tuning service {cfg.tuner_url} (--tune {cfg.tune}): {does}"
+
+
 def train(cfg: TrainConfig, console: Console | None = None, show_progress: bool = True) -> dict[str, Any]:
     """Run one training job and return its report (also written to ``cfg.report_path`` by rank 0).
 
@@ -255,6 +269,8 @@ def train(cfg: TrainConfig, console: Console | None = None, show_progress: bool 
     sampler = GlobalBatchSampler(len(split.train), cfg.batch_size, ctx.rank, ctx.world_size, cfg.seed)
     loader = DataLoader(split.train, batch_sampler=sampler)
     probe_images = next(iter(loader))[0].to(device)
+    if cfg.tuner_url is not None and ctx.is_main:
+        console.print(_service_notice(cfg), markup=False, highlight=False, soft_wrap=True)
     kernels: KernelConfigs = prepare_kernel_configs(
         cfg, fp, device, model, probe_images, ctx.is_main, ctx.barrier, console, show_progress=show_progress
     )

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Literal, Mapping
+from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from cswap.paths import shipped_configs_dir
 
-__all__ = ["RecipeError", "TrainConfig", "load_config", "recipe_path", "shipped_recipes"]
+__all__ = ["RecipeError", "TrainConfig", "check_service_url", "load_config", "recipe_path", "shipped_recipes"]
 
 Policy = Literal["none", "swap", "compress-swap", "cswap", "compress-keep"]
 TuneMode = Literal["off", "cached", "bo", "grid", "random"]
@@ -34,6 +35,35 @@ TuneMode = Literal["off", "cached", "bo", "grid", "random"]
 
 class RecipeError(ValueError):
     """A recipe file that cannot be used; the message names the file and the key."""
+
+
+def check_service_url(url: str) -> str:
+    """``url`` if it can name a ``cswap serve``: an ``http``/``https`` scheme, a host, a valid port.
+
+    Raises:
+        ValueError: naming what is wrong and what a good URL looks like.
+
+    Example:
+        >>> check_service_url("http://127.0.0.1:8765")
+        'http://127.0.0.1:8765'
+        >>> check_service_url("http://[::1")
+        Traceback (most recent call last):
+        ...
+        ValueError: 'http://[::1' is not a URL (Invalid IPv6 URL); give the service as http://HOST:PORT
+    """
+    hint = "give the service as http://HOST:PORT"
+    if any(c.isspace() or not c.isprintable() for c in url):
+        raise ValueError(f"{url!r} is not a URL (it holds a space or a control character); {hint}")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - parsing the port is what raises on a bad one
+    except ValueError as error:
+        raise ValueError(f"{url!r} is not a URL ({error}); {hint}") from None
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"{url!r} is not an http(s) URL; {hint}")
+    if not parts.hostname:
+        raise ValueError(f"{url!r} names no host; {hint}")
+    return url
 
 
 class TrainConfig(BaseModel):
@@ -48,8 +78,9 @@ class TrainConfig(BaseModel):
         momentum, weight_decay: SGD settings.
         policy: what the runtime does with saved activations.
         tune: ``off`` (codec defaults), ``cached`` (store or service only), or a search method run now on a miss.
+            A ``tuner_url`` without ``tune`` means ``cached``; with ``tune="off"`` it is an error.
         tune_budget: evaluations per tuned kernel for ``bo``/``random``.
-        tuner_url: a ``cswap serve`` to read configs from and publish to.
+        tuner_url: a ``cswap serve`` to read configs from and publish to (``http(s)://HOST[:PORT]``).
         device: ``auto``, ``cpu`` or ``cuda``.
         amp: autocast dtype for forward, or ``off``.
         image_size: input resolution the dataset is resized to.
@@ -85,6 +116,25 @@ class TrainConfig(BaseModel):
     plots: Path | None = None
     seed: int = 0
     save_model: Path | None = None
+
+    @field_validator("tuner_url")
+    @classmethod
+    def _valid_url(cls, url: str | None) -> str | None:
+        return None if url is None else check_service_url(url)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _service_implies_lookup(cls, values: Any) -> Any:
+        # A service URL does nothing with tune="off": given alone it means "look configs up there".
+        if isinstance(values, Mapping) and values.get("tuner_url") is not None:
+            if "tune" not in values:
+                return {**values, "tune": "cached"}
+            if values["tune"] == "off":
+                raise ValueError(
+                    "tuner_url has no effect with tune 'off': drop --tuner-url, or pass --tune cached "
+                    "(look kernel configs up there) or --tune bo (also tune on a miss and publish)"
+                )
+        return values
 
     @property
     def report_path(self) -> Path:

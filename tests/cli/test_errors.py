@@ -81,3 +81,18 @@ def test_max_batch_without_a_gpu_is_one_stderr_line() -> None:
         pytest.skip("checks the message on a machine without a GPU")
     line = _error_line(runner.invoke(app, ["max-batch", "--model", "resnet50"], env={"COLUMNS": "80"}))
     assert "needs a GPU" in line
+
+
+@pytest.mark.parametrize("url", ["not-a-url", "http://[::1", "ftp://127.0.0.1:8765", "http://", "http://h:99999",
+                                 "http://a b:80"])
+@pytest.mark.parametrize("tune", [None, "cached"])
+def test_a_bad_tuner_url_is_one_line_before_anything_runs(tmp_path: Path, url: str, tune: str | None) -> None:
+    args = ["--tuner-url", url] + (["--tune", tune] if tune else [])
+    line = _error_line(_train(tmp_path, *args))
+    assert repr(url) in line and "http://HOST:PORT" in line
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_tuner_url_with_tune_off_says_it_would_do_nothing(tmp_path: Path) -> None:
+    line = _error_line(_train(tmp_path, "--tuner-url", "http://127.0.0.1:8765", "--tune", "off"))
+    assert "no effect with tune 'off'" in line and "--tune cached" in line
