@@ -16,6 +16,7 @@ import math
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -66,23 +67,41 @@ def write_report(report: dict[str, Any], cfg: TrainConfig, console: Console) -> 
     return path
 
 
+#: The action counts column: its short header, and the legend under the table.
+_ACTIONS = ("keep", "swap", "zvc-swap", "zvc-keep")
+_LEGEND = ("epoch 1 is the first; mean loss: over the epoch's batches; offloaded: bytes moved to host memory "
+           "in that epoch; ratio: bytes in / bytes out of compression; k/s/zs/zk: saved tensors kept, swapped, "
+           "compressed and swapped (zvc-swap), compressed and kept (zvc-keep)")
+
+
 def summarize(report: Mapping[str, Any], console: Console) -> None:
-    """Print one row per epoch."""
-    table = Table(title=f"{report['model']} under policy {report['policy']}")
-    for column in ("epoch", "loss", "accuracy", "samples/s", "peak memory", "offloaded", "ratio", "keep/swap/zvc-swap/zvc-keep"):
-        table.add_column(column, justify="right")
+    """Print one row per epoch (1-based, as the progress bars number them), with a legend; fits 80 columns.
+
+    Example:
+        >>> import io
+        >>> out = Console(file=io.StringIO(), width=80)
+        >>> summarize({"model": "m", "policy": "none", "epochs": [{"epoch": 0, "loss": 2.0, "accuracy": 0.5,
+        ...            "samples_per_s": 10.0, "peak_memory_bytes": 2048}]}, out)
+        >>> "mean loss" in out.file.getvalue() and "…" not in out.file.getvalue()
+        True
+    """
+    table = Table(title=escape(f"{report['model']} under policy {report['policy']}"), caption=escape(_LEGEND),
+                  box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True, caption_justify="left")
+    for column in ("epoch", "mean loss", "accuracy", "samples/s", "peak memory", "offloaded", "ratio", "k/s/zs/zk"):
+        # fold, never "…": a narrow terminal or a log gets a taller table, not a cut figure
+        table.add_column(column, justify="right", overflow="fold")
     for epoch in report["epochs"]:
         compressed = epoch.get("compressed_bytes") or 0
         ratio = epoch.get("compressed_input_bytes", 0) / compressed if compressed else 1.0
         decisions = epoch.get("decisions", {})
         table.add_row(
-            str(epoch["epoch"]),
+            str(epoch["epoch"] + 1),
             f"{epoch['loss']:.4f}",
             f"{epoch['accuracy']:.1%}",
             f"{epoch['samples_per_s']:.1f}",
             format_bytes(epoch["peak_memory_bytes"]),
             format_bytes(epoch.get("offloaded_bytes", 0)),
             f"{ratio:.2f}x",
-            "/".join(str(decisions.get(a, 0)) for a in ("keep", "swap", "zvc-swap", "zvc-keep")),
+            "/".join(str(decisions.get(a, 0)) for a in _ACTIONS),
         )
     console.print(table)

@@ -169,6 +169,11 @@ def _evaluate(model: nn.Module, test: Dataset, device: torch.device, batch_size:
     return correct / total if total else 0.0
 
 
+def _ratio(input_bytes: int, compressed_bytes: int) -> float:
+    """Bytes in over bytes out of compression (1.0 when nothing was compressed)."""
+    return input_bytes / compressed_bytes if compressed_bytes else 1.0
+
+
 def _peak_memory_bytes(device: torch.device, runtime: Runtime) -> int:
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
@@ -310,9 +315,13 @@ def train(cfg: TrainConfig, console: Console | None = None, show_progress: bool 
                 losses.append(float(loss.detach()))
                 samples += labels.numel() * ctx.world_size
                 stats = runtime.stats()
-                progress.update(epoch, step, loss=losses[-1], samples_per_s=samples / (time.perf_counter() - start),
+                current = stats.history[-1] if stats.history else None
+                # The same figures as the summary table: mean loss so far, this epoch's offloaded bytes and ratio.
+                progress.update(epoch, step, loss=sum(losses) / len(losses),
+                                samples_per_s=samples / (time.perf_counter() - start),
                                 memory_bytes=_peak_memory_bytes(device, runtime),
-                                offloaded_bytes=stats.offloaded_bytes, ratio=stats.compression_ratio)
+                                offloaded_bytes=current.offloaded_bytes if current else 0,
+                                ratio=_ratio(current.compressed_input_bytes, current.compressed_bytes) if current else 1.0)
             seconds = time.perf_counter() - start
             accuracy = _evaluate(model, split.test, device, cfg.batch_size)
             epochs.append(_epoch_record(epoch, losses, accuracy, samples, seconds, runtime, device))
