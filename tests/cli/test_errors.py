@@ -96,3 +96,18 @@ def test_a_bad_tuner_url_is_one_line_before_anything_runs(tmp_path: Path, url: s
 def test_tuner_url_with_tune_off_says_it_would_do_nothing(tmp_path: Path) -> None:
     line = _error_line(_train(tmp_path, "--tuner-url", "http://127.0.0.1:8765", "--tune", "off"))
     assert "no effect with tune 'off'" in line and "--tune cached" in line
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["train", "--epochs", "abc"], "Invalid value for '--epochs'"),
+        (["train", "--bogus"], "No such option: --bogus"),
+        (["simulate", "--batch-size", "0"], "Invalid value for '--batch-size'"),
+        (["nosuch"], "No such command 'nosuch'"),
+    ],
+    ids=["bad-int", "unknown-flag", "out-of-range", "unknown-command"],
+)
+def test_flags_the_parser_rejects_are_one_stderr_line(args: list[str], message: str) -> None:
+    line = _error_line(runner.invoke(app, args, env={"COLUMNS": "80"}))
+    assert message in line and "--help`" in line
