@@ -8,16 +8,50 @@ Example:
 from __future__ import annotations
 
 import importlib
+import sys
+from typing import Any, Sequence
 
 import typer
+from typer.core import TyperGroup
 
-__all__ = ["app", "main"]
+from cswap.commands import fail, one_line
+
+__all__ = ["OneLineErrors", "app", "main"]
+
+
+class OneLineErrors(TyperGroup):
+    """The ``cswap`` group: a flag the parser rejects is one ``error:`` line on stderr, exit 2, like every
+    other bad input (typer would draw a framed panel over several lines).
+
+    Example:
+        >>> from typer.testing import CliRunner
+        >>> result = CliRunner().invoke(app, ["train", "--epochs", "abc"])
+        >>> result.exit_code, result.stderr.count("\\n"), result.stderr.startswith("error: Invalid value for '--epochs'")
+        (2, 1, True)
+    """
+
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
+             complete_var: str | None = None, standalone_mode: bool = True, **extra: Any) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            outcome = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except typer.TyperException as error:
+            if type(error).__name__ == "NoArgsIsHelpError":  # a bare group: its help, not an error
+                error.show()
+                sys.exit(error.exit_code)
+            ctx = getattr(error, "ctx", None)
+            hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+            raise SystemExit(fail(f"{one_line(error.format_message())}{hint}", getattr(error, "exit_code", 2)).exit_code) from None
+        # Without standalone mode typer returns an Exit's status instead of exiting with it.
+        sys.exit(outcome if isinstance(outcome, int) else 0)
 
 #: Subcommand modules, each exposing ``register(app: typer.Typer) -> None``.
 COMMAND_MODULES: tuple[str, ...] = ("demo", "train", "max_batch", "serve", "configs", "simulate", "tune", "calibrate")
 
 app = typer.Typer(
     name="cswap",
+    cls=OneLineErrors,
     help="A self-tuning compressed-swap runtime for PyTorch training.",
     no_args_is_help=True,
     add_completion=False,

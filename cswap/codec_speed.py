@@ -23,7 +23,7 @@ import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -125,18 +125,18 @@ def _synthetic(nbytes: int, density: float, device: torch.device, generator: tor
     return torch.where(mask, values, torch.zeros(())).to(device)
 
 
-def _timed(fn: Any, device: torch.device, repeats: int) -> float:
-    """Median seconds of ``fn()`` over ``repeats`` calls after one warm-up call."""
+def _timed(fn: Any, device: torch.device, repeats: int, clock: Callable[[], float]) -> float:
+    """Median seconds of ``fn()`` over ``repeats`` calls after one warm-up call, read from ``clock``."""
     fn()
     times = []
     for _ in range(repeats):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        start = time.perf_counter()
+        start = clock()
         fn()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - start)
+        times.append(clock() - start)
     return float(np.median(times))
 
 
@@ -156,6 +156,7 @@ def measure_codec_speed(
     sizes: tuple[int, ...] | None = None,
     densities: tuple[float, ...] = (0.1, 0.7),
     repeats: int = 3,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> CodecSpeed:
     """Time ``compress``/``decompress`` of ``backend`` on ``device`` now and fit :class:`OpSpeed` per op (no cache).
 
@@ -165,6 +166,7 @@ def measure_codec_speed(
         sizes: tensor sizes in bytes (default: 256 KiB-8 MiB on CPU, 1-64 MiB on GPU).
         densities: fractions of nonzero elements.
         repeats: timed calls per point (the median is used).
+        clock: seconds now (default ``time.perf_counter``); tests pass a deterministic one.
 
     Example:
         >>> measure_codec_speed("cpu", "torch", sizes=(4096, 65536), repeats=1).backend
@@ -182,10 +184,10 @@ def measure_codec_speed(
                 tensor = _synthetic(nbytes, density, device, generator)
                 packed = compress(tensor, backend=backend)
                 actual_density = packed.density
-                compress_rows.append((nbytes, actual_density, _timed(lambda: compress(tensor, backend=backend), device, repeats)))
+                compress_rows.append((nbytes, actual_density, _timed(lambda: compress(tensor, backend=backend), device, repeats, clock)))
                 out = torch.empty_like(tensor)
                 decompress_rows.append(
-                    (nbytes, actual_density, _timed(lambda: decompress(packed, backend=backend, out=out, validate=False), device, repeats))
+                    (nbytes, actual_density, _timed(lambda: decompress(packed, backend=backend, out=out, validate=False), device, repeats, clock))
                 )
     finally:
         torch.set_num_threads(threads)

@@ -169,6 +169,11 @@ def _evaluate(model: nn.Module, test: Dataset, device: torch.device, batch_size:
     return correct / total if total else 0.0
 
 
+def _ratio(input_bytes: int, compressed_bytes: int) -> float:
+    """Bytes in over bytes out of compression (1.0 when nothing was compressed)."""
+    return input_bytes / compressed_bytes if compressed_bytes else 1.0
+
+
 def _peak_memory_bytes(device: torch.device, runtime: Runtime) -> int:
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
@@ -231,6 +236,20 @@ def _oom_advice(policy: str) -> Iterator[None]:
         raise OutOfMemoryAdvice(f"out of GPU memory while training with --policy {policy}: {hint}") from error
 
 
+def _service_notice(cfg: TrainConfig) -> str:
+    """What ``--tuner-url`` does in this run, said once at the start.
+
+    Example:
+        >>> _service_notice(TrainConfig(tuner_url="http://127.0.0.1:8765"))
+        'tuning service http://127.0.0.1:8765 (--tune cached): kernel configs are looked up there, then in the local store; nothing is measured'
+    """
+    if cfg.tune == "cached":
+        does = "kernel configs are looked up there, then in the local store; nothing is measured"
+    else:
+        does = f"kernel configs are looked up there, tuned here with {cfg.tune} on a miss, and published there"
+    return f"tuning service {cfg.tuner_url} (--tune {cfg.tune}): {does}"
+
+
 def train(cfg: TrainConfig, console: Console | None = None, show_progress: bool = True) -> dict[str, Any]:
     """Run one training job and return its report (also written to ``cfg.report_path`` by rank 0).
 
@@ -255,6 +274,8 @@ def train(cfg: TrainConfig, console: Console | None = None, show_progress: bool 
     sampler = GlobalBatchSampler(len(split.train), cfg.batch_size, ctx.rank, ctx.world_size, cfg.seed)
     loader = DataLoader(split.train, batch_sampler=sampler)
     probe_images = next(iter(loader))[0].to(device)
+    if cfg.tuner_url is not None and ctx.is_main:
+        console.print(_service_notice(cfg), markup=False, highlight=False, soft_wrap=True)
     kernels: KernelConfigs = prepare_kernel_configs(
         cfg, fp, device, model, probe_images, ctx.is_main, ctx.barrier, console, show_progress=show_progress
     )
@@ -297,9 +318,13 @@ def train(cfg: TrainConfig, console: Console | None = None, show_progress: bool 
                 samples += labels.numel() * ctx.world_size
                 stats = runtime.stats()
                 iteration_peaks.append(stats.iteration_peak_resident_bytes)
-                progress.update(epoch, step, loss=losses[-1], samples_per_s=samples / (time.perf_counter() - start),
+                current = stats.history[-1] if stats.history else None
+                # The same figures as the summary table: mean loss so far, this epoch's offloaded bytes and ratio.
+                progress.update(epoch, step, loss=sum(losses) / len(losses),
+                                samples_per_s=samples / (time.perf_counter() - start),
                                 memory_bytes=_peak_memory_bytes(device, runtime),
-                                offloaded_bytes=stats.offloaded_bytes, ratio=stats.compression_ratio)
+                                offloaded_bytes=current.offloaded_bytes if current else 0,
+                                ratio=_ratio(current.compressed_input_bytes, current.compressed_bytes) if current else 1.0)
             seconds = time.perf_counter() - start
             accuracy = _evaluate(model, split.test, device, cfg.batch_size)
             epochs.append({**_epoch_record(epoch, losses, accuracy, samples, seconds, runtime, device),

@@ -20,14 +20,15 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Literal, Mapping
+from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from cswap.budget import parse_budget
 from cswap.paths import shipped_configs_dir
 
-__all__ = ["RecipeError", "TrainConfig", "load_config", "recipe_path", "shipped_recipes"]
+__all__ = ["RecipeError", "TrainConfig", "check_service_url", "load_config", "recipe_path", "shipped_recipes"]
 
 Policy = Literal["none", "swap", "compress-swap", "cswap", "compress-keep"]
 TuneMode = Literal["off", "cached", "bo", "grid", "random"]
@@ -35,6 +36,35 @@ TuneMode = Literal["off", "cached", "bo", "grid", "random"]
 
 class RecipeError(ValueError):
     """A recipe file that cannot be used; the message names the file and the key."""
+
+
+def check_service_url(url: str) -> str:
+    """``url`` if it can name a ``cswap serve``: an ``http``/``https`` scheme, a host, a valid port.
+
+    Raises:
+        ValueError: naming what is wrong and what a good URL looks like.
+
+    Example:
+        >>> check_service_url("http://127.0.0.1:8765")
+        'http://127.0.0.1:8765'
+        >>> check_service_url("http://[::1")
+        Traceback (most recent call last):
+        ...
+        ValueError: 'http://[::1' is not a URL (Invalid IPv6 URL); give the service as http://HOST:PORT
+    """
+    hint = "give the service as http://HOST:PORT"
+    if any(c.isspace() or not c.isprintable() for c in url):
+        raise ValueError(f"{url!r} is not a URL (it holds a space or a control character); {hint}")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - parsing the port is what raises on a bad one
+    except ValueError as error:
+        raise ValueError(f"{url!r} is not a URL ({error}); {hint}") from None
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"{url!r} is not an http(s) URL; {hint}")
+    if not parts.hostname:
+        raise ValueError(f"{url!r} names no host; {hint}")
+    return url
 
 
 class TrainConfig(BaseModel):
@@ -49,8 +79,9 @@ class TrainConfig(BaseModel):
         momentum, weight_decay: SGD settings.
         policy: what the runtime does with saved activations.
         tune: ``off`` (codec defaults), ``cached`` (store or service only), or a search method run now on a miss.
+            A ``tuner_url`` without ``tune`` means ``cached``; with ``tune="off"`` it is an error.
         tune_budget: evaluations per tuned kernel for ``bo``/``random``.
-        tuner_url: a ``cswap serve`` to read configs from and publish to.
+        tuner_url: a ``cswap serve`` to read configs from and publish to (``http(s)://HOST[:PORT]``).
         device: ``auto``, ``cpu`` or ``cuda``.
         amp: autocast dtype for forward, or ``off``.
         image_size: input resolution the dataset is resized to.
@@ -60,7 +91,7 @@ class TrainConfig(BaseModel):
         memory_budget: the most bytes of saved activations on the device: bytes, ``"512MiB"``, or a
             fraction in (0, 1] of policy ``none``'s peak (:func:`cswap.budget.parse_budget`); ``None``: no budget.
         report: JSON report path (``None``: ``runs/<model>-<policy>/report.json``).
-        plots: directory for PNG plots (``None``: next to the report).
+        plots: directory for PNG plots (``None``: the report's folder, as ``<report stem>-<plot>.png``).
         seed: seeds model init, data order and dropout.
         save_model: write the trained model's ``state_dict`` here (rank 0), or ``None``.
     """
@@ -96,6 +127,25 @@ class TrainConfig(BaseModel):
         parse_budget(value)  # its ValueError names the value and the accepted forms
         return value
 
+    @field_validator("tuner_url")
+    @classmethod
+    def _valid_url(cls, url: str | None) -> str | None:
+        return None if url is None else check_service_url(url)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _service_implies_lookup(cls, values: Any) -> Any:
+        # A service URL does nothing with tune="off": given alone it means "look configs up there".
+        if isinstance(values, Mapping) and values.get("tuner_url") is not None:
+            if "tune" not in values:
+                return {**values, "tune": "cached"}
+            if values["tune"] == "off":
+                raise ValueError(
+                    "tuner_url has no effect with tune 'off': drop --tuner-url, or pass --tune cached "
+                    "(look kernel configs up there) or --tune bo (also tune on a miss and publish)"
+                )
+        return values
+
     @property
     def report_path(self) -> Path:
         """Where the JSON report goes."""
@@ -103,8 +153,23 @@ class TrainConfig(BaseModel):
 
     @property
     def plots_dir(self) -> Path:
-        """Where the plots go."""
-        return self.plots or self.report_path.parent / "plots"
+        """Where the plots go: ``plots`` if given, else the report's own folder."""
+        return self.plots or self.report_path.parent
+
+    def plot_path(self, name: str) -> Path:
+        """The PNG file of plot ``name``: ``PLOTS/NAME.png``, or beside the report as ``REPORT-STEM-NAME.png``.
+
+        Beside the report the file is named after it, so two reports in one folder keep their own plots.
+
+        Example:
+            >>> TrainConfig(report=Path("runs/a.json")).plot_path("memory").as_posix()
+            'runs/a-memory.png'
+            >>> TrainConfig(report=Path("runs/a.json"), plots=Path("figs")).plot_path("memory").as_posix()
+            'figs/memory.png'
+        """
+        if self.plots is not None:
+            return self.plots / f"{name}.png"
+        return self.report_path.parent / f"{self.report_path.stem}-{name}.png"
 
 
 def shipped_recipes() -> tuple[str, ...]:
@@ -126,7 +191,7 @@ def recipe_path(recipe: str | Path) -> Path:
     if shipped.is_file():
         return shipped
     names = ", ".join(shipped_recipes()) or "none"
-    raise RecipeError(f"no recipe file {recipe!r} and no shipped recipe of that name; give a YAML path or one of: {names}")
+    raise RecipeError(f"no recipe file {str(recipe)!r} and no shipped recipe of that name; give a YAML path or one of: {names}")
 
 
 def _recipe(path: Path) -> dict[str, Any]:

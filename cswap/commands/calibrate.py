@@ -35,6 +35,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from cswap.commands import fail, warnings_as_lines
+
 __all__ = [
     "DecisionData",
     "HIDDEN_SCALES",
@@ -87,12 +89,13 @@ def collect_traces(
     batch_size: int = 32,
     width_mult: float = 0.25,
     image_size: int = 32,
+    on_model: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """One profiled training iteration per model, as ``{model name: cswap.trace.Trace}``.
 
     Each model from :mod:`cswap.models` runs forward and backward on a batch of
     :func:`cswap.data.digits` under ``cswap.Runtime(policy="none")``, which records every saved
-    tensor without moving any.
+    tensor without moving any. ``on_model(name)`` is called before each model is profiled.
     """
     import torch
 
@@ -105,6 +108,8 @@ def collect_traces(
     x, y = images[:batch_size].to(device), labels[:batch_size].to(device)
     traces = {}
     for name in models:
+        if on_model is not None:
+            on_model(name)
         torch.manual_seed(0)
         model = zoo.build(name, num_classes=split.num_classes, width_mult=width_mult).to(device)
         runtime = cswap.Runtime(policy="none", device=str(device), d2h_gbps=d2h_gbps, h2d_gbps=h2d_gbps)
@@ -259,7 +264,7 @@ def run_calibrate(
         quick: a tiny grid and two tiny models (seconds; for tests and smoke runs).
         store_path: the config store file (default ``$CSWAP_HOME/store.db``).
         console: where the progress bar goes (default: stderr).
-        show_progress: draw the progress bar.
+        show_progress: draw the progress bar (on a terminal; elsewhere one line per stage).
 
     Returns:
         The JSON-ready report ``cswap calibrate --json`` prints.
@@ -289,20 +294,35 @@ def run_calibrate(
     plan = CalibrationPlan.quick(backend) if quick else CalibrationPlan.default(backend)
     console = console or Console(stderr=True)
 
+    models = QUICK_TRACE_MODELS if quick else TRACE_MODELS
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=console, transient=True, disable=not show_progress,
+        # stdout is left alone: it carries the --json report, and nothing else writes to it meanwhile.
+        console=console, transient=True, disable=not show_progress, redirect_stdout=False,
     ) as progress:
-        task = progress.add_task(f"calibrating zvc/{backend}", total=plan.n_points * (plan.passes + 1))
+        # One step per timed point, then one per profiled model; fitting is instant next to either.
+        measuring = plan.n_points * (plan.passes + 1)
+        task = progress.add_task(f"calibrating zvc/{backend}", total=measuring + len(models))
+
+        def stage(description: str, completed: int | None = None) -> None:
+            progress.update(task, description=description, completed=completed)
+            if show_progress and not console.is_terminal:
+                # No live bar in a log or a pipe: one plain line per stage instead.
+                console.print(f"cswap calibrate: {description}", markup=False, highlight=False)
+
+        stage(f"measuring zvc/{backend} at {plan.n_points} points")
         run = calibrate(plan, fingerprint=fp.to_dict(), store=store,
-                        on_step=lambda done, total: progress.update(task, completed=done, total=total))
-        progress.update(task, description="fitting time models")
+                        on_step=lambda done, total: progress.update(task, completed=done, total=total + len(models)))
+        stage("fitting time models")
         time_model, reports = fit_time_models(run.samples)
-        progress.update(task, description="profiling models for the decider")
         measured = bandwidth(device, nbytes=(4 << 20) if quick else (64 << 20))
-        models = QUICK_TRACE_MODELS if quick else TRACE_MODELS
-        traces = collect_traces(models, device, measured.d2h_gbps, measured.h2d_gbps,
-                                batch_size=8 if quick else 64, width_mult=0.125 if quick else 0.5)
+        done = progress.tasks[0].completed
+        traces = collect_traces(
+            models, device, measured.d2h_gbps, measured.h2d_gbps,
+            batch_size=8 if quick else 64, width_mult=0.125 if quick else 0.5,
+            on_model=lambda name: stage(f"profiling {name} for the decider", done + models.index(name)),
+        )
+        progress.update(task, completed=progress.tasks[0].total)
     links = link_profiles(measured.d2h_gbps, measured.h2d_gbps)
 
     def codec_s(op: str, nbytes: int, density: float, itemsize: int) -> float:
@@ -381,12 +401,24 @@ def register(app: typer.Typer) -> None:
         quick: bool = typer.Option(False, help="A tiny grid and two tiny models: seconds, for smoke tests."),
         store: Path = typer.Option(None, help="Config store file (default: $CSWAP_HOME/store.db)."),
     ) -> None:
-        """Measure the codec, fit the time model and the compress/don't decider, store them for this device."""
+        """Measure the codec, fit the time model and the compress/don't decider, store them for this device.
+
+        The table has one row per operation and element width. MAPE is the mean relative error of the
+        fitted time model, on sizes held out of the fit and on the fit's own samples. "knees" are the
+        tensor sizes past which the measured cost per byte steps up (the data no longer fits a cache,
+        say): the model fits a separate slope beyond each, so ">=4 MiB" means tensors of 4 MiB and
+        more are priced on their own line; "-" means one straight line fits every size. The last
+        lines give the decider's accuracy on the tensors of models it was not fitted on.
+        """
+        console = Console(stderr=True)
+        # --json keeps stderr quiet in logs and pipes (2>&1 stays parseable); a terminal still gets the live bar.
+        show_progress = console.is_terminal or not json_output
         try:
-            report = run_calibrate(backend=backend, quick=quick, store_path=store, show_progress=not json_output)
+            with warnings_as_lines():
+                report = run_calibrate(backend=backend, quick=quick, store_path=store, console=console,
+                                       show_progress=show_progress)
         except (ValueError, RuntimeError) as error:
-            Console(stderr=True).print(f"[red]cswap calibrate: {error}[/red]")
-            raise typer.Exit(code=2) from None
+            raise fail(error) from None
         if json_output:
             typer.echo(json.dumps(report, indent=1))
         else:

@@ -21,6 +21,8 @@ from typing import Any
 
 import typer
 
+from cswap.commands import fail
+
 __all__ = ["register"]
 
 _STORE_HELP = "Config store file (default: $CSWAP_HOME/store.db)."
@@ -37,8 +39,8 @@ def _console():  # -> rich Console; imported lazily to keep `cswap --help` fast
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(code)
+    """Store and network trouble exit 1; input the user can fix passes ``code=2``."""
+    return fail(message, code)
 
 
 def _open(store: Path | None, read: bool = False):  # -> ConfigStore; imported lazily to keep `cswap --help` fast
@@ -109,7 +111,8 @@ def register(app: typer.Typer) -> None:
                 if run is None:
                     raise _fail(
                         f"no device key starting with {key!r} and no tuning run with that id in {config_store.path}; "
-                        f"see `cswap configs list`"
+                        f"see `cswap configs list`",
+                        code=2,
                     )
                 body = {**run.to_dict(), "fingerprint_key": run.fingerprint_key}
                 if json_output:
@@ -172,7 +175,7 @@ def register(app: typer.Typer) -> None:
         try:
             document = json.loads(text)
         except ValueError as exc:
-            raise _fail(f"{path} is not JSON ({exc}); pass a file written by `cswap configs export`") from None
+            raise _fail(f"{path} is not JSON ({exc}); pass a file written by `cswap configs export`", code=2) from None
         try:
             counts = _open(store).import_json(document)
         except (StoreError, ValueError) as exc:
@@ -194,7 +197,7 @@ def register(app: typer.Typer) -> None:
         try:
             client = TuningClient(tuner_url, token=token, timeout_s=timeout_s)
         except ValueError as exc:
-            raise _fail(str(exc)) from None
+            raise _fail(str(exc), code=2) from None
         published = already = 0
         try:
             with client:

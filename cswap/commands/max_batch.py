@@ -13,6 +13,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from cswap.commands import fail
+
 __all__ = ["register"]
 
 
@@ -37,8 +39,7 @@ def register(app: typer.Typer) -> None:
             chosen = [p.strip() for p in policies.split(",") if p.strip()]
             result = max_batch(model, chosen, memory_limit_bytes=limit, resolution=resolution)
         except (ValueError, RuntimeError) as error:
-            console.print(f"[red]error:[/] {error}")
-            raise typer.Exit(2) from None
+            raise fail(error) from None
         baseline = result.get("none")
         if as_json:
             print(json.dumps({"model": model, "memory_limit_bytes": limit, "max_batch": result}))

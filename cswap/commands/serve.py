@@ -16,6 +16,8 @@ from pathlib import Path
 
 import typer
 
+from cswap.commands import fail
+
 __all__ = ["is_loopback", "register"]
 
 
@@ -53,12 +55,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Serve tuned kernel configs, tuning runs and calibrated models over HTTP (OpenAPI at /openapi.json)."""
         if not token and not is_loopback(host):
-            typer.echo(
-                f"error: refusing to serve on {host}, which is reachable from other machines, without a token: "
-                f"pass --token TOKEN (or set CSWAP_SERVER_TOKEN), or bind 127.0.0.1",
-                err=True,
+            raise fail(
+                f"refusing to serve on {host}, which is reachable from other machines, without a token: "
+                f"pass --token TOKEN (or set CSWAP_SERVER_TOKEN), or bind 127.0.0.1"
             )
-            raise typer.Exit(2)
         import uvicorn
 
         from cswap.server.app import create_app
@@ -67,7 +67,6 @@ def register(app: typer.Typer) -> None:
         try:
             service = create_app(store, token=token or None)
         except StoreError as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(1) from None
+            raise fail(exc, code=1) from None
         typer.echo(f"cswap tuning service on http://{host}:{port} (store {service.state.store.path})", err=True)
         uvicorn.run(service, host=host, port=port, log_level=log_level, access_log=access_log, workers=1)

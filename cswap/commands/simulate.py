@@ -16,6 +16,8 @@ from typing import Any
 
 import typer
 from rich.console import Console
+
+from cswap.commands import fail
 from rich.table import Table
 
 __all__ = ["register", "run_simulate"]
@@ -171,7 +173,12 @@ def register(app: typer.Typer) -> None:
         batch_size: int = typer.Option(64, min=1, help="Images per iteration."),
         resolution: int = typer.Option(224, min=1, help="Image side in pixels."),
         hardware: str = typer.Option("v100-pcie3", help="Hardware profile name (configs/hardware) or YAML path."),
-        policies: str = typer.Option("all", help="'all' or a comma-separated list of policies."),
+        policies: str = typer.Option(
+            "all",
+            help="'all' or a comma-separated list of: none, swap, cpu-compress-swap (vDNN++: copy out in full, "
+            "then the host CPU compresses it; decompress on the host before the copy back), compress-swap, "
+            "cswap, compress-keep.",
+        ),
         trace: Path = typer.Option(None, help="A profiled trace (rt.trace().to_json(path)) instead of a meta trace."),
         sparsity: float = typer.Option(None, min=0.0, max=1.0, help="ReLU-output sparsity of the meta trace (default 0.5)."),
         min_bytes: int = typer.Option(None, min=0, help="Activations below this stay on the device (default: the runtime's)."),
@@ -188,7 +195,17 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of the table."),
         plot: Path = typer.Option(None, help="Write stacked bars of the breakdown to this PNG."),
     ) -> None:
-        """Simulate one training iteration under each policy on a hardware profile (no GPU needed)."""
+        """Simulate one training iteration under each policy on a hardware profile (no GPU needed).
+
+        Columns: "iter ms" is the iteration in the queue model (copies and codec calls wait for the
+        link and each other); "x none" is that over policy none's; "xfer ms" and "codec ms" are the
+        exposed copy and (de)compression time in it. "formula ms" is the same iteration by the
+        per-tensor cost formula, which prices each tensor alone, so copies piling up on the link are
+        not seen: the gap to "iter ms" is time lost to queuing. "plan" says how the actions
+        were chosen: static, cost-model, or for cswap the plan that beat the cost model's in the queue
+        model, where "ranked N/M" means the N of the M compressible moved tensors that save the most
+        link time per codec second are compressed and the rest swapped.
+        """
         try:
             report = run_simulate(
                 model=model,
@@ -207,7 +224,7 @@ def register(app: typer.Typer) -> None:
                 time_limit_s=time_limit,
             )
         except (ValueError, FileNotFoundError) as error:
-            raise typer.BadParameter(str(error)) from error
+            raise fail(error) from None
         results = report.pop("_results")
         sweep = report.pop("_sweep", None)
         if sweep is not None and "budgets" in report:

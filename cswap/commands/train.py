@@ -13,31 +13,57 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from cswap.commands import fail, warnings_as_lines
+from cswap.trainconfig import TrainConfig
+
 __all__ = ["register", "train_command"]
+
+#: What ``--help`` says for options whose default is "not set" (the config's ``None``).
+_UNSET_DEFAULTS: dict[str, str] = {
+    "tuner_url": "no service",
+    "train_samples": "all",
+    "min_bytes": "the runtime's",
+    "memory_budget": "no budget",
+    "report": "runs/MODEL-POLICY/report.json",
+    "plots": "beside the report",
+    "save_model": "not saved",
+}
+
+
+def _default(name: str) -> str:
+    """The value ``--help`` shows for option ``name``: :class:`TrainConfig`'s default, the one used when neither
+    the flag nor a recipe sets it (the flag itself defaults to ``None`` so that a recipe's value can win).
+
+    Example:
+        >>> _default("model"), _default("epochs"), _default("plots")
+        ('vgg16', '2', 'beside the report')
+    """
+    value = TrainConfig.model_fields[name].default
+    return _UNSET_DEFAULTS[name] if value is None else str(value)
 
 
 def train_command(
-    model: Optional[str] = typer.Option(None, help="Model name (cswap.models.MODEL_NAMES) or package.module:function."),
-    dataset: Optional[str] = typer.Option(None, help="digits, synthetic, or package.module:function."),
-    epochs: Optional[int] = typer.Option(None, help="Passes over the training set."),
-    batch_size: Optional[int] = typer.Option(None, help="Global batch size (split across torchrun ranks)."),
-    lr: Optional[float] = typer.Option(None, help="Peak learning rate (SGD, momentum, cosine schedule)."),
-    policy: Optional[str] = typer.Option(None, help="none | swap | compress-swap | cswap | compress-keep."),
-    tune: Optional[str] = typer.Option(None, help="off | cached | bo | grid | random."),
-    tune_budget: Optional[int] = typer.Option(None, help="Evaluations per tuned kernel (bo, random)."),
-    tuner_url: Optional[str] = typer.Option(None, help="A running `cswap serve` to read configs from and publish to."),
-    device: Optional[str] = typer.Option(None, help="auto | cpu | cuda."),
-    amp: Optional[str] = typer.Option(None, help="off | fp16 | bf16 autocast."),
-    image_size: Optional[int] = typer.Option(None, help="Input resolution."),
-    width_mult: Optional[float] = typer.Option(None, help="Channel multiplier of the model."),
-    train_samples: Optional[int] = typer.Option(None, help="Use only this many training images."),
-    min_bytes: Optional[int] = typer.Option(None, help="Saved tensors below this many bytes stay on the device."),
-    memory_budget: Optional[str] = typer.Option(None, help="Most bytes of saved activations on the device: 512MiB, 2GiB, bytes, or a fraction of policy none's peak (0.5)."),
-    report: Optional[Path] = typer.Option(None, help="JSON report path."),
-    plots: Optional[Path] = typer.Option(None, help="Directory for PNG plots."),
-    seed: Optional[int] = typer.Option(None, help="Random seed."),
-    save_model: Optional[Path] = typer.Option(None, help="Write the trained state_dict here."),
-    config: Optional[Path] = typer.Option(None, help="A recipe: a YAML file, or the name of a shipped one (vgg16-digits, resnet18-digits, policies-synthetic)."),
+    model: Optional[str] = typer.Option(None, show_default=_default("model"), help="Model name (cswap.models.MODEL_NAMES) or package.module:function."),
+    dataset: Optional[str] = typer.Option(None, show_default=_default("dataset"), help="digits, synthetic, or package.module:function."),
+    epochs: Optional[int] = typer.Option(None, show_default=_default("epochs"), help="Passes over the training set."),
+    batch_size: Optional[int] = typer.Option(None, show_default=_default("batch_size"), help="Global batch size (split across torchrun ranks)."),
+    lr: Optional[float] = typer.Option(None, show_default=_default("lr"), help="Peak learning rate (SGD, momentum, cosine schedule)."),
+    policy: Optional[str] = typer.Option(None, show_default=_default("policy"), help="none | swap | compress-swap | cswap | compress-keep."),
+    tune: Optional[str] = typer.Option(None, show_default=_default("tune"), help="off | cached | bo | grid | random (cached when only --tuner-url is given)."),
+    tune_budget: Optional[int] = typer.Option(None, show_default=_default("tune_budget"), help="Evaluations per tuned kernel (bo, random)."),
+    tuner_url: Optional[str] = typer.Option(None, show_default=_default("tuner_url"), help="A running `cswap serve` (http://HOST:PORT) to read configs from and publish to; implies --tune cached."),
+    device: Optional[str] = typer.Option(None, show_default=_default("device"), help="auto | cpu | cuda."),
+    amp: Optional[str] = typer.Option(None, show_default=_default("amp"), help="off | fp16 | bf16 autocast."),
+    image_size: Optional[int] = typer.Option(None, show_default=_default("image_size"), help="Input resolution."),
+    width_mult: Optional[float] = typer.Option(None, show_default=_default("width_mult"), help="Channel multiplier of the model."),
+    train_samples: Optional[int] = typer.Option(None, show_default=_default("train_samples"), help="Use only this many training images."),
+    min_bytes: Optional[int] = typer.Option(None, show_default=_default("min_bytes"), help="Saved tensors below this many bytes stay on the device."),
+    memory_budget: Optional[str] = typer.Option(None, show_default=_default("memory_budget"), help="Most bytes of saved activations on the device: 512MiB, 2GiB, bytes, or a fraction of policy none's peak (0.5)."),
+    report: Optional[Path] = typer.Option(None, show_default=_default("report"), help="JSON report path."),
+    plots: Optional[Path] = typer.Option(None, show_default=_default("plots"), help="Directory for PNG plots."),
+    seed: Optional[int] = typer.Option(None, show_default=_default("seed"), help="Random seed."),
+    save_model: Optional[Path] = typer.Option(None, show_default=_default("save_model"), help="Write the trained state_dict here."),
+    config: Optional[Path] = typer.Option(None, show_default="no recipe", help="A recipe: a YAML file, or the name of a shipped one (vgg16-digits, resnet18-digits, policies-synthetic)."),
     progress: bool = typer.Option(True, help="Show progress bars."),
 ) -> None:
     """Train a model under a policy and write a report with plots."""
@@ -52,11 +78,11 @@ def train_command(
         "memory_budget": memory_budget, "report": report, "plots": plots, "seed": seed, "save_model": save_model,
     }
     try:
-        cfg = load_config(config, overrides)
-        train(cfg, console=console, show_progress=progress)
-    except (RecipeError, ValueError, RuntimeError, OutOfMemoryAdvice) as error:
-        console.print(f"[red]error:[/] {error}")
-        raise typer.Exit(2) from None
+        with warnings_as_lines():
+            cfg = load_config(config, overrides)
+            train(cfg, console=console, show_progress=progress)
+    except (RecipeError, ValueError, RuntimeError, OutOfMemoryAdvice, OSError) as error:
+        raise fail(error) from None
 
 
 def register(app: typer.Typer) -> None:

@@ -26,6 +26,8 @@ from collections.abc import Callable
 import typer
 from rich import box
 from rich.console import Console
+
+from cswap.commands import fail, warnings_as_lines
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -283,17 +285,19 @@ def register(app: typer.Typer) -> None:
         try:
             parsed_sizes = _sizes(sizes)
         except ValueError as exc:
-            raise typer.BadParameter(str(exc), param_hint="--sizes") from None
+            raise fail(f"--sizes: {exc}") from None
         console = Console(stderr=True)
         try:
-            report = run_tune(
-                backend=backend, method=method, budget=budget, dtype=dtype, sizes=parsed_sizes, op=op, store=store,
-                force=force, seed=seed, repeats=repeats, space=space, tuner_url=tuner_url, token=token,
-                console=None if json_output else console,
-            )
-        except (ValueError, RuntimeError, StoreError, SearchSpaceError) as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(1) from None
+            with warnings_as_lines():
+                report = run_tune(
+                    backend=backend, method=method, budget=budget, dtype=dtype, sizes=parsed_sizes, op=op, store=store,
+                    force=force, seed=seed, repeats=repeats, space=space, tuner_url=tuner_url, token=token,
+                    console=None if json_output else console,
+                )
+        except (ValueError, SearchSpaceError) as exc:
+            raise fail(exc) from None
+        except (RuntimeError, StoreError) as exc:
+            raise fail(exc, code=1) from None
         if json_output:
             typer.echo(json.dumps(report, sort_keys=True, allow_nan=False))
         else:

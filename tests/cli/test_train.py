@@ -163,3 +163,62 @@ def test_torchrun_two_processes_match_one(tmp_path: Path) -> None:
 def test_shipped_recipes_load(recipe: Path) -> None:
     cfg = load_config(recipe)
     assert cfg.model and cfg.dataset
+
+
+def test_tuner_url_alone_means_cached_lookup() -> None:
+    assert load_config(None, {"tuner_url": "http://127.0.0.1:8765"}).tune == "cached"
+    assert load_config(None, {"tuner_url": "https://tuner.example:443", "tune": "bo"}).tune == "bo"
+    assert load_config(None, {}).tune == "off"
+
+
+def _tiny_run(tmp_path: Path, *args: str):
+    return runner.invoke(app, ["train", "--model", "tests.cli.nets:tiny_cnn", "--image-size", "16", "--epochs", "1",
+                               "--batch-size", "16", "--train-samples", "16", "--device", "cpu", "--no-progress",
+                               "--report", str(tmp_path / "r.json"), *args], env={"CSWAP_HOME": str(tmp_path / "home")})
+
+
+def test_tuner_url_is_announced_at_start(tmp_path: Path) -> None:
+    from cswap.server.app import create_app
+    from tests.server.helpers import serve_in_thread
+
+    with serve_in_thread(create_app(tmp_path / "service.db")) as url:
+        result = _tiny_run(tmp_path, "--tuner-url", url)
+    assert result.exit_code == 0, result.output
+    assert f"tuning service {url} (--tune cached): kernel configs are looked up there" in result.stdout
+    assert json.loads((tmp_path / "r.json").read_text())["tune"]["mode"] == "cached"
+
+
+def test_service_down_warning_is_one_plain_stderr_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import cswap.train as train_module
+    from cswap.server.client import ServiceUnavailable, TuningClient
+
+    real = train_module.prepare_kernel_configs
+
+    def warn_then_prepare(*args: object, **kwargs: object):
+        TuningClient("http://127.0.0.1:9").warn_once(ServiceUnavailable("tuning service down"), "using the local store")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(train_module, "prepare_kernel_configs", warn_then_prepare)
+    result = _tiny_run(tmp_path)
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines() == ["warning: tuning service down; using the local store"]
+
+
+def test_plots_go_beside_the_report_named_after_it(tmp_path: Path) -> None:
+    """Two reports in one folder keep their own plots; none land in a shared ``../plots``."""
+    from cswap.report import draw_plots
+
+    report = {"epochs": [], "memory_timeline": {"none": [[0.0, 1 << 20], [1.0, 2 << 20]]}}
+    first = TrainConfig(report=tmp_path / "runs" / "a.json")
+    second = TrainConfig(report=tmp_path / "runs" / "b.json")
+    chosen = TrainConfig(report=tmp_path / "runs" / "c.json", plots=tmp_path / "figures")
+    paths = {cfg.report_path.stem: draw_plots(report, cfg.plot_path) for cfg in (first, second, chosen)}
+    assert paths["a"] == {"sparsity": str(tmp_path / "runs" / "a-sparsity.png"),
+                          "decisions": str(tmp_path / "runs" / "a-decisions.png"),
+                          "memory": str(tmp_path / "runs" / "a-memory.png")}
+    assert paths["b"]["memory"] == str(tmp_path / "runs" / "b-memory.png")
+    assert paths["c"]["memory"] == str(tmp_path / "figures" / "memory.png")
+    assert not (tmp_path / "plots").exists() and not (tmp_path / "runs" / "plots").exists()
+    for produced in paths.values():
+        for path in produced.values():
+            assert Path(path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

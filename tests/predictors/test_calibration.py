@@ -59,7 +59,16 @@ def test_bad_plans_raise(changes: dict, match: str) -> None:
 
 
 @pytest.mark.parametrize("backend", ["torch", "cpu"])
-def test_calibrate_measures_every_point(backend: str) -> None:
+def test_calibrate_measures_every_point(backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every point is run; its seconds come from an injected timer that counts the calls (1 ms, 2 ms, ...)."""
+    calls: list[int] = []
+
+    def time_call_s(call, device) -> float:
+        call()
+        calls.append(len(calls) + 1)
+        return calls[-1] * 1e-3
+
+    monkeypatch.setattr("cswap.predictors.calibration.time_call_s", time_call_s)
     plan = CalibrationPlan(backend=backend, **TINY)
     steps: list[tuple[int, int]] = []
     run = calibrate(plan, on_step=lambda done, total: steps.append((done, total)))
@@ -71,6 +80,7 @@ def test_calibrate_measures_every_point(backend: str) -> None:
         assert abs(sample.density - nominal) < 0.05
         assert sample.time_s == min(sample.times_s) > 0
         assert len(sample.times_s) >= 2  # the warm-up timing and at least one pass
+        assert all(round(t * 1e3) in calls for t in sample.times_s)
         assert sample.launch_match == "default"
         if backend == "cpu":
             assert set(sample.launch) == {"threads", "chunk_words"}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import math
 
 import numpy as np
@@ -99,7 +100,30 @@ def quick_report(tmp_path_factory) -> tuple[dict, str]:
     home = tmp_path_factory.mktemp("cswap-home")
     result = CliRunner().invoke(app, ["calibrate", "--quick", "--json", "--backend", "cpu"], env={"CSWAP_HOME": str(home)})
     assert result.exit_code == 0, result.output
+    assert result.stderr == ""  # --json in a pipe: nothing but the JSON, on stdout
     return json.loads(result.stdout), str(home)
+
+
+def test_progress_on_a_terminal_is_a_bar_and_in_a_log_one_line_per_stage(tmp_path: Path) -> None:
+    """A terminal gets a live bar through every stage; a log gets plain stage lines, never the bar."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from cswap.commands.calibrate import QUICK_TRACE_MODELS, run_calibrate
+
+    terminal, log = StringIO(), StringIO()
+    run_calibrate("cpu", quick=True, store_path=tmp_path / "a.db",
+                  console=Console(file=terminal, force_terminal=True, width=100))
+    run_calibrate("cpu", quick=True, store_path=tmp_path / "b.db", console=Console(file=log, width=100))
+    shown = terminal.getvalue()
+    assert "measuring zvc/cpu at 48 points" in shown and "profiling squeezenet1_1 for the decider" in shown
+    assert "━" in shown  # the bar itself
+    assert [line for line in log.getvalue().splitlines() if line] == [
+        "cswap calibrate: measuring zvc/cpu at 48 points",
+        "cswap calibrate: fitting time models",
+        *(f"cswap calibrate: profiling {name} for the decider" for name in QUICK_TRACE_MODELS),
+    ]
 
 
 def test_quick_json_has_the_documented_keys(quick_report: tuple[dict, str]) -> None:
@@ -112,13 +136,14 @@ def test_quick_json_has_the_documented_keys(quick_report: tuple[dict, str]) -> N
     for model in report["time_models"]:
         assert math.isfinite(model["mape"]) and model["mape"] >= 0
         assert model["samples"] == 12 and model["heldout_samples"] == 3
-    assert report["calibration"]["samples"] == 48 and report["calibration"]["wall_s"] > 0
+    assert report["calibration"]["samples"] == 48
+    # wall times are reported, never compared: a loaded machine can make any of them anything
+    assert all(isinstance(seconds, float) and math.isfinite(seconds) for seconds in (report["calibration"]["wall_s"], report["wall_s"]))
     decision = report["decision"]
     assert 0.0 <= decision["accuracy"] <= 1.0 and 0.0 <= decision["baseline_accuracy"] <= 1.0
     assert decision["models"] == ["alexnet", "squeezenet1_1"] and decision["traces"] == "profiled"
     assert decision["test_samples"] == decision["tensors"] * len(decision["links_gbps"]) * len(HIDDEN_SCALES)
     assert report["stored"] == ["calibration-samples/cpu", "time-model/cpu", "decider/cpu"]
-    assert report["wall_s"] >= report["calibration"]["wall_s"]
 
 
 def test_quick_run_stores_what_the_runtime_loads(quick_report: tuple[dict, str], monkeypatch: pytest.MonkeyPatch) -> None:

@@ -62,7 +62,7 @@ def test_show_a_device_by_prefix_and_a_run_by_id(home_store: ConfigStore) -> Non
 
 def test_show_unknown(home_store: ConfigStore) -> None:
     result = invoke("configs", "show", "zzzz")
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "no device key starting with 'zzzz'" in result.stderr and "cswap configs list" in result.stderr
 
 
@@ -130,15 +130,15 @@ def test_export_import_round_trip(home_store: ConfigStore, tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize(
-    "content, message",
-    [("{broken", "is not JSON"), ('{"format": "zip"}', "not a cswap store export"), (None, "cannot read")],
+    "content, message, code",
+    [("{broken", "is not JSON", 2), ('{"format": "zip"}', "not a cswap store export", 1), (None, "cannot read", 1)],
 )
-def test_import_bad_files(tmp_path: Path, content: str | None, message: str) -> None:
+def test_import_bad_files(tmp_path: Path, content: str | None, message: str, code: int) -> None:
     path = tmp_path / "in.json"
     if content is not None:
         path.write_text(content)
     result = invoke("configs", "import", str(path))
-    assert result.exit_code == 1
+    assert result.exit_code == code
     assert message in result.stderr
 
 
@@ -173,7 +173,7 @@ def test_push_to_a_dead_service(home_store: ConfigStore) -> None:
 
 def test_push_bad_url() -> None:
     result = invoke("configs", "push", "--tuner-url", "localhost:8765")
-    assert result.exit_code == 1 and "must look like http://HOST:PORT" in result.stderr
+    assert result.exit_code == 2 and "must look like http://HOST:PORT" in result.stderr
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.1"])

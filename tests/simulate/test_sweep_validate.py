@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -83,7 +85,9 @@ def test_runtime_plan_mapping_keeps_duplicates_with_their_first():
     assert _actions(trace, Plan()) == (Action.SWAP, Action.KEEP, Action.ZVC_KEEP, Action.KEEP)
 
 
-def test_validate_runs_the_runtime_and_simulates_its_plans():
+def test_validate_runs_the_runtime_and_simulates_its_plans(monkeypatch):
+    ticks = iter(range(1, 10**9))  # a clock that moves 1 ms per reading: measured times are positive and exact
+    monkeypatch.setattr("cswap.simulate.validate.time", SimpleNamespace(perf_counter=lambda: next(ticks) * 1e-3))
     rows = validate(
         models=("vgg11",), policies=("none", "swap", "compress-keep"), batch_size=2, resolution=32, width_mult=0.125,
         iterations=2, min_bytes=0, overheads=RuntimeOverheads(0.0, 0.0, 0.0, 0.0),

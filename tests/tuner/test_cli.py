@@ -73,17 +73,17 @@ def test_malformed_search_space_is_a_clear_error(tmp_path: Path) -> None:
     space = tmp_path / "cpu.yaml"
     space.write_text("backend: cpu\nops:\n  compress:\n    threads: {low: 4, high: 1}\n")
     code, _, err = tune(*TINY, "--space", str(space), "--store", str(tmp_path / "s.db"))
-    assert code == 1 and str(space) in err and "low 4 is above high 1" in err
+    assert code == 2 and str(space) in err and "low 4 is above high 1" in err
 
 
 @pytest.mark.parametrize(
     ("args", "code", "message"),
     [
         (["--sizes", "4XB"], 2, "not a byte count"),
-        (["--method", "anneal"], 1, "unknown method 'anneal'"),
-        (["--op", "squash"], 1, "unknown op 'squash'"),
-        (["--dtype", "complex64"], 1, "unsupported dtype 'complex64'"),
-        (["--budget", "0"], 1, "give at least 1 evaluation"),
+        (["--method", "anneal"], 2, "unknown method 'anneal'"),
+        (["--op", "squash"], 2, "unknown op 'squash'"),
+        (["--dtype", "complex64"], 2, "unsupported dtype 'complex64'"),
+        (["--budget", "0"], 2, "give at least 1 evaluation"),
     ],
 )
 def test_bad_options(tmp_path: Path, args: list[str], code: int, message: str) -> None:

@@ -1,0 +1,44 @@
+"""The help texts and the README explain what the tables show."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cswap.cli import app
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def _help(command: str) -> str:
+    result = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    return " ".join(result.output.replace("│", " ").split())
+
+
+def _command_line_section() -> str:
+    text = README.read_text()
+    section = text[text.index("## The command line"):]
+    return " ".join(section[: section.index("\n## ", 3)].split())
+
+
+@pytest.mark.parametrize(
+    "command, phrases",
+    [
+        ("calibrate", ["knees", "cost per byte steps up", "MAPE"]),
+        ("simulate", ['"formula ms"', "prices each tensor alone", '"ranked N/M"',
+                      "cpu-compress-swap (vDNN++", "host CPU compresses"]),
+    ],
+)
+def test_help_explains_the_columns_and_policies(command: str, phrases: list[str]) -> None:
+    shown = _help(command)
+    for phrase in phrases:
+        assert phrase in shown, phrase
+
+
+@pytest.mark.parametrize("phrase", ['"knees"', '"formula ms"', '"ranked N/M"', "`cpu-compress-swap` (vDNN++",
+                                    "host CPU compresses", "progress bar"])
+def test_readme_command_line_section_explains_them(phrase: str) -> None:
+    assert phrase in _command_line_section()
