@@ -236,8 +236,8 @@ def step_training(device: torch.device, scale: Scale) -> dict[str, Any]:
             budget = int(BUDGET_FRACTION * plain_peak)
             for record in training.measure(model, tuple(budget_rows), *args, memory_budget_bytes=budget):
                 if record["policy"].endswith(training.BUDGET_SUFFIX):
-                    records.append({**record, "memory_budget_bytes": budget,
-                                    "peak_within_budget": record["peak_bytes"] is not None and record["peak_bytes"] <= budget})
+                    within = None if record.get("infeasible") else record["peak_bytes"] is not None and record["peak_bytes"] <= budget
+                    records.append({**record, "memory_budget_bytes": budget, "peak_within_budget": within})
     return {"records": records, "skipped_configs": skipped, "budget_fraction_of_plain_peak": BUDGET_FRACTION}
 
 
@@ -307,6 +307,10 @@ def summary(report: dict[str, Any]) -> str:
         lines += ["", "## Training iterations (ratios to plain in the same run)", "",
                   "| model | config | time vs plain | memory vs plain | time vs save_on_cpu |", "|---|---|---|---|---|"]
         for r in train["result"]["records"]:
+            if r.get("infeasible"):
+                lines.append(f"| {r['model']} | {r['policy']} | infeasible at {r['memory_budget_bytes']} bytes: "
+                             f"needs {r['minimum_bytes']} | | |")
+                continue
             lines.append(f"| {r['model']} | {r['policy']} | {_fmt(r['vs_plain_time'])} | {_fmt(r['vs_plain_memory'])} | "
                          f"{_fmt(r['vs_save_on_cpu_time'])} |")
         for name, reason in train["result"]["skipped_configs"].items():

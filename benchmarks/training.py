@@ -96,6 +96,8 @@ class Config:
     steady_s: list[float] = field(default_factory=list)
     peak_bytes: int = 0
     steady_peak_bytes: int = 0
+    #: Set when the policy cannot meet its memory budget: the least budget it can (BudgetError).
+    infeasible_minimum_bytes: int | None = None
 
 
 def _config(name: str, model: nn.Module, device: torch.device, memory_budget_bytes: int | None = None) -> Config:
@@ -135,7 +137,13 @@ def _batches(data: str, count: int, batch_size: int, resolution: int, device: to
 
 def _run_epoch(model: nn.Module, initial: dict[str, torch.Tensor], batches: list[tuple[torch.Tensor, torch.Tensor]],
                iterations: int, device: torch.device, config: Config, record: bool) -> None:
-    """One epoch of ``config`` from the initial weights; appends its figures to ``config`` when ``record``."""
+    """One epoch of ``config`` from the initial weights; appends its figures to ``config`` when ``record``.
+
+    A policy that cannot meet its memory budget stops at the profiling iteration that shows it; the
+    configuration is then recorded as infeasible with the least budget it can meet.
+    """
+    if config.infeasible_minimum_bytes is not None:
+        return
     with torch.no_grad():
         model.load_state_dict(initial)
     torch.manual_seed(1)  # the same dropout masks in every epoch of every configuration
@@ -155,8 +163,13 @@ def _run_epoch(model: nn.Module, initial: dict[str, torch.Tensor], batches: list
             start_event, end_event = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start_event.record()
         start = time.perf_counter()
-        with config.context():
-            loss_fn(model(images), labels).backward()
+        try:
+            with config.context():
+                loss_fn(model(images), labels).backward()
+        except cswap.BudgetError as error:
+            config.infeasible_minimum_bytes = error.minimum_bytes
+            optimizer.zero_grad(set_to_none=True)
+            return
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if cuda:
@@ -206,6 +219,11 @@ def measure(model_name: str, policies: tuple[str, ...], batch_size: int, resolut
         plain.peak_bytes = by_name["none"].peak_bytes if "none" in by_name else 0
     del model, initial, batches
     for config in configs:
+        if config.infeasible_minimum_bytes is not None:
+            yield {"model": model_name, "policy": config.name, "batch_size": batch_size, "resolution": resolution,
+                   "width_mult": width_mult, "data": data, "device": device.type, "infeasible": True,
+                   "minimum_bytes": config.infeasible_minimum_bytes, **context}
+            continue
         peak: int | None = config.peak_bytes
         if cpu and config.name == "save_on_cpu":
             peak = None
@@ -250,6 +268,9 @@ def _table(header: dict[str, Any], records: list[dict[str, Any]]) -> None:
         table.add_column(column, justify="left" if column in ("model", "policy") else "right")
     fmt_ratio = lambda value: "-" if value is None else f"{value:.3f}x"  # noqa: E731
     for r in records:
+        if r.get("infeasible"):
+            table.add_row(r["model"], str(r["batch_size"]), r["policy"], f"infeasible: needs {r['minimum_bytes'] / 2**20:.1f} MiB")
+            continue
         table.add_row(
             r["model"], str(r["batch_size"]), r["policy"], f"{r['iteration_s'] * 1e3:.1f}",
             "-" if r["steady_iteration_s"] is None else f"{r['steady_iteration_s'] * 1e3:.1f}",

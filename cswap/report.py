@@ -46,7 +46,7 @@ def draw_plots(report: Mapping[str, Any], path_of: Callable[[str], Path]) -> dic
         "decisions": plot_decisions(epochs, path_of("decisions")),
     }
     if report.get("budget_bytes") is not None:
-        paths["budget"] = plot_budget(epochs, report["budget_bytes"], directory / "budget.png")
+        paths["budget"] = plot_budget(epochs, report["budget_bytes"], path_of("budget"))
     timeline = report.get("memory_timeline")
     if timeline:
         unit = "device memory allocated (MiB)" if report.get("device", {}).get("kind") == "cuda" else "resident activation memory (MiB)"

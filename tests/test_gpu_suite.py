@@ -78,6 +78,15 @@ def test_training_has_every_policy_and_marks_the_rest_skipped(cpu_run: tuple[dic
     suite = _suite()
     if not suite.runtime_takes_memory_budget():
         assert {f"{p}+budget" for p in POLICIES} <= set(skipped)
+        return
+    budgeted = [r for r in result["records"] if r["policy"].endswith("+budget")]
+    assert {r["policy"] for r in budgeted} == {f"{p}+budget" for p in POLICIES}
+    for r in budgeted:
+        # Either the peak held the budget, or the policy said it cannot and how much it needs.
+        if r.get("infeasible"):
+            assert r["minimum_bytes"] > r["memory_budget_bytes"], r
+        else:
+            assert r["peak_within_budget"] is True, r
 
 
 def test_a_failing_step_is_recorded_and_a_missing_package_skips() -> None:
