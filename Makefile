@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.cswap-installed
 .PHONY: demo test install bench clean gpu-check gpu-wheels
 
 demo: $(STAMP)
-	$(VENV)/bin/cswap train --model vgg16 --dataset digits --epochs 2 --policy cswap --tune bo
+	$(VENV)/bin/cswap train --model vgg16 --dataset digits --epochs 2 --policy cswap --tune bo --memory-budget 0.3
 
 test: $(STAMP)
 	$(PY) -m pytest -q

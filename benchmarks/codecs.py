@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import inspect
 import json
 import os
@@ -178,13 +179,13 @@ def measure(
                     workspace = Packed.workspace(t.shape, dtype, device=device) if reusable else None
                     restored = torch.empty_like(t)
                     cases: list[tuple[str, bool, Callable[[], object]]] = [
-                        ("compress", False, lambda: compress(t, backend=backend)),
-                        ("decompress", False, lambda: decompress(packed, backend=backend, validate=False)),
+                        ("compress", False, functools.partial(compress, t, backend=backend)),
+                        ("decompress", False, functools.partial(decompress, packed, backend=backend, validate=False)),
                     ]
                     if reusable:
                         cases += [
-                            ("compress", True, lambda: compress(t, backend=backend, out=workspace)),
-                            ("decompress", True, lambda: decompress(packed, backend=backend, out=restored, validate=False)),
+                            ("compress", True, functools.partial(compress, t, backend=backend, out=workspace)),
+                            ("decompress", True, functools.partial(decompress, packed, backend=backend, out=restored, validate=False)),
                         ]
                     for op, reuse, fn in cases:
                         timing = interleaved(fn, lambda: dst.copy_(src), timer, repeats, budget_s)
@@ -251,7 +252,7 @@ def header(device: torch.device, sizes_mib: list[int]) -> dict[str, object]:
     return {
         "kind": "header",
         "benchmark": "codecs",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": fingerprint(device).name,
         "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),

@@ -186,7 +186,7 @@ def main() -> None:
         "header",
         machine=platform.node(),
         processor=platform.processor() or platform.machine(),
-        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         parts=sorted(parts),
         quick=args.quick,
         batch_size=args.batch_size,

@@ -327,7 +327,7 @@ def main(argv: list[str] | None = None) -> None:
     if settings["iterations"] < 2:
         parser.error("--iterations must be >= 2 (the first of each epoch is the profiling iteration)")
     machine = fingerprint(device).name
-    date = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    date = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     header = {
         "kind": "header", "benchmark": "training", "date": date, "machine": machine, "cores": os.cpu_count(),
         "device": device.type, "load_average_start": _load(), "torch": torch.__version__, "models": model_names,

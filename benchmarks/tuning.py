@@ -51,7 +51,8 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 import torch
 
@@ -303,7 +304,7 @@ def main() -> None:
     dtype = dtype_name(args.dtype)
     device = fingerprint(args.backend)
     header = {
-        "benchmark": "tuning", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "benchmark": "tuning", "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "backend": args.backend, "device": device.name, "cores_or_sms": device.sm_count, "torch": torch.__version__,
         "seeds": args.seeds, "repeats": args.repeats, "rounds": args.rounds, "reach": REACH,
         "load_avg_1m_start": os.getloadavg()[0],

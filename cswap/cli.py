@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import importlib
 import sys
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import typer
 from typer.core import TyperGroup

@@ -1,3 +1,5 @@
+# Longer than the ~500-line guide on purpose: pack, unpack, prefetch and the release queue share one
+# lock and one set of counters, and the locking discipline is easiest to check when it is in one file.
 """The executor: ``saved_tensors_hooks`` that keep, swap, compress-then-swap or compress-and-keep each tensor.
 
 Every tensor autograd saves inside ``rt.iteration()`` passes through :meth:`Executor.pack`, which

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import gc
 import re
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import copy
 import time
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn

@@ -13,13 +13,14 @@ Example:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
-from matplotlib.colors import ListedColormap  # noqa: E402
+import matplotlib.pyplot as plt
+from matplotlib.colors import ListedColormap
 
 __all__ = ["ACTION_COLORS", "decision_label", "plot_budget", "plot_convergence", "plot_decisions", "plot_memory", "plot_sparsity"]
 

@@ -9,7 +9,7 @@ Example:
 from __future__ import annotations
 
 from types import TracebackType
-from typing import Iterable
+from collections.abc import Iterable
 
 from rich.console import Console, RenderableType
 from rich.padding import Padding

@@ -29,7 +29,8 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
@@ -261,7 +262,7 @@ def train(cfg: TrainConfig, console: Console | None = None, show_progress: bool 
     Returns:
         The report: ``model, policy, device, tune, epochs: [...]`` and more (see ``cswap.report``).
     """
-    from cswap.report import summarize, write_report  # noqa: PLC0415 - matplotlib loads only when reporting
+    from cswap.report import summarize, write_report
 
     console = console or Console()
     ctx = DistContext.from_env()
@@ -356,7 +357,7 @@ def train(cfg: TrainConfig, console: Console | None = None, show_progress: bool 
 
 def main(argv: list[str] | None = None) -> None:
     """``python -m cswap.train ...`` (what torchrun runs): the same flags as ``cswap train``."""
-    from cswap.cli import app  # noqa: PLC0415 - an entry point, not a dependency of this module
+    from cswap.cli import app
 
     app(args=["train", *(argv if argv is not None else sys.argv[1:])], prog_name="cswap.train")
 

@@ -19,7 +19,8 @@ Example:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
+from collections.abc import Mapping
 from urllib.parse import urlsplit
 
 import yaml

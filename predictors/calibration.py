@@ -1,3 +1,5 @@
+# Longer than the ~500-line guide on purpose: the sampling plan and the timing loop implement one
+# protocol against interference (shuffled passes, per-call timing) that is read best in one place.
 """Calibration: micro-benchmarks of a codec backend over tensor size, sparsity and element width.
 
 A :class:`CalibrationPlan` names the grid (log-spaced sizes, densities, dtypes, ops); :func:`calibrate`

@@ -237,5 +237,5 @@ def fit(
         mean=tuple(float(v) for v in scaler.mean_),
         scale=tuple(float(v) for v in scale),
     )
-    summary = {"train_accuracy": decider.accuracy(x, y), "train_samples": int(len(y)), "positive_fraction": float(y.mean())}
+    summary = {"train_accuracy": decider.accuracy(x, y), "train_samples": len(y), "positive_fraction": float(y.mean())}
     return replace(decider, meta={**dict(meta or {}), **summary})

@@ -1,3 +1,5 @@
+# Longer than the ~500-line guide on purpose: the fit, its trimming and the knee search are one
+# estimator whose steps depend on each other's conventions (relative error, one-sided trimming).
 """The codec time model: a linear regression of seconds on physical cost terms, one per (backend, codec, op, width).
 
 Each :class:`LinearTimeModel` predicts ``seconds = coef . time_features(nbytes, density, knees_bytes)``
@@ -35,7 +37,7 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 

@@ -1,4 +1,4 @@
-"""The layers of the design, checked by import-linter.
+"""The layers of the design, checked by import-linter, and the lint rules, checked by ruff.
 
 import-linter reads a package from one folder, but ``tuner/``, ``predictors/`` and ``server/`` sit
 at the top of the checkout and install inside ``cswap``; the check therefore runs on a copy laid out
@@ -64,3 +64,8 @@ def test_the_service_check_catches_torch(tmp_path: Path) -> None:
     assert result.returncode != 0
     assert "cswap.server.app is not allowed to import torch" in result.stdout
 
+
+
+def test_ruff_is_clean() -> None:
+    result = subprocess.run([_tool("ruff"), "check", "--no-cache", "."], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -23,7 +23,8 @@ import logging
 import os
 import time
 from dataclasses import fields
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 import torch
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 import math
 import os
 import statistics
-import time
-from typing import Any, Callable, Mapping
+from typing import Any
+from collections.abc import Callable, Mapping
 
 import torch
 

@@ -25,7 +25,8 @@ import math
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Iterator, Literal, Mapping
+from typing import Any, Literal
+from collections.abc import Iterator, Mapping
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Mapping, Union
+from typing import Any
+from collections.abc import Mapping
 
 from cswap.codecs.format import DEFAULT_CHUNK_WORDS, check_chunk_words
 
@@ -110,7 +111,7 @@ class CudaLaunch:
         return cls(**_known(cls, params, "CUDA"))
 
 
-Launch = Union[CpuLaunch, CudaLaunch]
+Launch = CpuLaunch | CudaLaunch
 
 
 def _known(cls: type, params: Mapping[str, Any], where: str) -> dict[str, Any]:

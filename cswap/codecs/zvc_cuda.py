@@ -1,3 +1,5 @@
+# Longer than the ~500-line guide on purpose: each CUDA kernel sits next to the simulator twin that
+# must write identical bytes, so a change to one is made where the other is in view.
 """ZVC backend on the GPU: Numba CUDA kernels that write the same bytes as :mod:`cswap.codecs.zvc_torch`.
 
 Compression is three kernels, decompression one; each takes its grid and block from

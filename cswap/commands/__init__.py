@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Iterator, TextIO
+from typing import TextIO
+from collections.abc import Iterator
 
 import typer
 

@@ -239,7 +239,7 @@ def evaluate_decider(data: DecisionData) -> dict[str, Any]:
         "accuracy_by_model": {name: float(correct[data.groups == name].mean()) for name in names},
         "accuracy_measured_link": float(correct[profiled].mean()) if profiled.any() else None,
         "positive_fraction": float(data.labels.mean()),
-        "test_samples": int(len(data.labels)),
+        "test_samples": len(data.labels),
     }
 
 
@@ -358,7 +358,7 @@ def run_calibrate(
         ],
         "decision": {
             **decision,
-            "train_samples": int(len(data.labels)),
+            "train_samples": len(data.labels),
             "tensors": sum(1 for t in traces.values() for r in t.tensors if r.offloadable and r.nbytes > 0),
             "models": list(models),
             "traces": "profiled",

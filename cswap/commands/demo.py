@@ -7,7 +7,7 @@ Example:
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import typer

@@ -31,7 +31,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:
         """Binary-search the largest batch that trains under each policy (needs a GPU)."""
-        from cswap.maxbatch import max_batch, parse_bytes  # noqa: PLC0415 - keep `cswap --help` fast
+        from cswap.maxbatch import max_batch, parse_bytes
 
         console = Console()
         try:

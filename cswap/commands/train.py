@@ -67,8 +67,8 @@ def train_command(
     progress: bool = typer.Option(True, help="Show progress bars."),
 ) -> None:
     """Train a model under a policy and write a report with plots."""
-    from cswap.train import OutOfMemoryAdvice, train  # noqa: PLC0415 - keep `cswap --help` fast
-    from cswap.trainconfig import RecipeError, load_config  # noqa: PLC0415
+    from cswap.train import OutOfMemoryAdvice, train
+    from cswap.trainconfig import RecipeError, load_config
 
     console = Console()
     overrides = {

@@ -25,7 +25,6 @@ Example:
 from __future__ import annotations
 
 import copy
-import math
 from collections import defaultdict, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace

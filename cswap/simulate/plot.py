@@ -18,11 +18,11 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
-from cswap.simulate.engine import PolicyResult  # noqa: E402
-from cswap.simulate.sweep import BudgetSweep  # noqa: E402
+from cswap.simulate.engine import PolicyResult
+from cswap.simulate.sweep import BudgetSweep
 
 __all__ = ["plot_breakdown", "plot_budget_sweep", "plot_normalized", "plot_sweep"]
 

@@ -321,7 +321,7 @@ def run_queues(
     if params.async_copies:
         issue(forward_end)
     finished: list[int] = []
-    for position, i in enumerate(order):
+    for position, i in enumerate(order):  # noqa: B007 (issue() above reads position)
         action, cost = actions[i], costs[i]
         t = timeline.consumed_s[i] + shift
         for j in finished:

@@ -1,3 +1,5 @@
+# Longer than the ~500-line guide on purpose: the machine's profile (microbenchmarks) and the
+# validation that uses it must measure under the same conditions; keeping them together keeps them so.
 """Check the simulator against measured iterations: traces profiled here, on the CPU.
 
 The CPU is the only device every machine has, so validation runs there. :func:`cpu_profile` builds

@@ -145,7 +145,7 @@ def test_width_mult_scales_channels_and_hidden_widths():
     convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
     assert [c.out_channels for c in convs] == [32, 32, 64, 64, 128, 128, 128, 256, 256, 256, 256, 256, 256]
-    assert [(l.in_features, l.out_features) for l in linears] == [(256 * 49, 2048), (2048, 2048), (2048, 10)]
+    assert [(layer.in_features, layer.out_features) for layer in linears] == [(256 * 49, 2048), (2048, 2048), (2048, 10)]
 
 
 @pytest.mark.parametrize("name", models.MODEL_NAMES)

@@ -70,14 +70,14 @@ def test_cnn_at_four_tenths_of_none_holds_the_budget_or_meets_its_minimum(policy
 
 
 def test_none_cannot_go_below_its_own_peak(cnn_reference: Any) -> None:
-    reference, none_peak = cnn_reference
+    _, none_peak = cnn_reference
     with pytest.raises(cswap.BudgetError, match="policy none cannot keep saved activations") as caught:
         train(_cnn, CNN_BATCHES[:1], 1, runtime_for("none", memory_budget=none_peak // 2))
     assert caught.value.minimum_bytes == none_peak
 
 
 def test_budget_error_comes_after_the_iterations_gradients(cnn_reference: Any) -> None:
-    reference, none_peak = cnn_reference
+    reference, _ = cnn_reference
     torch.manual_seed(0)
     model = _cnn()
     rt = runtime_for("swap", memory_budget=64)(model)

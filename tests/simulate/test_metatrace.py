@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from torch import nn
@@ -93,12 +95,12 @@ def test_layer_times_follow_the_hardware():
 def test_hidden_times_follow_the_trace_definitions():
     trace = meta_trace(_small_cnn(), batch_size=2, resolution=8, hardware="v100-pcie3")
     movable = [r for r in trace.tensors if r.offloadable]
-    for here, after in zip(movable, movable[1:]):
+    for here, after in itertools.pairwise(movable):
         assert here.hidden_forward_s == pytest.approx(after.pack_at_s - here.pack_at_s)
     assert movable[-1].hidden_forward_s == pytest.approx(trace.forward_s - movable[-1].pack_at_s)
     by_use = sorted(movable, key=lambda r: r.unpack_at_s)
     assert by_use[0].hidden_backward_s == pytest.approx(by_use[0].unpack_at_s - trace.forward_s)
-    for before, here in zip(by_use, by_use[1:]):
+    for before, here in itertools.pairwise(by_use):
         assert here.hidden_backward_s == pytest.approx(here.unpack_at_s - before.unpack_at_s)
     assert all(r.hidden_forward_s == 0.0 for r in trace.tensors if not r.offloadable)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from types import SimpleNamespace
 
 import numpy as np
@@ -78,7 +80,7 @@ def test_runtime_plan_mapping_keeps_duplicates_with_their_first():
             self.action = action
 
     class Plan:
-        decisions = {0: Decision(Action.SWAP), 1: Decision(Action.SWAP), 2: Decision(Action.ZVC_KEEP)}
+        decisions: ClassVar[dict[int, Decision]] = {0: Decision(Action.SWAP), 1: Decision(Action.SWAP), 2: Decision(Action.ZVC_KEEP)}
 
     trace = Trace(tensors=(_rec(0, 0.0, 2.0), _rec(1, 0.0, 1.0, offloadable=False), _rec(2, 0.5, 1.5), _rec(3, 0.6, 1.6)),
                   meta={"duplicates": {"1": 0}})

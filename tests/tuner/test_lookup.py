@@ -6,7 +6,7 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Mapping
+from collections.abc import Mapping
 
 import pytest
 import torch
