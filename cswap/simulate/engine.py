@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from cswap.codecs.format import DEFAULT_CHUNK_WORDS
@@ -213,6 +213,11 @@ class Simulator:
             host_backend="cpu",
             paper_size=self.config.paper_size,
             chunk_words=self.config.chunk_words,
+        )
+        # recomputing re-runs the producing op: its roofline seconds (reading its input, writing its output)
+        self.costs = tuple(
+            replace(cost, recompute_s=self.hardware.op_s(record.flops, 2 * record.nbytes, record.dtype))
+            for cost, record in zip(self.costs, trace.tensors, strict=True)
         )
         self.moved = candidates(trace, self.config.min_bytes)
         self.counted = [r.offloadable for r in trace.tensors]
