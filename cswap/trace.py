@@ -64,6 +64,9 @@ class TensorRecord:
             never unpacked).
         module: the module that produced it, as ``path (Type)`` (``"features.3 (ReLU)"``) when the
             runtime was given ``model=``, else ``""`` (traces written without it load as ``""``).
+        recompute_s: measured forward seconds of its producing op (what recomputing it costs), or
+            ``None`` (traces written without it load as ``None``): then it is derived from
+            ``flops`` where those are known.
     """
 
     key: int
@@ -84,6 +87,7 @@ class TensorRecord:
     unpack_order: int | None = None
     free_order: int | None = None
     module: str = ""
+    recompute_s: float | None = None
 
     @property
     def density(self) -> float:

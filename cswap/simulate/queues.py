@@ -360,8 +360,8 @@ def run_queues(
         if action is Action.RECOMPUTE and timeline.consumed_s[i] is not None:
             t = make_room(t, cost.nbytes, i)
             hold(t, cost.nbytes, i)
-            t += cost.recompute_s
-            recompute += cost.recompute_s
+            t += cost.recompute_s or 0.0
+            recompute += cost.recompute_s or 0.0
         if action.device_codec:
             hold(t, cost.nbytes, i)
             t += cost.decompress_s

@@ -203,3 +203,16 @@ def test_sweep_lines():
     none, swap, cswap = (sweep.iteration_s(p) for p in ("none", "swap", "cswap"))
     assert none[0] is not None and none[1] is None
     assert cswap[1] <= swap[1] and cswap[0] <= none[0]
+
+
+def test_recompute_seconds_measured_derived_or_unknown(gb):
+    # a measured time wins; FLOPs give the roofline; a profiled record with neither is never recomputed
+    trace = make_trace([(gb, 0.0, 1.5), (gb, 0.5, 1.0), (gb, 1.0, 0.5)], forward_s=2.0, backward_s=2.0)
+    measured, derived, unknown = trace.tensors
+    trace = replace(trace, tensors=(replace(measured, recompute_s=0.125), replace(derived, flops=0.25e12), unknown))
+    simulator = Simulator(trace, make_profile(), SimConfig(min_bytes=0))
+    device = simulator.hardware.device
+    assert [c.recompute_s for c in simulator.costs] == [0.125, 0.25 + device.op_overhead_s, None]
+    problem = planning_problem(simulator)[0]
+    assert ["recompute" in {o.action for o in t.options} for t in problem.tensors] == [True, True, False]
+    assert type(trace).from_dict(trace.to_dict()).tensors[0].recompute_s == 0.125
