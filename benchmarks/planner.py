@@ -10,12 +10,14 @@ Every line printed is one JSON object with a ``kind``:
   predicted seconds and its gap to the MILP's objective (``greedy_gap = greedy / milp - 1``).
 * ``table``: the paper's setting (batch 64, 224x224, V100 PCIe 3, the runtime's ``min_bytes``):
   per model, budget and policy, the simulated iteration seconds and peak bytes, or ``infeasible``
-  with ``minimum_bytes``; per model and budget, cswap's margin over the best single-mechanism
-  policy that meets the budget: ``margin = best / cswap - 1``.
+  with ``minimum_bytes``.
+* ``margin``: per model and budget, cswap's margin over the best single-mechanism policy that meets
+  the budget (``margin = best / cswap - 1``, and which it is) and over ``capuchin``
+  (``capuchin_margin = capuchin / cswap - 1``; ``None`` where either cannot meet the budget).
 
 Usage:
     python benchmarks/planner.py
-    python benchmarks/planner.py --repeats 1 --fractions 0.5
+    python benchmarks/planner.py --repeats 1 --fractions 0.5 --solve-policies cswap
 """
 
 from __future__ import annotations
@@ -40,14 +42,14 @@ def emit(kind: str, **fields: Any) -> None:
     print(json.dumps({"kind": kind, **fields}), flush=True)
 
 
-def solve_rows(fractions: list[float], repeats: int, time_limit_s: float) -> None:
+def solve_rows(fractions: list[float], repeats: int, time_limit_s: float, policies: list[str]) -> None:
     trace = meta_trace("resnet50", 64, 224, "v100-pcie3")
     simulator = Simulator(trace, "v100-pcie3", SimConfig(min_bytes=0))
     started = time.perf_counter()
     problem, _ = planning_problem(simulator)
     build_s = time.perf_counter() - started
     none_peak = minimum_bytes(problem, "none")
-    for policy in ("swap", "compress-swap", "cswap"):
+    for policy in policies:
         started = time.perf_counter()
         least = minimum_bytes(problem, policy, time_limit_s)
         least_s = time.perf_counter() - started
@@ -138,12 +140,17 @@ def table_rows(models: list[str], fractions: list[float], time_limit_s: float) -
                 best_single=best,
                 best_single_s=None if best is None else feasible[best],
                 margin=None if best is None or "cswap" not in feasible else feasible[best] / feasible["cswap"] - 1,
+                capuchin_s=feasible.get("capuchin"),
+                capuchin_margin=(
+                    feasible["capuchin"] / feasible["cswap"] - 1 if "capuchin" in feasible and "cswap" in feasible else None
+                ),
             )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--fractions", default="0.5,0.25", help="budgets as fractions of none's peak")
+    parser.add_argument("--fractions", default="0.5,0.25,0.1", help="budgets as fractions of none's peak")
+    parser.add_argument("--solve-policies", default="swap,compress-swap,recompute,capuchin,cswap", help="policies timed in 'solve' rows")
     parser.add_argument("--models", default="vgg16,resnet50")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--time-limit", type=float, default=60.0)
@@ -161,7 +168,7 @@ def main() -> None:
         batch_size=64,
         resolution=224,
     )
-    solve_rows(fractions, args.repeats, args.time_limit)
+    solve_rows(fractions, args.repeats, args.time_limit, args.solve_policies.split(","))
     table_rows(args.models.split(","), fractions, args.time_limit)
 
 

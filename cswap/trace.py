@@ -67,6 +67,9 @@ class TensorRecord:
         rebuilt_nbytes: the storage bytes of the tensor rebuilt for backward, when the profile
             rebuilt it and they differ from ``nbytes`` (a strided view is rebuilt with its strides,
             in a buffer spanning them); ``None`` otherwise.
+        recompute_s: measured forward seconds of its producing op (what recomputing it costs), or
+            ``None`` (traces written without it load as ``None``): then it is derived from
+            ``flops`` where those are known.
     """
 
     key: int
@@ -88,6 +91,7 @@ class TensorRecord:
     free_order: int | None = None
     module: str = ""
     rebuilt_nbytes: int | None = None
+    recompute_s: float | None = None
 
     @property
     def density(self) -> float:

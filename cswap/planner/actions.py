@@ -9,7 +9,9 @@ policy             actions                             system it reproduces
 ``swap``           keep, swap                          vDNN
 ``compress-swap``  keep, zvc-swap                      cDMA (static compression)
 ``compress-keep``  keep, zvc-keep                      FreeLunch
-``cswap``          keep, swap, zvc-swap, zvc-keep      CSWAP's cost model, generalised
+``recompute``      keep, recompute                     checkpointing (Chen et al., Checkmate, MONeT)
+``capuchin``       keep, swap, recompute               Capuchin (its greedy, not the MILP)
+``cswap``          every action                        CSWAP's cost model, generalised
 =================  ==================================  =============================
 
 Compression never stores more than the raw bytes, so a tensor ZVC would not shrink (or whose dtype
@@ -20,7 +22,7 @@ Example:
     >>> sorted(allowed_actions("swap"))
     ['keep', 'swap']
     >>> single_mechanism_policies()
-    ('swap', 'compress-swap', 'compress-keep')
+    ('swap', 'compress-swap', 'compress-keep', 'recompute')
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ __all__ = [
     "ACTIONS",
     "KEEP",
     "POLICY_ACTIONS",
+    "RECOMPUTE",
     "SWAP",
     "ZVC_KEEP",
     "ZVC_SWAP",
@@ -44,9 +47,10 @@ KEEP = "keep"
 SWAP = "swap"
 ZVC_SWAP = "zvc-swap"
 ZVC_KEEP = "zvc-keep"
+RECOMPUTE = "recompute"
 
 #: Every action the planner chooses among.
-ACTIONS: tuple[str, ...] = (KEEP, SWAP, ZVC_SWAP, ZVC_KEEP)
+ACTIONS: tuple[str, ...] = (KEEP, SWAP, ZVC_SWAP, ZVC_KEEP, RECOMPUTE)
 
 #: Policy -> the actions it may use under a budget.
 POLICY_ACTIONS: Mapping[str, frozenset[str]] = MappingProxyType(
@@ -55,6 +59,8 @@ POLICY_ACTIONS: Mapping[str, frozenset[str]] = MappingProxyType(
         "swap": frozenset({KEEP, SWAP}),
         "compress-swap": frozenset({KEEP, ZVC_SWAP}),
         "compress-keep": frozenset({KEEP, ZVC_KEEP}),
+        "recompute": frozenset({KEEP, RECOMPUTE}),
+        "capuchin": frozenset({KEEP, SWAP, RECOMPUTE}),
         "cswap": frozenset(ACTIONS),
     }
 )

@@ -16,6 +16,14 @@ An :class:`Option` is one action carried out one way: the bytes it holds over th
   Hidden_b, 0)`` is exposed with ``Hidden_b`` the compute of those ``d`` events. ``zvc-swap``
   adds ``Time_c + Time_dc`` and moves the compressed bytes.
 
+* ``recompute``: the raw bytes at its pack only (the op writes them, then they are dropped), nothing
+  until backward, then the raw bytes from the event before its unpack (the recomputed segment is
+  resident while it runs) until it is freed; costs ``recompute_s``, the forward seconds of its
+  producing op. This is a simplification of checkpointing: each tensor is rebuilt on its own from
+  inputs that are kept, so neither the inputs' bytes during the re-run nor chains of recomputed
+  tensors (one re-run rebuilding several) are modelled. A tensor without ``recompute_s`` (unknown
+  forward time) gets no ``recompute`` option.
+
 Compression never stores more than the raw bytes: where ZVC would not shrink a tensor, no ``zvc``
 option is offered. Within one action, an option that holds no fewer bytes at every event and costs
 no less than another is dropped.
@@ -38,7 +46,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cswap.lifetime import EventTimeline, Lifetime, resident_bytes
-from cswap.planner.actions import KEEP, SWAP, ZVC_KEEP, ZVC_SWAP
+from cswap.planner.actions import KEEP, RECOMPUTE, SWAP, ZVC_KEEP, ZVC_SWAP
 
 __all__ = ["DEFAULT_PREFETCH_DISTANCES", "LinkModel", "Option", "PlanningProblem", "TensorOptions", "TensorSpec", "build_problem"]
 
@@ -79,6 +87,8 @@ class TensorSpec:
         rebuilt_nbytes: device bytes of the tensor rebuilt at its unpack (default ``nbytes``; more
             for a strided view rebuilt in a buffer spanning its strides).
         movable: ``False``: it may only be kept (below ``min_bytes``, or pinned).
+        recompute_s: forward seconds of its producing op (what recomputing it costs), or ``None``
+            when unknown: then it is never recomputed.
     """
 
     key: int
@@ -90,6 +100,11 @@ class TensorSpec:
     hidden_forward_s: float = 0.0
     movable: bool = True
     rebuilt_nbytes: int | None = None
+    recompute_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.recompute_s is not None and not self.recompute_s >= 0:
+            raise ValueError(f"tensor {self.key}: recompute_s must be >= 0 seconds or None, got {self.recompute_s}")
 
     @property
     def unpacked_nbytes(self) -> int:
@@ -171,6 +186,14 @@ def _keep_options(spec: TensorSpec, last_event: int) -> list[Option]:
         + _segment(life.unpack, life.free, spec.unpacked_nbytes + compressed)
     )
     return [*options, Option(ZVC_KEEP, spec.compress_s + spec.decompress_s, tuple(holds))]
+
+
+def _recompute_option(spec: TensorSpec, forward_events: int) -> Option:
+    life = spec.lifetime
+    holds = _segment(life.pack, life.pack, spec.nbytes)
+    if life.unpack is not None:
+        holds += _segment(max(life.unpack - 1, forward_events, life.pack + 1), life.free, spec.nbytes)
+    return Option(RECOMPUTE, float(spec.recompute_s or 0.0) if life.unpack is not None else 0.0, tuple(holds))
 
 
 def _swap_options(
@@ -259,7 +282,7 @@ def build_problem(
     backward_start_s: float,
     link: LinkModel,
     prefetch_distances: Sequence[int] = DEFAULT_PREFETCH_DISTANCES,
-    actions: Sequence[str] = (KEEP, SWAP, ZVC_SWAP, ZVC_KEEP),
+    actions: Sequence[str] = (KEEP, SWAP, ZVC_SWAP, ZVC_KEEP, RECOMPUTE),
 ) -> PlanningProblem:
     """Every tensor's options (see the module docstring).
 
@@ -292,6 +315,8 @@ def build_problem(
                 if action == ZVC_SWAP and (spec.compressed_nbytes is None or spec.compressed_nbytes >= spec.nbytes):
                     continue
                 options += _swap_options(spec, action, events, times, backward_start_s, link, prefetch_distances)
+            if RECOMPUTE in actions and spec.recompute_s is not None:
+                options.append(_recompute_option(spec, events.forward_events))
         tensors.append(
             TensorOptions(key=spec.key, nbytes=spec.nbytes, options=_prune(events.event_count, options), lifetime=spec.lifetime)
         )

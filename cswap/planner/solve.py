@@ -202,8 +202,19 @@ def minimum_bytes(problem: PlanningProblem, policy: str, time_limit_s: float = 3
     """The least budget ``policy`` can meet on ``problem``: the smallest peak any of its plans has.
 
     The solver's plan is measured in exact bytes; if it finds none in time the answer is the peak of
-    each tensor at its smallest-footprint option (a budget that plan meets).
+    each tensor at its smallest-footprint option (a budget that plan meets). ``capuchin`` is
+    planned by its greedy, so its least budget is the least the greedy meets
+    (:func:`cswap.planner.capuchin.capuchin_minimum_bytes`).
     """
+    if policy == "capuchin":
+        from cswap.planner.capuchin import capuchin_minimum_bytes  # it builds on this module
+
+        return capuchin_minimum_bytes(problem, time_limit_s)
+    return _least_peak(problem, policy, time_limit_s)
+
+
+def _least_peak(problem: PlanningProblem, policy: str, time_limit_s: float) -> int:
+    """The smallest peak any plan of ``policy``'s actions has (the solver, or the smallest-footprint fallback)."""
     arrays = _arrays(problem, policy)
     c = np.concatenate([np.zeros(len(arrays.options)), [1.0]])
     result = _milp(arrays, c, None, peak_variable=True, time_limit_s=time_limit_s)
@@ -261,7 +272,8 @@ def plan_budget(
     time_limit_s: float = 30.0,
     greedy: bool = True,
 ) -> BudgetPlan:
-    """The least-time plan of ``policy`` whose timeline stays within ``budget_bytes``.
+    """The least-time plan of ``policy`` whose timeline stays within ``budget_bytes``
+    (``capuchin``: Capuchin's own greedy, :mod:`cswap.planner.capuchin`, not the solver).
 
     Args:
         problem: every tensor's options.
@@ -276,6 +288,10 @@ def plan_budget(
     """
     if budget_bytes <= 0:
         raise ValueError(f"budget_bytes must be positive, got {budget_bytes}")
+    if policy == "capuchin":
+        from cswap.planner.capuchin import plan_capuchin_budget  # it builds on this module
+
+        return plan_capuchin_budget(problem, budget_bytes, time_limit_s)
     started = time.perf_counter()
     arrays = _arrays(problem, policy)
     result = _milp(arrays, arrays.cost, budget_bytes, peak_variable=False, time_limit_s=time_limit_s)
@@ -291,38 +307,64 @@ def plan_budget(
         chosen, status = solver_choice, "optimal" if result.status == 0 else "time-limit"
     else:
         chosen, status = greedy_choice, "greedy"
-    level = arrays.held[chosen].sum(axis=0)
-    binding = int(np.argmax(level)) if level.size else 0
-    unpacked_at = {t.lifetime.unpack: t.key for t in problem.tensors if t.lifetime is not None and t.lifetime.unpack is not None}
-    tensors = tuple(
-        PlannedTensor(
-            key=problem.tensors[t].key,
-            action=arrays.options[v].action,
-            cost_s=float(arrays.cost[v]),
-            nbytes=problem.tensors[t].nbytes,
-            held_bytes=int(arrays.held[v].max(initial=0)),
-            wait_offload=arrays.options[v].wait_offload,
-            prefetch_distance=arrays.options[v].prefetch_distance,
-            fetch_with=_fetch_with(problem.tensors[t], arrays.options[v], problem.forward_events, unpacked_at),
-        )
-        for t, v in enumerate(chosen)
-    )
     bound = getattr(result, "mip_dual_bound", None)
-    return BudgetPlan(
-        policy=policy,
-        budget_bytes=int(budget_bytes),
-        tensors=tensors,
-        predicted_s=float(arrays.cost[chosen].sum()),
-        peak_bytes=int(level.max(initial=0)),
-        timeline_bytes=tuple(int(b) for b in level),
-        binding_event=binding,
-        slack_bytes=int(budget_bytes - (level[binding] if level.size else 0)),
+    return _budget_plan(
+        problem,
+        policy,
+        budget_bytes,
+        [arrays.options[v] for v in chosen],
         status=status,
         solve_s=time.perf_counter() - started,
         greedy_s=greedy_s,
         greedy_gap_s=None if greedy_s is None or solver_s is None else greedy_s - solver_s,
         bound_s=None if bound is None or not np.isfinite(bound) else float(bound),
-        prefetch_window_bytes=_prefetch_window(problem, [arrays.options[v] for v in chosen]),
+    )
+
+
+def _budget_plan(
+    problem: PlanningProblem,
+    policy: str,
+    budget_bytes: int,
+    choice: list[Option],
+    status: str,
+    solve_s: float,
+    greedy_s: float | None = None,
+    greedy_gap_s: float | None = None,
+    bound_s: float | None = None,
+) -> BudgetPlan:
+    """The :class:`BudgetPlan` of one option per tensor (problem order)."""
+    held = [problem.holds(option) for option in choice]
+    level = np.sum(held, axis=0) if held else np.zeros(problem.event_count, dtype=np.int64)
+    binding = int(np.argmax(level)) if level.size else 0
+    unpacked_at = {t.lifetime.unpack: t.key for t in problem.tensors if t.lifetime is not None and t.lifetime.unpack is not None}
+    tensors = tuple(
+        PlannedTensor(
+            key=tensor.key,
+            action=option.action,
+            cost_s=float(option.cost_s),
+            nbytes=tensor.nbytes,
+            held_bytes=int(line.max(initial=0)),
+            wait_offload=option.wait_offload,
+            prefetch_distance=option.prefetch_distance,
+            fetch_with=_fetch_with(tensor, option, problem.forward_events, unpacked_at),
+        )
+        for tensor, option, line in zip(problem.tensors, choice, held, strict=True)
+    )
+    return BudgetPlan(
+        policy=policy,
+        budget_bytes=int(budget_bytes),
+        tensors=tensors,
+        predicted_s=float(sum(option.cost_s for option in choice)),
+        peak_bytes=int(level.max(initial=0)),
+        timeline_bytes=tuple(int(b) for b in level),
+        binding_event=binding,
+        slack_bytes=int(budget_bytes - (level[binding] if level.size else 0)),
+        status=status,
+        solve_s=solve_s,
+        greedy_s=greedy_s,
+        greedy_gap_s=greedy_gap_s,
+        bound_s=bound_s,
+        prefetch_window_bytes=_prefetch_window(problem, choice),
     )
 
 

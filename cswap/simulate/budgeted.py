@@ -121,6 +121,7 @@ def planning_problem(
                 decompress_s=cost.decompress_s if used else 0.0,
                 hidden_forward_s=hidden_f.get(i, 0.0),
                 movable=i in movable,
+                recompute_s=cost.recompute_s if i in movable else None,
             )
         )
     link = simulator.hardware.link
@@ -197,7 +198,10 @@ def run_budget(
         for other in POLICY_ACTIONS:
             if other == policy or budget_bytes < least(other):
                 continue
-            candidate = planned(other)
+            try:
+                candidate = planned(other)
+            except BudgetError:  # capuchin's greedy may miss a budget its actions could meet
+                continue
             result = _simulate_plan(simulator, problem, candidate, policy, f"budget {other} plan")
             if result.iteration_s < best.iteration_s:
                 best, best_plan = result, candidate

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from cswap.codecs.format import DEFAULT_CHUNK_WORDS
@@ -43,7 +43,7 @@ from cswap.simulate.hardware import HardwareProfile, load_hardware
 from cswap.simulate.policies import Action, POLICIES, candidates, resolve_policies, static_plan, tensor_costs
 from cswap.simulate.queues import QueueParams, run_queues
 from cswap.simulate.timeline import Timeline, hidden_windows
-from cswap.trace import Trace
+from cswap.trace import TensorRecord, Trace
 
 __all__ = ["DEFAULT_MIN_BYTES", "Breakdown", "PolicyResult", "SimConfig", "Simulator", "simulate", "simulate_policies"]
 
@@ -214,8 +214,21 @@ class Simulator:
             paper_size=self.config.paper_size,
             chunk_words=self.config.chunk_words,
         )
+        self.costs = tuple(
+            replace(cost, recompute_s=self._recompute_s(record)) for cost, record in zip(self.costs, trace.tensors, strict=True)
+        )
         self.moved = candidates(trace, self.config.min_bytes)
         self.counted = [r.offloadable for r in trace.tensors]
+
+    def _recompute_s(self, record: TensorRecord) -> float | None:
+        """Seconds to recompute ``record``: measured when the trace has it, else the producing op's
+        roofline (reading its input, writing its output) from its FLOPs; ``None`` (never recomputed)
+        when neither is known."""
+        if record.recompute_s is not None:
+            return record.recompute_s
+        if record.flops > 0 or self.trace.meta.get("source") == "meta":
+            return self.hardware.op_s(record.flops, 2 * record.nbytes, record.dtype)
+        return None
 
     # ------------------------------------------------------------------ plans
 

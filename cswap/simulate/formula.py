@@ -54,7 +54,9 @@ def formula_times(
         used = timeline.consumed_s[i] is not None
         hidden_f = hidden_forward_s.get(i, 0.0) if async_copies else 0.0
         hidden_b = hidden_backward_s.get(i, 0.0) if async_copies else 0.0
-        if action is Action.ZVC_KEEP:
+        if action is Action.RECOMPUTE:
+            codec += (cost.recompute_s or 0.0) if used else 0.0  # extra forward work in backward, counted with the device's own work
+        elif action is Action.ZVC_KEEP:
             codec += cost.compress_s + (cost.decompress_s if used else 0.0)
         elif action is Action.SWAP:
             exposed += (

@@ -161,7 +161,7 @@ def plot_budget_sweep(result: BudgetSweep, path: str | os.PathLike[str], title: 
     fig, ax = plt.subplots(figsize=(7.0, 4.5))
     policies = list(result.outcomes[0]) if result.outcomes else []
     # policies often coincide (cswap picks another policy's plan): distinct markers and dashes keep each visible
-    styles = [("o", "-", 7), ("s", "--", 6), ("^", "-.", 6), ("D", ":", 5), ("x", "--", 8)]
+    styles = [("o", "-", 7), ("s", "--", 6), ("^", "-.", 6), ("D", ":", 5), ("x", "--", 8), ("v", "-", 6), ("P", "-.", 7)]
     for k, policy in enumerate(policies):
         seconds = result.iteration_s(policy)
         xs = [budgets_gb[i] for i in order if seconds[i] is not None]

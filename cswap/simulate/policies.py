@@ -50,6 +50,7 @@ class Action(str, Enum):
     ZVC_SWAP = "zvc-swap"
     HOST_ZVC_SWAP = "host-zvc-swap"
     ZVC_KEEP = "zvc-keep"
+    RECOMPUTE = "recompute"
 
     @property
     def transfers(self) -> bool:
@@ -74,6 +75,8 @@ class TensorCost:
         compress_s, decompress_s: on the device.
         host_compress_s, host_decompress_s: on the host CPU.
         compressible: ZVC encodes its dtype.
+        recompute_s: forward seconds of its producing op (what recomputing it in backward costs), or
+            ``None`` when unknown (then it is never recomputed).
     """
 
     nbytes: int
@@ -85,6 +88,7 @@ class TensorCost:
     host_compress_s: float
     host_decompress_s: float
     compressible: bool = True
+    recompute_s: float | None = None
 
     @property
     def shrinks(self) -> bool:

@@ -114,7 +114,7 @@ class QueueOutcome:
         compute_s: the timeline's compute.
         exposed_transfer_s: time compute waited for copies (and host codec work behind them), plus
             the tail after compute while queues drain.
-        codec_s: device (de)compression on the compute stream.
+        codec_s: device (de)compression and recomputation (extra forward work in backward) on the compute stream.
         overhead_s: the runtime's own hook and iteration work on the compute stream.
         host_codec_s: busy time of the host codec (not on the compute stream; hurts only through waits).
         peak_bytes: peak device bytes of saved activations (resident, compressed, or being copied).
@@ -212,7 +212,7 @@ def run_queues(
             level -= freed
         return at
 
-    exposed = codec = host_codec = 0.0
+    exposed = codec = host_codec = recompute = 0.0
     d2h_free = h2d_free = host_free = 0.0
     on_host = [0.0] * count  # when the host copy (after host compression) is complete
     inflight: deque[float] = deque()
@@ -237,6 +237,8 @@ def run_queues(
         hook = hook_s(action)
         t += hook
         overhead += hook
+        if action is Action.RECOMPUTE:
+            release(t, cost.nbytes, i)  # dropped once written; rebuilt in backward
         if action.device_codec:
             hold(t, cost.compressed_nbytes, i)
             t += cost.compress_s
@@ -355,6 +357,11 @@ def run_queues(
                 end = start + _seconds(nbytes, params.h2d_gbps)
                 exposed += end - t
                 t = end
+        if action is Action.RECOMPUTE and timeline.consumed_s[i] is not None:
+            t = make_room(t, cost.nbytes, i)
+            hold(t, cost.nbytes, i)
+            t += cost.recompute_s or 0.0
+            recompute += cost.recompute_s or 0.0
         if action.device_codec:
             hold(t, cost.nbytes, i)
             t += cost.decompress_s
@@ -368,7 +375,7 @@ def run_queues(
     for j in finished:
         release(backward_end, costs[j].nbytes, j)
     for i in range(count):  # kept tensors backward never asked for live until the graph is freed
-        if timeline.consumed_s[i] is None and not actions[i].transfers:
+        if timeline.consumed_s[i] is None and not actions[i].transfers and actions[i] is not Action.RECOMPUTE:
             release(backward_end, costs[i].resident_nbytes(actions[i]), i)
     end = max(backward_end, d2h_free, h2d_free, host_free)
     exposed += end - backward_end
@@ -376,7 +383,7 @@ def run_queues(
         iteration_s=end,
         compute_s=timeline.compute_s,
         exposed_transfer_s=exposed,
-        codec_s=codec,
+        codec_s=codec + recompute,
         overhead_s=overhead,
         host_codec_s=host_codec,
         peak_bytes=_peak(events),

@@ -38,7 +38,53 @@ def test_parse_bytes_rejects_nonsense() -> None:
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
-def test_cpu_says_it_needs_a_gpu() -> None:
+def test_cpu_without_a_limit_says_it_plans_and_needs_one() -> None:
     result = CliRunner().invoke(app, ["max-batch", "--model", "resnet50"])
     assert result.exit_code == 2
-    assert "needs a GPU" in result.output
+    assert "without a GPU the batch is planned, not measured: give --memory-limit" in " ".join(result.output.split())
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the planned path runs where there is no GPU")
+def test_cli_plans_without_a_gpu() -> None:
+    import json
+
+    args = ["max-batch", "--model", "vgg11", "--resolution", "32", "--memory-limit", "2GiB", "--policies", "none,swap"]
+    result = CliRunner(env={"COLUMNS": "250"}).invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["method"] == "planned" and report["optimizer"] == "SGD with momentum"
+    assert 0 < report["max_batch"]["none"] <= report["max_batch"]["swap"]
+    table = CliRunner(env={"COLUMNS": "250"}).invoke(app, args)
+    assert table.exit_code == 0 and "planned on meta traces, not run" in " ".join(table.output.split())
+    missing = CliRunner().invoke(app, ["max-batch", "--model", "vgg11"])
+    assert missing.exit_code == 2 and "give --memory-limit" in " ".join(missing.output.split())
+
+
+@pytest.fixture(scope="module")
+def planned_batches():
+    from cswap.maxbatch_planned import planned_max_batch
+
+    limits = (128 * 2**20, 144 * 2**20)  # the weights, gradients and momentum take 104 MiB
+    return {
+        limit: planned_max_batch("vgg11", ("none", "swap", "cswap"), limit, resolution=32, width_mult=0.25, ceiling=512).batches
+        for limit in limits
+    }
+
+
+def test_planned_batch_is_monotone_in_the_limit_and_in_the_actions(planned_batches) -> None:
+    small, large = (planned_batches[limit] for limit in sorted(planned_batches))
+    for batches in (small, large):
+        assert 0 < batches["none"] <= batches["swap"] <= batches["cswap"], batches
+    assert small["none"] < large["none"] and all(small[p] <= large[p] for p in small)
+    assert large["cswap"] > large["none"]
+
+
+def test_planned_rejects_bad_settings() -> None:
+    from cswap.maxbatch_planned import planned_max_batch
+
+    with pytest.raises(ValueError, match="memory limit must be positive"):
+        planned_max_batch("vgg11", ("none",), 0)
+    with pytest.raises(ValueError, match="cannot be planned: choose from none"):
+        planned_max_batch("vgg11", ("cpu-compress-swap",), 2**30)
+    with pytest.raises(ValueError, match="workspace_fraction must be in"):
+        planned_max_batch("vgg11", ("none",), 2**30, workspace_fraction=1.5)

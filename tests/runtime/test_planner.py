@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -23,7 +24,7 @@ from cswap.planner import (
     tensor_actions,
     timeline_of,
 )
-from cswap.planner.actions import KEEP, SWAP, ZVC_KEEP, ZVC_SWAP
+from cswap.planner.actions import KEEP, RECOMPUTE, SWAP, ZVC_KEEP, ZVC_SWAP
 
 POLICIES = tuple(POLICY_ACTIONS)
 MB = 1_000_000
@@ -53,6 +54,7 @@ def random_problem(seed: int, count: int = 4, async_copies: bool = True):
                 compress_s=float(rng.uniform(0.0, 2e-3)),
                 decompress_s=float(rng.uniform(0.0, 2e-3)),
                 hidden_forward_s=1e-3,
+                recompute_s=None if key == 0 and seed % 3 == 0 else float(rng.uniform(0.0, 3e-3)),
             )
         )
     times = [1e-3 * e for e in range(events.event_count)]
@@ -89,9 +91,12 @@ def test_action_sets():
     assert POLICY_ACTIONS["swap"] == {KEEP, SWAP}
     assert POLICY_ACTIONS["compress-swap"] == {KEEP, ZVC_SWAP}
     assert POLICY_ACTIONS["compress-keep"] == {KEEP, ZVC_KEEP}
-    assert POLICY_ACTIONS["cswap"] == set(ACTIONS)
-    assert single_mechanism_policies() == ("swap", "compress-swap", "compress-keep")
-    assert {a for a in ACTIONS} <= {a.value for a in AdvisorAction}  # the executor's vocabulary
+    assert POLICY_ACTIONS["recompute"] == {KEEP, RECOMPUTE}
+    assert POLICY_ACTIONS["capuchin"] == {KEEP, SWAP, RECOMPUTE}
+    assert POLICY_ACTIONS["cswap"] == set(ACTIONS) and RECOMPUTE in ACTIONS
+    assert single_mechanism_policies() == ("swap", "compress-swap", "compress-keep", "recompute")
+    # the executor's vocabulary; recompute is carried out by recompute regions (torch checkpointing)
+    assert {a for a in ACTIONS if a != RECOMPUTE} <= {a.value for a in AdvisorAction}
     with pytest.raises(ValueError, match="policy 'vdnn' has no action set for a memory budget: choose one of none, swap"):
         allowed_actions("vdnn")
 
@@ -184,7 +189,10 @@ def test_async_copy_stays_while_in_flight_and_prefetch_hides_the_copy_back():
 def test_minimum_is_the_least_peak_and_is_feasible(seed, policy):
     problem = random_problem(seed)
     least = minimum_bytes(problem, policy)
-    assert least == brute_force(problem, policy)[1]
+    if policy == "capuchin":  # its greedy's least budget: never below what its actions allow
+        assert least >= brute_force(problem, policy)[1]
+    else:
+        assert least == brute_force(problem, policy)[1]
     plan = plan_budget(problem, policy, least)
     assert plan.peak_bytes <= least
     with pytest.raises(BudgetError) as caught:
@@ -353,3 +361,34 @@ def test_minimum_without_the_solver_is_still_met(monkeypatch):
     monkeypatch.setattr(solve, "_milp", real)
     assert fallback >= exact
     assert plan_budget(problem, "cswap", fallback).peak_bytes <= fallback
+
+
+def test_recompute_option_holds_nothing_between_pack_and_the_event_before_use():
+    events = lifetimes_from_orders([0, 1, 2], [2, 1, 0])  # tensor 0: pack 0, unpack 5; tensor 2: pack 2, unpack 3
+    specs = [TensorSpec(key=k, nbytes=MB, lifetime=lt, recompute_s=0.25 * (k + 1)) for k, lt in enumerate(events.lifetimes)]
+    problem = build_problem(specs, events, [0, 1, 2, 3, 4, 5], 2.5, LinkModel(1.0, 1.0))
+    options = [{o.action: o for o in t.options}[RECOMPUTE] for t in problem.tensors]
+    assert [o.holds for o in options] == [((0, 0, MB), (4, 5, MB)), ((1, 1, MB), (3, 4, MB)), ((2, 2, MB), (3, 3, MB))]
+    assert [o.cost_s for o in options] == [0.25, 0.5, 0.75]
+    assert minimum_bytes(problem, "recompute") == 2 * MB  # event 2: tensor 1 (kept or rebuilt at 3) and 2's pack
+    plan = plan_budget(problem, "recompute", 2 * MB)
+    assert dict(plan.actions) == {0: RECOMPUTE, 1: KEEP, 2: KEEP} and plan.predicted_s == 0.25
+    unknown = build_problem([replace(s, recompute_s=None) for s in specs], events, [0, 1, 2, 3, 4, 5], 2.5, LinkModel(1.0, 1.0))
+    assert all(o.action != RECOMPUTE for t in unknown.tensors for o in t.options)
+    with pytest.raises(ValueError, match="tensor 0: recompute_s must be >= 0 seconds or None, got -1.0"):
+        TensorSpec(key=0, nbytes=MB, lifetime=events.lifetimes[0], recompute_s=-1.0)
+
+
+def test_capuchin_is_planned_by_its_greedy_not_the_solver():
+    # two tensors live through event 2; hidden swaps first, then the best bytes per second:
+    # recomputing tensor 0 (1 MB for 1 ms) beats swapping tensor 1 (exposed 2 ms at 1 GB/s, no overlap)
+    events = lifetimes_from_orders([0, 1, 2], [2, 1, 0])
+    specs = [TensorSpec(key=k, nbytes=MB, lifetime=lt, recompute_s=1e-3 * (1 + 9 * k)) for k, lt in enumerate(events.lifetimes)]
+    problem = build_problem(specs, events, [0, 1, 2, 3, 4, 5], 2.5, LinkModel(1.0, 1.0, async_copies=False))
+    plan = plan_budget(problem, "capuchin", 2 * MB)
+    assert plan.status == "capuchin" and dict(plan.actions) == {0: RECOMPUTE, 1: KEEP, 2: KEEP}
+    assert plan.peak_bytes <= 2 * MB and plan.predicted_s == pytest.approx(1e-3)
+    least = minimum_bytes(problem, "capuchin")
+    assert plan_budget(problem, "capuchin", least).peak_bytes <= least
+    with pytest.raises(BudgetError, match=f"Raise the budget to at least {least} bytes"):
+        plan_budget(problem, "capuchin", least - 1)
