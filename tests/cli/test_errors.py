@@ -74,13 +74,13 @@ def test_every_command_reports_bad_input_on_one_stderr_line(tmp_path: Path, args
     assert message in line
 
 
-def test_max_batch_without_a_gpu_is_one_stderr_line() -> None:
+def test_max_batch_without_a_gpu_and_a_limit_is_one_stderr_line() -> None:
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("checks the message on a machine without a GPU")
     line = _error_line(runner.invoke(app, ["max-batch", "--model", "resnet50"], env={"COLUMNS": "80"}))
-    assert "needs a GPU" in line
+    assert "planned, not measured: give --memory-limit" in line
 
 
 @pytest.mark.parametrize("url", ["not-a-url", "http://[::1", "ftp://127.0.0.1:8765", "http://", "http://h:99999",
