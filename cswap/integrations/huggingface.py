@@ -34,8 +34,7 @@ from typing import Any
 
 import torch
 
-from cswap.integrations.scope import IterationScope, log_values, make_runtime, require, runtime_options
-from cswap.runtime import Runtime
+from cswap.integrations.scope import RuntimeHolder, log_values, make_runtime, require
 
 _transformers = require("transformers", "hf", __name__)
 
@@ -46,7 +45,7 @@ class _StepInterrupted(RuntimeError):
     """Closes an iteration whose step never reached its optimizer step (an exception stopped it)."""
 
 
-class CswapCallback(_transformers.TrainerCallback):
+class CswapCallback(RuntimeHolder, _transformers.TrainerCallback):
     """Runs the Hugging Face ``Trainer``'s optimizer steps under a :class:`cswap.Runtime`.
 
     Args:
@@ -61,29 +60,11 @@ class CswapCallback(_transformers.TrainerCallback):
         ValueError, TypeError: a bad policy, option or budget (at construction).
     """
 
+    _made_at = "training begins (on_train_begin)"
+    _started_by = "train()"
+
     def __init__(self, policy: str | None = None, memory_budget: int | str | float | None = None, **options: Any) -> None:
-        self._kwargs = runtime_options(policy, memory_budget, options)
-        self._runtime: Runtime | None = None
-        self._model: torch.nn.Module | None = None
-        self._scope = IterationScope()
-
-    @property
-    def policy(self) -> str:
-        """The policy the runtime runs."""
-        return str(self._kwargs["policy"])
-
-    @property
-    def runtime(self) -> Runtime:
-        """The :class:`cswap.Runtime` (made when training begins).
-
-        Raises:
-            RuntimeError: training has not begun yet.
-        """
-        if self._runtime is None:
-            raise RuntimeError(
-                "the runtime is made when training begins (on_train_begin): pass the callback to a Trainer and call train() first"
-            )
-        return self._runtime
+        RuntimeHolder.__init__(self, policy, memory_budget, options)
 
     def close(self, error: BaseException | None = None) -> None:
         """Close an iteration left open by a step that raised (nothing to do otherwise)."""

@@ -22,17 +22,15 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 
-from cswap.integrations.scope import IterationScope, log_values, make_runtime, require, runtime_options
-from cswap.runtime import Runtime
+from cswap.integrations.scope import RuntimeHolder, log_values, make_runtime, require
 
 _pl = require("lightning.pytorch", "lightning", __name__)
 
 __all__ = ["CswapCallback"]
 
 
-class CswapCallback(_pl.Callback):
+class CswapCallback(RuntimeHolder, _pl.Callback):
     """Runs a Lightning ``Trainer``'s optimizer steps under a :class:`cswap.Runtime`.
 
     Args:
@@ -48,29 +46,13 @@ class CswapCallback(_pl.Callback):
         ValueError, TypeError: a bad policy, option or budget (at construction).
     """
 
+    _made_at = "fitting begins (on_fit_start)"
+    _started_by = "fit()"
+
     def __init__(self, policy: str | None = None, memory_budget: int | str | float | None = None, log_stats: bool = True, **options: Any) -> None:
-        self._kwargs = runtime_options(policy, memory_budget, options)
+        RuntimeHolder.__init__(self, policy, memory_budget, options)
         self._log_stats = log_stats
-        self._runtime: Runtime | None = None
-        self._model: torch.nn.Module | None = None
-        self._scope = IterationScope()
         self._stepped = False
-
-    @property
-    def policy(self) -> str:
-        """The policy the runtime runs."""
-        return str(self._kwargs["policy"])
-
-    @property
-    def runtime(self) -> Runtime:
-        """The :class:`cswap.Runtime` (made when fitting begins).
-
-        Raises:
-            RuntimeError: fitting has not begun yet.
-        """
-        if self._runtime is None:
-            raise RuntimeError("the runtime is made when fitting begins (on_fit_start): pass the callback to a Trainer and call fit() first")
-        return self._runtime
 
     # ------------------------------------------------------------------ Trainer hooks
 

@@ -33,7 +33,7 @@ from cswap.budget import parse_budget
 from cswap.options import load_options
 from cswap.runtime import Runtime
 
-__all__ = ["IterationScope", "log_values", "make_runtime", "require", "runtime_options"]
+__all__ = ["IterationScope", "RuntimeHolder", "log_values", "make_runtime", "require", "runtime_options"]
 
 
 def require(module: str, extra: str, needed_by: str) -> ModuleType:
@@ -173,3 +173,51 @@ class IterationScope:
             stack.close()
         else:
             stack.__exit__(type(error), error, error.__traceback__)
+
+
+class RuntimeHolder:
+    """What every framework callback holds: the runtime's validated options, the runtime once
+    training begins, the model it was made for, and the open iteration.
+
+    Subclasses name the framework's event that makes the runtime (``_made_at``, e.g.
+    ``"training begins (on_train_begin)"``) and the call that starts it (``_started_by``, e.g.
+    ``"train()"``), for the error a too-early :attr:`runtime` raises.
+
+    Example:
+        >>> class Holder(RuntimeHolder):
+        ...     _made_at, _started_by = "fitting begins (on_fit_start)", "fit()"
+        >>> holder = Holder("swap", None, {"min_bytes": 0})
+        >>> holder.policy
+        'swap'
+        >>> holder.runtime
+        Traceback (most recent call last):
+        ...
+        RuntimeError: the runtime is made when fitting begins (on_fit_start): pass the callback to a Trainer and call fit() first
+    """
+
+    _made_at = "training begins"
+    _started_by = "train()"
+
+    def __init__(self, policy: str | None, memory_budget: int | str | float | None, options: dict[str, Any]) -> None:
+        self._kwargs = runtime_options(policy, memory_budget, options)
+        self._runtime: Runtime | None = None
+        self._model: torch.nn.Module | None = None
+        self._scope = IterationScope()
+
+    @property
+    def policy(self) -> str:
+        """The policy the runtime runs."""
+        return str(self._kwargs["policy"])
+
+    @property
+    def runtime(self) -> Runtime:
+        """The :class:`cswap.Runtime` (made when training begins).
+
+        Raises:
+            RuntimeError: training has not begun yet.
+        """
+        if self._runtime is None:
+            raise RuntimeError(
+                f"the runtime is made when {self._made_at}: pass the callback to a Trainer and call {self._started_by} first"
+            )
+        return self._runtime
