@@ -215,6 +215,8 @@ def minimum_bytes(problem: PlanningProblem, policy: str, time_limit_s: float = 3
 
 def _least_peak(problem: PlanningProblem, policy: str, time_limit_s: float) -> int:
     """The smallest peak any plan of ``policy``'s actions has (the solver, or the smallest-footprint fallback)."""
+    if not problem.tensors:
+        return 0
     arrays = _arrays(problem, policy)
     c = np.concatenate([np.zeros(len(arrays.options)), [1.0]])
     result = _milp(arrays, c, None, peak_variable=True, time_limit_s=time_limit_s)
@@ -293,6 +295,8 @@ def plan_budget(
 
         return plan_capuchin_budget(problem, budget_bytes, time_limit_s)
     started = time.perf_counter()
+    if not problem.tensors:  # nothing to place (every activation recomputed): the empty plan
+        return _budget_plan(problem, policy, budget_bytes, [], status="optimal", solve_s=time.perf_counter() - started)
     arrays = _arrays(problem, policy)
     result = _milp(arrays, arrays.cost, budget_bytes, peak_variable=False, time_limit_s=time_limit_s)
     solver_choice = _choice(arrays, result.x) if result.x is not None else None
