@@ -33,11 +33,17 @@ from cswap.plan import Action, Decision, LaunchCache, Plan
 from cswap.planner import BudgetPlan, PlannedTensor, PlanningProblem, TensorOptions, minimum_bytes, plan_budget, problem_from_trace
 from cswap.trace import Trace
 
-__all__ = ["FALLBACK_ACTIONS", "NO_CODEC", "PROFILE_ACTIONS", "SPARSITY_MARGIN", "budget_plan"]
+__all__ = ["FALLBACK_ACTIONS", "NO_CODEC", "PASSIVE_ACTION", "PROFILE_ACTIONS", "SPARSITY_MARGIN", "budget_plan", "plan_from_budget"]
 
 #: Compressed sizes are planned at the profiled sparsity less this: later batches' activations are
 #: a little denser or sparser than the profiled one's, and a plan must hold for them too.
 SPARSITY_MARGIN = 0.02
+
+#: What a profiling iteration of a recomputing policy under a budget does with every tensor:
+#: Capuchin's passive mode, which swaps while it profiles so that profiling works wherever the
+#: final plan fits (regions cannot be recomputed before they are profiled, and a tensor kept while
+#: it fits can pass the budget later, when backward rebuilds the swapped ones beside it).
+PASSIVE_ACTION = Action.SWAP
 
 #: Per policy, the action of least device footprint: what a profiling iteration under a budget does.
 PROFILE_ACTIONS: Mapping[str, Action] = MappingProxyType(
@@ -47,13 +53,16 @@ PROFILE_ACTIONS: Mapping[str, Action] = MappingProxyType(
         "compress-swap": Action.ZVC_SWAP,
         "compress-keep": Action.ZVC_KEEP,
         "cswap": Action.SWAP,
+        "recompute": PASSIVE_ACTION,
+        "capuchin": PASSIVE_ACTION,
     }
 )
 
 #: Per policy, what a keep that would pass the budget at pack becomes (``None``: nothing smaller
 #: is certain: compressing a dense tensor would hold more, not less).
 FALLBACK_ACTIONS: Mapping[str, Action | None] = MappingProxyType(
-    {"none": None, "swap": Action.SWAP, "compress-swap": Action.ZVC_SWAP, "compress-keep": None, "cswap": Action.SWAP}
+    {"none": None, "swap": Action.SWAP, "compress-swap": Action.ZVC_SWAP, "compress-keep": None, "cswap": Action.SWAP,
+     "recompute": None, "capuchin": Action.SWAP}
 )
 
 
@@ -136,6 +145,34 @@ def _decisions(
     return decisions, host_bytes, expected
 
 
+def plan_from_budget(
+    trace: Trace, problem: PlanningProblem, planned: BudgetPlan, rules: Mapping[str, Any], default_action: Action, least_bytes: int
+) -> Plan:
+    """The executor's :class:`~cswap.plan.Plan` from the planner's ``planned`` solution of ``problem``.
+
+    Args:
+        trace: the profile ``problem`` was built from.
+        problem: the planner's problem.
+        planned: its solution within the budget.
+        rules: the :class:`~cswap.plan.Plan` fields that do not come from the solution (``policy``,
+            ``epoch``, ``min_bytes``, ``launches``, ``budget_bytes``, ``fallback_action``, bandwidths).
+        default_action: the action of a key the plan does not know.
+        least_bytes: the policy's least budget, reported in the planner summary.
+    """
+    launches = rules["launches"]
+    unpacked = sorted((r for r in trace.tensors if r.unpack_order is not None), key=lambda r: r.unpack_order)
+    decisions, host_bytes, expected = _decisions(trace, problem, planned, launches)
+    event = _event_names(problem).get(planned.binding_event, f"event {planned.binding_event}")
+    binding = (f"{event} (event {planned.binding_event}): {planned.timeline_bytes[planned.binding_event] if planned.timeline_bytes else 0:,d} B "
+               f"planned, slack {planned.slack_bytes:,d} B")
+    summary = dict(status=planned.status, predicted_s=planned.predicted_s, peak_bytes=planned.peak_bytes, slack_bytes=planned.slack_bytes,
+                   minimum_bytes=least_bytes, greedy_gap_s=planned.greedy_gap_s, solve_s=planned.solve_s,
+                   prefetch_window_bytes=planned.prefetch_window_bytes)
+    return Plan(**rules, default_action=default_action, decisions=decisions, unpack_order=tuple(r.key for r in unpacked),
+                host_bytes=host_bytes, default_reason=f"policy {rules['policy']} under a budget: not in the plan, smallest footprint",
+                prefetch_bytes=planned.prefetch_window_bytes, binding=binding, expected_bytes=expected, planner=MappingProxyType(summary))
+
+
 def budget_plan(
     trace: Trace,
     policy: str,
@@ -183,14 +220,5 @@ def budget_plan(
                     default_reason=f"budget {budget_bytes:,d} B below this policy's least {least:,d} B: {action.value}")
         return plan, budget_bytes, error
     planned = plan_budget(problem, policy, budget_bytes)
-    decisions, host_bytes, expected = _decisions(trace, problem, planned, launches)
-    event = _event_names(problem).get(planned.binding_event, f"event {planned.binding_event}")
-    binding = (f"{event} (event {planned.binding_event}): {planned.timeline_bytes[planned.binding_event] if planned.timeline_bytes else 0:,d} B "
-               f"planned, slack {planned.slack_bytes:,d} B")
-    summary = dict(status=planned.status, predicted_s=planned.predicted_s, peak_bytes=planned.peak_bytes, slack_bytes=planned.slack_bytes,
-                   minimum_bytes=least, greedy_gap_s=planned.greedy_gap_s, solve_s=planned.solve_s,
-                   prefetch_window_bytes=planned.prefetch_window_bytes)
-    plan = Plan(**rules, default_action=PROFILE_ACTIONS[policy], decisions=decisions, unpack_order=unpack_order, host_bytes=host_bytes,
-                default_reason=f"policy {policy} under a budget: not in the plan, smallest footprint",
-                prefetch_bytes=planned.prefetch_window_bytes, binding=binding, expected_bytes=expected, planner=MappingProxyType(summary))
+    plan = plan_from_budget(trace, problem, planned, rules, PROFILE_ACTIONS[policy], least)
     return plan, budget_bytes, None

@@ -299,6 +299,11 @@ class Executor:
             self._drain()
             return replace(self.counters, actions=dict(self.counters.actions))
 
+    def count_recomputed(self, tensors: int) -> None:
+        """Count ``tensors`` saved tensors that recompute regions dropped and rebuilt (never packed here)."""
+        with self._lock:
+            self.counters.actions[Action.RECOMPUTE.value] += tensors
+
     def new_epoch(self) -> None:
         """Start a new per-epoch peak."""
         with self._lock:

@@ -40,6 +40,7 @@ __all__ = [
     "FILE_OPTIONS",
     "OBJECT_OPTIONS",
     "POLICIES",
+    "RECOMPUTING_POLICIES",
     "LaunchLookup",
     "RuntimeOptions",
     "default_options_path",
@@ -47,8 +48,12 @@ __all__ = [
     "load_options",
 ]
 
-#: The policies, after the systems they reproduce: plain PyTorch, vDNN, cDMA, CSWAP, FreeLunch.
-POLICIES: tuple[str, ...] = ("none", "swap", "compress-swap", "cswap", "compress-keep")
+#: The policies, after the systems they reproduce: plain PyTorch, vDNN, cDMA, CSWAP, FreeLunch,
+#: checkpointing (Chen et al., MONeT) and Capuchin.
+POLICIES: tuple[str, ...] = ("none", "swap", "compress-swap", "cswap", "compress-keep", "recompute", "capuchin")
+
+#: The policies that recompute and so need ``model`` (its modules are the recompute regions).
+RECOMPUTING_POLICIES: tuple[str, ...] = ("recompute", "capuchin")
 
 #: How the ``cswap`` policy decides compress-or-not per tensor.
 DECIDERS: tuple[str, ...] = ("cost-model", "logistic")
@@ -97,7 +102,8 @@ class RuntimeOptions:
         arena_slack: extra host-arena room over the profiled need (fraction, >= 0).
         d2h_gbps, h2d_gbps: bandwidths for planning; ``None`` measures them once per device.
         model: a module whose parameters and buffers are never offloaded and whose submodule names
-            label the profile's producers.
+            label the profile's producers; its submodules are the recompute regions (required by
+            :data:`RECOMPUTING_POLICIES`; ``cswap`` under a budget recomputes only when given one).
         time_model: predicts (de)compression seconds (:class:`cswap.costmodel.TimeModel`); ``None``
             uses a throughput model measured once per device (:mod:`cswap.codec_speed`).
         launch_lookup: ``(backend, op, dtype, nbytes) -> Launch | None``, e.g. backed by the tuner's store.

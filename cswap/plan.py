@@ -40,12 +40,17 @@ __all__ = ["DEFAULT_ACTIONS", "POLICY_REASONS", "Action", "Decision", "LaunchCac
 
 
 class Action(str, enum.Enum):
-    """What the executor does with one saved tensor."""
+    """What happens to one saved tensor.
+
+    The executor carries out every action but ``recompute``: a recomputed tensor is never packed
+    (its module runs as a recompute region, :mod:`cswap.recompute`, and rebuilds it in backward).
+    """
 
     KEEP = "keep"
     SWAP = "swap"
     ZVC_SWAP = "zvc-swap"
     ZVC_KEEP = "zvc-keep"
+    RECOMPUTE = "recompute"
 
     @property
     def offloads(self) -> bool:
@@ -69,6 +74,8 @@ DEFAULT_ACTIONS: Mapping[str, Action] = MappingProxyType(
         "compress-swap": Action.ZVC_SWAP,
         "cswap": Action.SWAP,
         "compress-keep": Action.ZVC_KEEP,
+        "recompute": Action.KEEP,
+        "capuchin": Action.KEEP,
     }
 )
 
@@ -80,6 +87,8 @@ POLICY_REASONS: Mapping[str, str] = MappingProxyType(
         "compress-swap": "policy compress-swap: compress, then offload (cDMA)",
         "compress-keep": "policy compress-keep: compress and keep on the device (FreeLunch)",
         "cswap": "policy cswap: not profiled yet, offload",
+        "recompute": "policy recompute: not profiled yet, keep",
+        "capuchin": "policy capuchin: not profiled yet, keep",
     }
 )
 
@@ -256,6 +265,10 @@ class Plan:
         expected_bytes: per planned key, the resident bytes the budget plan expects just before
             its pack; more than that by over the decision's ``slack_bytes`` means a kept tensor
             would pass the budget later in its lifetime, so it falls back (budget plans).
+        recompute_regions: module paths run as recompute regions in the plan's iterations; with
+            any, ``decisions`` are keyed by the ordinals the packs get with those regions enabled.
+        recomputed: per profiled key, the decision of a tensor the regions drop and rebuild (never
+            packed, so not among ``decisions``).
     """
 
     policy: str
@@ -276,9 +289,12 @@ class Plan:
     planner: Mapping[str, Any] = field(default_factory=dict)
     expected_bytes: Mapping[int, int] = field(default_factory=dict)
     raw_unless_smaller: bool = False
+    recompute_regions: tuple[str, ...] = ()
+    recomputed: Mapping[int, Decision] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "decisions", MappingProxyType(dict(self.decisions)))
+        object.__setattr__(self, "recomputed", MappingProxyType(dict(self.recomputed)))
         # Run-time decisions that differ from the planned ones, latest per key (see rows()).
         object.__setattr__(self, "_resolved", {})
 
@@ -375,8 +391,8 @@ class Plan:
         return MappingProxyType(dict(sorted(merged.items())))
 
     def counts(self) -> dict[str, int]:
-        """Rows per action name."""
-        counted = Counter(d.action.value for d in self.rows().values())
+        """Rows per action name (recomputed tensors included)."""
+        counted = Counter(d.action.value for d in (*self.rows().values(), *self.recomputed.values()))
         return {action.value: counted.get(action.value, 0) for action in Action}
 
     def to_dict(self) -> dict[str, Any]:
@@ -395,13 +411,18 @@ class Plan:
             "prefetch_bytes": self.prefetch_bytes,
             "binding": self.binding,
             "planner": dict(self.planner),
+            "recompute_regions": list(self.recompute_regions),
+            "recomputed": [d.to_dict() for d in self.recomputed.values()],
         }
 
     def __str__(self) -> str:
         lines = [f"Plan(policy={self.policy}, epoch={self.epoch}, default={self.default_action.value}, {self.counts()})"]
         if self.budget_bytes is not None:
             lines.append(f"  budget {self.budget_bytes:,d} B" + (f"; binds: {self.binding}" if self.binding else ""))
-        rows = self.rows().values()
+        if self.recompute_regions:
+            lines.append(f"  recompute regions: {', '.join(repr(p) for p in self.recompute_regions)}; "
+                         "packs are numbered as they run with them (recomputed tensors last, by profiled key)")
+        rows = [*self.rows().values(), *self.recomputed.values()]
         width = max((len(d.module) for d in rows), default=0)
         for d in rows:
             cost = ""

@@ -32,6 +32,7 @@ Example:
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -86,12 +87,14 @@ class _RecomputeContext:
     every buffer as the original forward left it.
     """
 
-    def __init__(self, call: _Call, norms: list[nn.Module]) -> None:
+    def __init__(self, call: _Call, norms: list[nn.Module], counts: Counter[str]) -> None:
         self.call = call
         self.norms = norms
+        self.counts = counts
         self._saved: list[list[torch.Tensor]] = []
 
     def __enter__(self) -> None:
+        self.counts[self.call.path] += 1
         for name, tensor, version in self.call.inputs:
             if tensor._version != version:
                 raise RuntimeError(
@@ -129,7 +132,7 @@ class RecomputeRegions:
         paths: every module path (``""`` is the model itself), in ``named_modules`` order.
 
     Raises:
-        ValueError: a module of ``model`` already has composable checkpoint hooks.
+        ValueError: a module of ``model`` already has composable checkpoint hooks (use :meth:`of`).
 
     Limits (torch 2.13): a region whose forward modifies its input in place (``ReLU(inplace=True)``)
     fails in backward ("modified by an inplace operation"): :func:`cswap.recompute_facts.profile_regions`
@@ -146,6 +149,7 @@ class RecomputeRegions:
         self.model = model
         self._regions: dict[str, _Region] = {}
         self._ineligible: dict[str, str] = {}
+        self._recomputations: Counter[str] = Counter()
         for path, module in model.named_modules():
             if checkpoint.state(module) is not None:
                 raise ValueError(
@@ -163,6 +167,26 @@ class RecomputeRegions:
             checkpoint(module, preserve_rng_state=preserve_rng_state, context_fn=self._contexts(region))
             checkpoint.state(module).enable_hook = False
         self.paths: tuple[str, ...] = tuple(self._regions)
+        # Kept with the model (on torch's checkpoint state of its root), so that every runtime of
+        # this model finds these regions (:meth:`of`) instead of attaching a second set.
+        checkpoint.state(model).cswap_regions = self
+
+    @classmethod
+    def of(cls, model: nn.Module) -> RecomputeRegions:
+        """The regions attached to ``model``, attached now when it has none.
+
+        Several runtimes of one model (a benchmark comparing policies) share them: each enables
+        its own set for its iterations.
+
+        >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+        >>> RecomputeRegions.of(model) is RecomputeRegions.of(model)
+        True
+        """
+        state = checkpoint.state(model)
+        found = getattr(state, "cswap_regions", None) if state is not None else None
+        if isinstance(found, cls) and found.model is model:
+            return found
+        return cls(model)
 
     # ------------------------------------------------------------------ hooks
 
@@ -183,7 +207,7 @@ class RecomputeRegions:
             call, region.pending = region.pending, None
             if call is None:  # a hook ran out of order: no input check, still restore the statistics
                 call = _Call(region.path, [])
-            return nullcontext(), _RecomputeContext(call, region.norms)
+            return nullcontext(), _RecomputeContext(call, region.norms, self._recomputations)
 
         return context_fn
 
@@ -223,6 +247,19 @@ class RecomputeRegions:
         for region in self._regions.values():
             checkpoint.state(region.module).enable_hook = False
             region.pending = None
+
+    def take_recomputations(self) -> dict[str, int]:
+        """Per region path, how many of its calls were recomputed since the last call; resets the counts.
+
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+        >>> regions = RecomputeRegions(model); regions.enable(["1"])
+        >>> model(torch.randn(3, 4)).sum().backward()
+        >>> regions.take_recomputations(), regions.take_recomputations()
+        ({'1': 1}, {})
+        """
+        counts = dict(self._recomputations)
+        self._recomputations.clear()  # in place: contexts made in forward hold this counter
+        return counts
 
     @property
     def enabled(self) -> tuple[str, ...]:

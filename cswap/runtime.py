@@ -36,10 +36,13 @@ from cswap.budgetplan import FALLBACK_ACTIONS, NO_CODEC, PROFILE_ACTIONS, budget
 from cswap.codecs.api import default_backend
 from cswap.device import bandwidth, fingerprint, resolve_device
 from cswap.executor import Counters, Executor
-from cswap.options import LaunchLookup, RuntimeOptions, file_defaults, load_options
+from cswap.options import RECOMPUTING_POLICIES, LaunchLookup, RuntimeOptions, file_defaults, load_options
 from cswap.paths import shipped_configs_dir
 from cswap.plan import DEFAULT_ACTIONS, POLICY_REASONS, Action, LaunchCache, Plan
 from cswap.profiler import Profiler
+from cswap.recompute import RecomputeRegions
+from cswap.recompute_facts import RegionTracer
+from cswap.regionplan import plan_regions
 from cswap.stats import EpochStats, RuntimeStats
 from cswap.trace import Trace
 
@@ -59,7 +62,9 @@ class Runtime:
     epoch so the next iteration re-profiles and the plan follows the activations' new sparsity.
 
     Args:
-        policy: ``none``, ``swap``, ``compress-swap``, ``cswap`` or ``compress-keep``.
+        policy: ``none``, ``swap``, ``compress-swap``, ``cswap``, ``compress-keep``, ``recompute`` or
+            ``capuchin`` (the last two recompute modules in backward and need ``model``; ``cswap``
+            does too under a ``memory_budget`` when given ``model``: :mod:`cswap.regionplan`).
         device, backend, min_bytes, prefetch_bytes, decider, paper_size, passive_profile,
             arena_slack, d2h_gbps, h2d_gbps, model, time_model, launch_lookup, logistic_model: the
             options, documented on :class:`cswap.options.RuntimeOptions`. The defaults shown are
@@ -121,6 +126,11 @@ class Runtime:
         overrides.update({name: value for name, value in objects.items() if value is not None})
         self._options = load_options(**overrides, **unknown)
         opts = self._options
+        if opts.policy in RECOMPUTING_POLICIES and opts.model is None:
+            raise ValueError(
+                f"policy {opts.policy!r} recomputes modules in backward and needs the model: "
+                f"cswap.Runtime(policy={opts.policy!r}, model=model)"
+            )
         device = resolve_device(None if opts.device == "auto" else opts.device)
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
@@ -160,6 +170,9 @@ class Runtime:
         self._epoch_iterations = 0
         self._epoch_iteration_s = 0.0
         self._epoch_start = replace(self._executor.counters, actions=dict(self._executor.counters.actions))
+        # Recompute regions are attached to the model at the first profiling iteration that needs them.
+        self._regions: RecomputeRegions | None = None
+        self._region_keys: dict[str, tuple[int, ...]] = {}
 
     # ------------------------------------------------------------------ properties
 
@@ -252,49 +265,103 @@ class Runtime:
         if error is not None:
             raise error
 
+    @property
+    def recomputes(self) -> bool:
+        """Whether this runtime may recompute modules: policies ``recompute`` and ``capuchin``, and
+        ``cswap`` under a memory budget when given ``model``."""
+        opts = self._options
+        return self.policy in RECOMPUTING_POLICIES or (self.policy == "cswap" and opts.memory_budget is not None and opts.model is not None)
+
+    def _recompute_regions(self) -> RecomputeRegions:
+        if self._regions is None:
+            assert self._options.model is not None  # the options refuse a recomputing policy without one
+            self._regions = RecomputeRegions.of(self._options.model)
+        return self._regions
+
+    def _profiling_plan(self, plan: Plan) -> tuple[Plan, str]:
+        """The plan a profiling iteration follows, and its mode (see :meth:`_profile_mode`)."""
+        mode = self._profile_mode()
+        # Profiling runs with no region enabled, so its packs are numbered as the model saves them.
+        plan = replace(plan, recompute_regions=(), recomputed={})
+        forced = {"keep-all": Action.KEEP, "passive": Action.SWAP, "budget": PROFILE_ACTIONS[self.policy]}.get(mode)
+        if forced is not None:
+            # Profiling modes that move every tensor alike: a plan with no per-key decisions
+            # (the current one's unpack order still drives prefetch).
+            reason = f"profiling ({mode}): {forced.value} every tensor"
+            plan = replace(plan, decisions={}, default_action=forced, default_reason=reason)
+        if mode == "budget":
+            plan = replace(plan, prefetch_bytes=0, raw_unless_smaller=True)
+        return plan, mode
+
     def _hooked(self, profiling: bool) -> Iterator[None]:
         executor = self._executor
         profiler = None
+        tracer = None
         plan = self._plan
+        regions = self._recompute_regions() if self.recomputes else None
+        model = self._options.model
         if profiling:
-            mode = self._profile_mode()
-            forced = {"keep-all": Action.KEEP, "passive": Action.SWAP, "budget": PROFILE_ACTIONS[self.policy]}.get(mode)
-            if forced is not None:
-                # Profiling modes that move every tensor alike: a plan with no per-key decisions
-                # (the current one's unpack order still drives prefetch).
-                reason = f"profiling ({mode}): {forced.value} every tensor"
-                plan = replace(plan, decisions={}, default_action=forced, default_reason=reason)
-            if mode == "budget":
-                plan = replace(plan, prefetch_bytes=0, raw_unless_smaller=True)
+            plan, mode = self._profiling_plan(plan)
             meta = {"mode": mode, "backend": self._backend, "min_bytes": self._options.min_bytes}
-            if self._options.model is not None:
-                meta["model"] = type(self._options.model).__name__
-            profiler = Profiler(self._device, self._epoch, self.policy, model=self._options.model, meta=meta)
-        it = executor.begin(plan, profiler, self._options.model)
+            if model is not None:
+                meta["model"] = type(model).__name__
+            profiler = Profiler(self._device, self._epoch, self.policy, model=model, meta=meta)
+            if regions is not None:
+                regions.disable_all()
+                tracer = RegionTracer(regions.model)
+        elif regions is not None:
+            regions.enable(plan.recompute_regions)
+        it = executor.begin(plan, profiler, model)
+        pack, unpack = executor.hooks(it)
+        if tracer is not None:
+            pack = self._traced(pack, tracer)
+            tracer.__enter__()
         if profiler is not None:
             profiler.begin()
         try:
-            with torch.autograd.graph.saved_tensors_hooks(*executor.hooks(it)):
+            with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
                 yield
         except BaseException:
             if profiler is not None:
                 profiler.remove_hooks()
+            self._after_regions(tracer, regions, count=False)
             executor.end(it)
             raise
         if profiler is not None:
             profiler.end()
+        self._after_regions(tracer, regions, count=not profiling)
         executor.end(it)
         if profiler is not None:
-            self._finish_profile(profiler)
+            self._finish_profile(profiler, tracer)
+
+    @staticmethod
+    def _traced(pack: Any, tracer: RegionTracer) -> Any:
+        def traced_pack(tensor: torch.Tensor) -> Any:
+            tracer.record(tensor)
+            return pack(tensor)
+
+        return traced_pack
+
+    def _after_regions(self, tracer: RegionTracer | None, regions: RecomputeRegions | None, count: bool) -> None:
+        """Stop tracing and recomputing after an iteration; count the tensors its regions rebuilt."""
+        if tracer is not None:
+            tracer.__exit__(None, None, None)
+        if regions is None:
+            return
+        regions.disable_all()
+        recomputed = regions.take_recomputations()
+        if count:
+            self._executor.count_recomputed(sum(len(self._region_keys.get(path, ())) for path in recomputed))
 
     def _profile_mode(self) -> str:
-        """``passive`` (swap all), ``keep-all``, ``budget`` (each policy's smallest footprint), or
+        """``passive`` (swap all), ``keep-all``, ``budget`` (each policy's smallest footprint; for a
+        recomputing policy Capuchin's passive mode, :data:`cswap.budgetplan.PASSIVE_ACTION`), or
         ``plan`` (follow the current plan while recording)."""
         if self._options.memory_budget is not None:
             return "budget"
         if self._options.passive_profile:
             return "passive"
-        if self.policy == "none" or (self.policy == "cswap" and self._trace is None):
+        if self.policy in ("none", *RECOMPUTING_POLICIES) or (self.policy == "cswap" and self._trace is None):
             return "passive" if self._memory_short() else "keep-all"
         return "plan"
 
@@ -307,18 +374,29 @@ class Runtime:
         cached = torch.cuda.memory_reserved(self._device) - torch.cuda.memory_allocated(self._device)
         return free + cached < need
 
-    def _finish_profile(self, profiler: Profiler) -> None:
+    def _finish_profile(self, profiler: Profiler, tracer: RegionTracer | None) -> None:
         d2h, h2d = self._bandwidth()
         trace = profiler.trace(d2h, h2d, self._device_dict())
         budget = self._options.memory_budget
         error = None
-        if budget is None:
+        budget_bytes = None
+        region_keys: dict[str, tuple[int, ...]] = {}
+        # the profiling iteration is the epoch's first: the epoch's peak so far is its own
+        profiled_peak = self._executor.snapshot().epoch_peak_resident_bytes
+        if tracer is not None:
+            profile = tracer.profile()
+            regions = self._recompute_regions()
+            regions.mark_ineligible(profile.ineligible)
+            time_model = self._codec_time_model() if self.policy == "cswap" else NO_CODEC
+            chosen = plan_regions(trace, profile, self.policy, budget, time_model, self._backend, self._options.min_bytes,
+                                  self._epoch, self._plan.launches, profiled_peak)
+            plan, error, region_keys = chosen.plan, chosen.error, dict(chosen.region_keys)
+            budget_bytes = chosen.budget_bytes if budget is not None else None
+        elif budget is None:
             plan = self._advisor().plan(trace, self._epoch)
         else:
             compresses = self.policy in ("compress-swap", "compress-keep", "cswap")
             time_model = self._codec_time_model() if compresses else NO_CODEC
-            # the profiling iteration is the epoch's first: the epoch's peak so far is its own
-            profiled_peak = self._executor.snapshot().epoch_peak_resident_bytes
             plan, budget_bytes, error = budget_plan(trace, self.policy, budget, time_model, self._backend, self._options.min_bytes,
                                                     self._epoch, self._plan.launches, profiled_peak)
         with self._lock:
@@ -327,6 +405,7 @@ class Runtime:
                 self._budget_error = error
             self._trace = trace
             self._plan = plan
+            self._region_keys = region_keys
             self._needs_profile = False
 
     def _bandwidth(self) -> tuple[float, float]:

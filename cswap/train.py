@@ -216,12 +216,18 @@ def _epoch_record(epoch: int, losses: list[float], accuracy: float, samples: int
 
 def _memory_timeline(model: nn.Module, split: datasets.DatasetSplit, cfg: TrainConfig, device: torch.device,
                      kernels: KernelConfigs) -> dict[str, list[MemorySample]]:
-    """Memory over one iteration under every policy, on a batch of at most 16 images."""
+    """Memory over one iteration under every policy, on a batch of at most 16 images.
+
+    Each policy runs on a copy of a freshly built model holding the trained weights: the trained
+    model may carry its runtime's recompute regions, which a copy cannot take a second time.
+    """
+    fresh = models.build(cfg.model, num_classes=split.num_classes, width_mult=cfg.width_mult).to(device)
+    fresh.load_state_dict(model.state_dict())
     images, labels = next(iter(DataLoader(split.train, batch_size=min(cfg.batch_size, 16))))
     options: dict[str, Any] = {"launch_lookup": kernels.launch_lookup}
     if cfg.min_bytes is not None:
         options["min_bytes"] = cfg.min_bytes
-    return measure_memory_timeline(model, images.to(device), labels.to(device), POLICIES, device, **options)
+    return measure_memory_timeline(fresh, images.to(device), labels.to(device), POLICIES, device, **options)
 
 
 @contextlib.contextmanager

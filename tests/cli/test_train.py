@@ -13,6 +13,7 @@ import torch
 import yaml
 from typer.testing import CliRunner
 
+from cswap.options import POLICIES
 from cswap.cli import app
 from cswap.train import GlobalBatchSampler, OutOfMemoryAdvice, _oom_advice, train
 from cswap.paths import shipped_configs_dir
@@ -52,7 +53,7 @@ def test_report_and_plots_written(tmp_path: Path) -> None:
     assert set(report["plots"]) == {"sparsity", "decisions", "memory", "convergence"}
     for path in report["plots"].values():
         assert Path(path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert set(saved["memory_timeline"]) == {"none", "swap", "compress-swap", "cswap", "compress-keep"}
+    assert set(saved["memory_timeline"]) == set(POLICIES)
     assert all(len(run["evaluations"]) == 4 for run in saved["tune"]["runs"])
 
 

@@ -28,11 +28,22 @@ def offload_everything(policy: str) -> dict[str, Any]:
     return options
 
 
-#: The stats field that shows a policy moved bytes: ``none`` moves nothing.
+#: The stats field that shows a policy moved bytes: ``none`` moves nothing; ``recompute`` moves
+#: nothing either, it rebuilds (see :func:`acted`).
 MOVED = {
     "none": None,
     "swap": "offloaded_bytes",
     "compress-swap": "compressed_input_bytes",
     "cswap": "offloaded_bytes",
     "compress-keep": "compressed_input_bytes",
+    "recompute": None,
+    "capuchin": "offloaded_bytes",
 }
+
+
+def acted(stats: Any, policy: str) -> bool:
+    """Whether ``stats`` show the policy did what it is for: moved bytes, or (``recompute``) rebuilt
+    tensors in backward; ``none`` always passes."""
+    if policy == "recompute":
+        return stats.actions["recompute"] > 0
+    return MOVED[policy] is None or getattr(stats, MOVED[policy]) > 0

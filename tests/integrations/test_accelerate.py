@@ -10,7 +10,7 @@ from torch import nn
 
 import cswap
 from cswap.options import POLICIES
-from tests.integrations.conftest import MOVED, offload_everything
+from tests.integrations.conftest import acted, offload_everything
 
 accelerate = pytest.importorskip("accelerate")
 
@@ -55,6 +55,5 @@ def test_accelerate_recipe_weights_bit_identical(plain, policy: str) -> None:
         assert torch.equal(expected, got), f"{policy}: parameter {i} differs from the loop without cswap"
     stats = rt.stats()
     assert stats.iterations == EPOCHS * SAMPLES // BATCH and stats.profiled_iterations == EPOCHS
-    if MOVED[policy] is not None:
-        assert getattr(stats, MOVED[policy]) > 0
+    assert acted(stats, policy)
     assert stats.resident_bytes == 0

@@ -44,8 +44,10 @@ def train(
     epochs: int,
     runtime: Callable[[torch.nn.Module], Any] | None = None,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = torch.nn.functional.cross_entropy,
+    trained: list[torch.nn.Module] | None = None,
 ) -> tuple[list[list[torch.Tensor]], Any]:
     """SGD over ``batches`` for ``epochs``; returns every iteration's parameter gradients and the runtime.
+    The trained model is appended to ``trained`` when given (for its final ``state_dict``).
 
     Dropout draws from a per-iteration seed, so runs with and without the runtime see the same masks.
     """
@@ -54,6 +56,8 @@ def train(
     model.train()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     rt = runtime(model) if runtime is not None else None
+    if trained is not None:
+        trained.append(model)
     grads: list[list[torch.Tensor]] = []
     for epoch in range(epochs):
         if rt is not None:

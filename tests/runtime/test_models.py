@@ -49,6 +49,14 @@ def test_gradients_bit_identical(reference, name: str, policy: str) -> None:
         assert planned["zvc-swap"] > 0 and planned["swap"] == planned["zvc-keep"] == 0
     elif policy == "compress-keep":
         assert planned["zvc-keep"] > 0 and planned["swap"] == planned["zvc-swap"] == 0
+    elif policy == "recompute":
+        # Without a budget: every region that frees memory is recomputed, the rest kept.
+        assert planned["recompute"] > 0 and planned["swap"] == planned["zvc-swap"] == planned["zvc-keep"] == 0
+        assert rt.plan().recompute_regions and stats.unknown_keys == 0
+    elif policy == "capuchin":
+        # Without a budget: its least footprint, which swapping reaches without recomputing.
+        assert planned["swap"] > 0 and planned["zvc-swap"] == planned["zvc-keep"] == 0
+        assert stats.unknown_keys == 0
     elif policy == "cswap":
         # The first epoch profiles keeping everything; the second follows the cost model, which on
         # this slow link compresses the sparse tensors.

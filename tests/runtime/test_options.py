@@ -46,7 +46,7 @@ def test_auto_backend_is_cpu_on_cpu() -> None:
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_every_policy_is_accepted(policy: str) -> None:
-    assert cswap.Runtime(policy, device="cpu").policy == policy
+    assert cswap.Runtime(policy, device="cpu", model=torch.nn.Linear(2, 2)).policy == policy
 
 
 def test_unknown_options_are_named_with_the_valid_ones() -> None:

@@ -1,0 +1,321 @@
+"""The runtime's plan with recompute regions: which modules to recompute, and the rest within the budget.
+
+The planner (:mod:`cswap.planner`) prices ``recompute`` per tensor, but the runtime can only
+recompute what torch's checkpointing can cut out of an eager model: a module call
+(:mod:`cswap.recompute`). Enabling a region drops every tensor saved inside it and holds its
+positional inputs instead, which shifts the ordinals of the packs after it. So the runtime plans
+in two parts:
+
+1. **Regions.** The candidates are the regions that free memory on their own
+   (:class:`~cswap.recompute_facts.RegionFacts` ``freed_bytes > 0``), ranked by bytes freed per
+   second of forward they run again (Capuchin's memory saving per second, MSPS). Regions are
+   added in that order, skipping a region nested in (or around) one already chosen, while the
+   rest of the policy cannot meet the budget. ``capuchin`` and ``cswap`` then try the next
+   :data:`TIME_TRIALS` candidates and keep one when the predicted time (the plan of the rest plus
+   the regions' forward seconds) drops: a cheap layer recomputed beats its bytes crossing a slow link.
+2. **The rest.** The tensors the regions do not free are planned by the policy's other actions
+   (:data:`BASE_POLICIES`: ``recompute`` keeps them, ``capuchin`` swaps by Capuchin's own greedy,
+   ``cswap`` solves the MILP) on the profile with the freed tensors taken out.
+
+The :class:`~cswap.plan.Plan` it returns is keyed by the ordinals the packs get with the regions
+enabled (:meth:`~cswap.recompute_facts.RegionProfile.sequence`): a region's input takes the
+decision of the profiled tensor it shares memory with, and ``plan.recomputed`` lists the dropped
+tensors by their profiled keys.
+
+Without a budget, ``recompute`` and ``capuchin`` plan at their least footprint: every candidate
+region that frees memory, the rest at the least peak their actions reach.
+
+Example:
+    >>> import torch
+    >>> from cswap.budget import MemoryBudget
+    >>> from cswap.trace import TensorRecord, Trace
+    >>> from cswap.recompute_facts import profile_regions
+    >>> model = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64)),
+    ...                             torch.nn.Linear(64, 2))
+    >>> x = torch.randn(4, 8)
+    >>> profile = profile_regions(model, lambda: model(x).sum().backward())
+    >>> recs = tuple(TensorRecord(key=s.key, shape=s.shape, dtype=s.dtype, nbytes=s.storage_bytes, sparsity=0.0,
+    ...              offloadable=s.movable, pack_at_s=0.1 * s.key, unpack_at_s=2.0 - 0.1 * s.key) for s in profile.saves)
+    >>> trace = Trace(tensors=recs, d2h_gbps=10.0, h2d_gbps=10.0, forward_s=1.0, backward_s=1.0)
+    >>> chosen = plan_regions(trace, profile, "recompute", MemoryBudget(fraction=0.7), NO_CODEC, "cpu", 0, epoch=0)
+    >>> chosen.error is None, chosen.plan.counts()["recompute"] > 0, chosen.budget_bytes
+    (True, True, 2956)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any
+
+import torch
+
+from cswap.budget import BudgetError, MemoryBudget
+from cswap.budgetplan import FALLBACK_ACTIONS, NO_CODEC, PASSIVE_ACTION, SPARSITY_MARGIN, plan_from_budget
+from cswap.costmodel import TimeModel
+from cswap.plan import Action, Decision, LaunchCache, Plan
+from cswap.planner import BudgetPlan, PlanningProblem, minimum_bytes, plan_budget, problem_from_trace
+from cswap.recompute import nested_pair
+from cswap.recompute_facts import RegionProfile
+from cswap.trace import Trace
+
+__all__ = ["BASE_POLICIES", "NO_CODEC", "TIME_TRIALS", "RegionPlan", "plan_regions"]
+
+#: Per recomputing policy, the policy whose actions plan the tensors no region frees.
+BASE_POLICIES: Mapping[str, str] = MappingProxyType({"recompute": "none", "capuchin": "capuchin", "cswap": "cswap"})
+
+#: How many more candidate regions ``capuchin`` and ``cswap`` try for time once the budget is met.
+TIME_TRIALS = 4
+
+
+@dataclass(frozen=True)
+class RegionPlan:
+    """The runtime's plan with recompute regions.
+
+    Attributes:
+        plan: the executor's plan (keyed by the ordinals with ``plan.recompute_regions`` enabled).
+        budget_bytes: the budget in bytes (without a budget: the least footprint planned at).
+        error: the :class:`~cswap.budget.BudgetError` to raise when the budget cannot be met.
+        region_keys: per enabled region, the profiled keys it drops and rebuilds.
+    """
+
+    plan: Plan
+    budget_bytes: int
+    error: BudgetError | None = None
+    region_keys: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+
+
+class _Planning:
+    """Problems and least budgets per set of enabled regions, each built once."""
+
+    def __init__(self, trace: Trace, profile: RegionProfile, base: str, time_model: TimeModel, backend: str, min_bytes: int) -> None:
+        self.trace = trace
+        self.profile = profile
+        self.base = base
+        self.time_model = time_model
+        self.backend = backend
+        self.min_bytes = min_bytes
+        self._storages = {s.key: s.storage for s in profile.saves}
+        self._memo: dict[tuple[str, ...], tuple[Trace, PlanningProblem, int]] = {}
+
+    def freed(self, regions: tuple[str, ...]) -> frozenset[int]:
+        return frozenset(self.profile.freed_keys(regions)) if regions else frozenset()
+
+    def extra_bytes(self, regions: tuple[str, ...]) -> int:
+        """Bytes of region inputs no profiled tensor shares: held for the whole iteration."""
+        known = set(self._storages.values())
+        extra: dict[int, int] = {}
+        for pack in self.profile.sequence(regions):
+            if pack.key is None:
+                for inp in self.profile.calls[pack.call].inputs:  # type: ignore[index]
+                    if inp.name == pack.input and not inp.keyword and inp.movable and inp.storage not in known:
+                        extra[inp.storage] = inp.storage_bytes
+        return sum(extra.values())
+
+    def problem(self, regions: tuple[str, ...]) -> tuple[Trace, PlanningProblem, int]:
+        """The profile without the tensors ``regions`` free, its problem, and the extra held bytes."""
+        if regions not in self._memo:
+            freed = self.freed(regions)
+            trace = replace(self.trace, tensors=tuple(replace(r, offloadable=False) if r.key in freed else r for r in self.trace.tensors))
+            problem = problem_from_trace(trace, self.time_model, self.backend, min_bytes=self.min_bytes, sparsity_margin=SPARSITY_MARGIN)
+            self._memo[regions] = (trace, problem, self.extra_bytes(regions))
+        return self._memo[regions]
+
+    def least(self, regions: tuple[str, ...]) -> int:
+        _, problem, extra = self.problem(regions)
+        return minimum_bytes(problem, self.base) + extra
+
+    def solve(self, regions: tuple[str, ...], budget_bytes: int) -> BudgetPlan | None:
+        _, problem, extra = self.problem(regions)
+        if budget_bytes - extra <= 0:
+            return None
+        try:
+            return plan_budget(problem, self.base, budget_bytes - extra)
+        except BudgetError:
+            return None
+
+    def seconds(self, regions: tuple[str, ...], planned: BudgetPlan) -> float:
+        return planned.predicted_s + sum(self.profile.regions[p].forward_s for p in regions)
+
+
+def _candidates(profile: RegionProfile, by_time: bool = True) -> list[str]:
+    """Regions that free memory alone: best bytes per forward second first (``by_time``), or most
+    bytes first (an order no timing noise changes)."""
+    grad_paths = {c.path for c in profile.calls if c.grad_enabled}
+    chosen = [p for p in profile.candidates if p in grad_paths and profile.regions[p].freed_bytes > 0]
+
+    def rank(path: str) -> tuple[float, int, str]:
+        facts = profile.regions[path]
+        per_second = facts.freed_bytes / facts.forward_s if facts.forward_s > 0 else float("inf")
+        return (-per_second if by_time else 0.0, -facts.freed_bytes, path)
+
+    return sorted(chosen, key=rank)
+
+
+def _addable(planning: _Planning, regions: tuple[str, ...], path: str) -> tuple[str, ...] | None:
+    """``regions`` with ``path`` added, or ``None`` when it nests with one or frees nothing more."""
+    if nested_pair((*regions, path)) is not None:
+        return None
+    grown = tuple(sorted((*regions, path)))
+    profile = planning.profile
+    if regions and profile.freed_bytes(grown) <= profile.freed_bytes(regions):
+        return None
+    return grown
+
+
+def _grow(planning: _Planning, order: list[str], target: int) -> tuple[tuple[str, ...], list[str]]:
+    """Regions added in ``order`` while the rest cannot meet ``target``; and the candidates not tried."""
+    regions: tuple[str, ...] = ()
+    for i, path in enumerate(order):
+        if planning.least(regions) <= target:
+            return regions, order[i:]
+        grown = _addable(planning, regions, path)
+        if grown is not None:
+            regions = grown
+    return regions, []
+
+
+def _least_footprint(planning: _Planning) -> tuple[str, ...]:
+    """Every candidate that frees more, most bytes first: the policy's least footprint, chosen from
+    sizes alone so that a run at the budget it gives chooses the same."""
+    return _grow(planning, _candidates(planning.profile, by_time=False), 0)[0]
+
+
+def _choose(planning: _Planning, budget_bytes: int, time_trials: int) -> tuple[str, ...]:
+    """The regions to enable within ``budget_bytes`` (module docstring, part 1)."""
+    regions, rest = _grow(planning, _candidates(planning.profile), budget_bytes)
+    if planning.least(regions) > budget_bytes:
+        return _least_footprint(planning)  # another nesting choice fits where this one did not
+    best = planning.solve(regions, budget_bytes)
+    if best is None:
+        return regions
+    best_s = planning.seconds(regions, best)
+    for path in rest:
+        if time_trials <= 0:
+            break
+        grown = _addable(planning, regions, path)
+        if grown is None:
+            continue
+        time_trials -= 1
+        trial = planning.solve(grown, budget_bytes)
+        if trial is not None and planning.seconds(grown, trial) < best_s:
+            regions, best_s = grown, planning.seconds(grown, trial)
+    return regions
+
+
+def _compact_bytes(shape: tuple[int, ...], dtype: str) -> int:
+    itemsize = getattr(torch, dtype).itemsize
+    return math.prod(shape) * itemsize
+
+
+def _rekeyed(plan: Plan, profile: RegionProfile, regions: tuple[str, ...], freed: frozenset[int]) -> tuple[Plan, dict[str, tuple[int, ...]]]:
+    """``plan`` (keyed by profiled keys) keyed by the pack ordinals with ``regions`` enabled."""
+    storage_key: dict[int, int] = {}
+    for s in profile.saves:
+        if s.key not in freed:
+            storage_key.setdefault(s.storage, s.key)
+    decisions: dict[int, Decision] = {}
+    expected: dict[int, int] = {}
+    ordinal_of: dict[int, int] = {}
+    for ordinal, pack in enumerate(profile.sequence(regions)):
+        source = pack.key
+        if source is not None:
+            decision = replace(plan.decisions[source], key=ordinal)
+        else:
+            inp = next(i for i in profile.calls[pack.call].inputs if i.name == pack.input and not i.keyword)  # type: ignore[index]
+            shape_facts = dict(key=ordinal, shape=inp.shape, dtype=inp.dtype, nbytes=_compact_bytes(inp.shape, inp.dtype), module=f"{pack.region or 'model'} (input)")
+            source = storage_key.get(inp.storage)
+            if source is not None and source in plan.decisions:
+                decision = replace(plan.decisions[source], **shape_facts,
+                                   reason=f"input {pack.input} of recompute region {pack.region!r}, as key {source}: {plan.decisions[source].reason}")
+            else:
+                decision = Decision(**shape_facts, sparsity=0.0, action=Action.KEEP,
+                                    reason=f"input {pack.input} of recompute region {pack.region!r}: held for its recomputation")
+        decisions[ordinal] = decision
+        if source is not None:
+            ordinal_of.setdefault(source, ordinal)
+            if source in plan.expected_bytes:
+                expected[ordinal] = plan.expected_bytes[source]
+    region_keys: dict[str, tuple[int, ...]] = {}
+    recomputed: dict[int, Decision] = {}
+    for path in regions:
+        facts = profile.regions[path]
+        mine = tuple(k for k in facts.keys if k in freed)
+        region_keys[path] = mine
+        for key in mine:
+            base = plan.decisions[key]
+            recomputed[key] = replace(base, action=Action.RECOMPUTE, predicted_s=None, slack_bytes=None, compress_launch=None,
+                                      decompress_launch=None, compressed_nbytes=None,
+                                      reason=f"recomputed by region {path!r} ({facts.forward_s * 1e3:.3f} ms of forward again)")
+    unpack_order = tuple(dict.fromkeys(ordinal_of[k] for k in plan.unpack_order if k in ordinal_of))
+    rekeyed = replace(plan, decisions=decisions, expected_bytes=expected, unpack_order=unpack_order,
+                      recompute_regions=regions, recomputed=recomputed)
+    return rekeyed, region_keys
+
+
+def plan_regions(
+    trace: Trace,
+    profile: RegionProfile,
+    policy: str,
+    budget: MemoryBudget | None,
+    time_model: TimeModel,
+    backend: str,
+    min_bytes: int,
+    epoch: int,
+    launches: LaunchCache | None = None,
+    profiled_peak_bytes: int = 0,
+    time_trials: int = TIME_TRIALS,
+) -> RegionPlan:
+    """The plan of recomputing ``policy`` from a profiling iteration (module docstring).
+
+    Args:
+        trace: the profile of saved tensors (keys are the outer pack ordinals, as in ``profile``).
+        profile: the same iteration's recompute regions (:class:`~cswap.recompute_facts.RegionTracer`).
+        policy: ``recompute``, ``capuchin`` or ``cswap``.
+        budget: the memory budget (a fraction resolves against policy ``none``'s peak), or ``None``.
+        time_model: predicts codec seconds.
+        backend: the codec backend.
+        min_bytes: tensors below this are only kept.
+        epoch: the epoch the plan is for.
+        launches: the codec launch configs.
+        profiled_peak_bytes: the resident peak of the profiling iteration (the least budget is at least this).
+        time_trials: candidate regions tried for time once the budget is met (``capuchin``, ``cswap``).
+
+    Raises:
+        ValueError: ``policy`` does not recompute.
+    """
+    if policy not in BASE_POLICIES:
+        raise ValueError(f"policy {policy!r} does not recompute: choose one of {', '.join(BASE_POLICIES)}")
+    launches = launches if launches is not None else LaunchCache(backend, None)
+    planning = _Planning(trace, profile, BASE_POLICIES[policy], time_model, backend, min_bytes)
+    _, full, _ = planning.problem(())
+    budget_bytes: int | None = None
+    if budget is not None:
+        budget_bytes = budget.resolve(max(minimum_bytes(full, "none"), 1)) if budget.relative else budget.resolve()
+    smallest = _least_footprint(planning)
+    smallest_bytes = max(planning.least(smallest), 1)
+    least = max(smallest_bytes, profiled_peak_bytes)  # a run at a budget profiles first, within it
+    if budget_bytes is None:
+        regions, target, least = smallest, smallest_bytes, smallest_bytes
+    elif budget_bytes < least:
+        regions, target = smallest, budget_bytes
+    else:
+        regions, target = _choose(planning, budget_bytes, time_trials if policy != "recompute" else 0), budget_bytes
+    held_trace, problem, extra = planning.problem(regions)
+    rules: dict[str, Any] = dict(policy=policy, epoch=epoch, min_bytes=min_bytes, launches=launches, budget_bytes=target,
+                                 fallback_action=FALLBACK_ACTIONS[policy], d2h_gbps=trace.d2h_gbps, h2d_gbps=trace.h2d_gbps)
+    planned = planning.solve(regions, target)
+    if target < least or planned is None:
+        reason = f"budget {target:,d} B below this policy's least {least:,d} B: {PASSIVE_ACTION.value} (passive)"
+        plan = Plan(**rules, default_action=PASSIVE_ACTION, prefetch_bytes=0, default_reason=reason)
+        return RegionPlan(plan, target, BudgetError(least, policy, target))
+    plan = plan_from_budget(held_trace, problem, planned, rules, PASSIVE_ACTION if rules["fallback_action"] else Action.KEEP, least)
+    if extra:
+        plan = replace(plan, planner=MappingProxyType({**plan.planner, "region_input_bytes": extra}))
+    if not regions:
+        return RegionPlan(plan, target)
+    plan, region_keys = _rekeyed(plan, profile, regions, planning.freed(regions))
+    return RegionPlan(plan, target, None, MappingProxyType(region_keys))
+

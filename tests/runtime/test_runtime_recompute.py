@@ -1,0 +1,201 @@
+"""The runtime's fifth action: policies ``recompute`` and ``capuchin``, and ``cswap`` with recompute
+under a budget, on a CNN with dropout and batch norm and on HF GPT-2 and BERT with dropout.
+
+Every case trains next to plain PyTorch and compares every iteration's gradients and the final
+``state_dict`` (batch-norm statistics included) byte for byte; the plan's numbering of the packs
+with regions enabled is checked against the packs a real run makes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import cswap
+from cswap.budget import MemoryBudget
+from cswap.plan import Action
+from cswap.recompute import RecomputeRegions, nested_pair
+from cswap.recompute_facts import profile_regions
+from cswap.regionplan import NO_CODEC, plan_regions
+from cswap.trace import TensorRecord, Trace
+from tests.runtime.helpers import assert_bit_equal, batches, runtime_for, train
+from tests.runtime.test_recompute import IDS, MASK, SmallCNN, bert, gpt2
+
+#: A link so slow that recomputing a region costs less than moving its bytes.
+CRAWLING_LINK = {"d2h_gbps": 1e-5, "h2d_gbps": 1e-5}
+
+CNN_BATCHES = batches(4, (4, 3, 8, 8), 10)
+HF_BATCHES = [(IDS, IDS)] * 3
+
+
+class LanguageModel(nn.Module):
+    """An HF model whose forward returns its masked-LM loss (no KV cache: training recomputes blocks)."""
+
+    def __init__(self, hf: nn.Module) -> None:
+        super().__init__()
+        self.hf = hf
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.hf(ids, attention_mask=MASK, labels=ids, use_cache=False).loss
+
+
+def _loss_is_output(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return output
+
+
+MODELS: dict[str, tuple[Callable[[], nn.Module], Any, Any]] = {
+    "cnn": (SmallCNN, CNN_BATCHES, nn.functional.cross_entropy),
+    "gpt2": (lambda: LanguageModel(gpt2()), HF_BATCHES, _loss_is_output),
+    "bert": (lambda: LanguageModel(bert()), HF_BATCHES, _loss_is_output),
+}
+
+#: (policy, budget as a fraction of none's peak or None, link)
+CASES = [
+    ("recompute", None, {}),
+    ("recompute", 0.5, {}),
+    ("capuchin", 0.5, CRAWLING_LINK),
+    ("cswap", 0.5, CRAWLING_LINK),
+]
+
+
+@pytest.fixture(scope="module")
+def references() -> dict[str, tuple[list[list[torch.Tensor]], dict[str, torch.Tensor]]]:
+    """Per model, plain PyTorch's gradients of every iteration and its final state."""
+    found = {}
+    for name, (build, data, loss_fn) in MODELS.items():
+        trained: list[nn.Module] = []
+        grads, _ = train(build, data, 1, loss_fn=loss_fn, trained=trained)
+        found[name] = (grads, trained[0].state_dict())
+    return found
+
+
+def _train(name: str, policy: str, budget: Any, link: dict[str, float]) -> tuple[list[list[torch.Tensor]], cswap.Runtime]:
+    build, data, loss_fn = MODELS[name]
+    options = dict(link)
+    if budget is not None:
+        options["memory_budget"] = budget
+    return train(build, data, 1, runtime_for(policy, **options), loss_fn=loss_fn)
+
+
+def _assert_same_as_plain(reference: Any, grads: list[list[torch.Tensor]], rt: cswap.Runtime) -> None:
+    plain_grads, plain_state = reference
+    assert_bit_equal([g for it in plain_grads for g in it], [g for it in grads for g in it], "gradient")
+    state = rt.options.model.state_dict()
+    assert list(state) == list(plain_state)
+    assert_bit_equal(list(plain_state.values()), list(state.values()), "state_dict entry")
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize(("policy", "fraction", "link"), CASES, ids=[f"{p}-{f}" for p, f, _ in CASES])
+def test_recomputing_policies_train_bit_identically(name: str, policy: str, fraction: float | None, link: dict[str, float],
+                                                    references: Any) -> None:
+    try:
+        grads, rt = _train(name, policy, fraction, link)
+    except cswap.BudgetError as error:
+        assert error.policy == policy and error.minimum_bytes > error.budget_bytes
+        # the least it says is honest: a run at it holds
+        grads, rt = _train(name, policy, error.minimum_bytes, link)
+    _assert_same_as_plain(references[name], grads, rt)
+    stats, plan = rt.stats(), rt.plan()
+    planned_iterations = stats.iterations - stats.profiled_iterations
+    # every planned iteration rebuilt every tensor the plan drops, and packed nothing it did not know
+    assert plan.recompute_regions and nested_pair(plan.recompute_regions) is None
+    assert stats.actions["recompute"] == planned_iterations * len(plan.recomputed) > 0
+    assert plan.counts()["recompute"] == len(plan.recomputed)
+    assert all(d.action is Action.RECOMPUTE for d in plan.recomputed.values())
+    assert stats.unknown_keys == 0
+    if stats.budget_bytes is not None:
+        assert stats.peak_resident_bytes <= stats.budget_bytes
+
+
+def test_without_a_budget_recompute_plans_its_least_footprint() -> None:
+    _, keep = train(SmallCNN, CNN_BATCHES, 1, runtime_for("none"))
+    _, recompute = train(SmallCNN, CNN_BATCHES, 1, runtime_for("recompute"))
+    stats = recompute.stats()
+    assert stats.budget_bytes is None and stats.actions["recompute"] > 0
+    assert recompute.plan().budget_bytes == recompute.plan().planner["minimum_bytes"]
+    # the last iteration followed the plan: it held less than keeping everything
+    assert stats.iteration_peak_resident_bytes < keep.stats().iteration_peak_resident_bytes
+
+
+def test_a_recomputing_policy_needs_the_model() -> None:
+    with pytest.raises(ValueError, match=r"needs the model: cswap.Runtime\(policy='capuchin', model=model\)"):
+        cswap.Runtime("capuchin", device="cpu")
+
+
+def test_cswap_without_a_model_plans_no_recompute() -> None:
+    rt = cswap.Runtime("cswap", device="cpu", memory_budget="1MiB")
+    assert not rt.recomputes
+
+
+@pytest.mark.parametrize("policy", ["recompute", "capuchin"])
+def test_profiling_under_a_budget_swaps_every_tensor_as_capuchins_passive_mode(policy: str) -> None:
+    _, none = train(SmallCNN, CNN_BATCHES[:1], 1, runtime_for("none"))
+    budget = none.stats().peak_resident_bytes * 3 // 4
+    _, rt = train(SmallCNN, CNN_BATCHES[:1], 1, runtime_for(policy, memory_budget=budget))
+    stats = rt.stats()
+    assert stats.profiled_iterations == stats.iterations == 1
+    assert stats.actions["swap"] == stats.packed_tensors - stats.deduplicated_tensors - stats.never_moved_tensors > 0
+    assert stats.actions["keep"] == 0 and stats.peak_resident_bytes <= budget
+
+
+def _trace_of(profile: Any) -> Trace:
+    records = tuple(
+        TensorRecord(key=s.key, shape=s.shape, dtype=s.dtype, nbytes=s.storage_bytes, sparsity=0.0, offloadable=s.movable,
+                     pack_at_s=0.01 * s.key, unpack_at_s=2.0 - 0.01 * s.key)
+        for s in profile.saves
+    )
+    return Trace(tensors=records, d2h_gbps=10.0, h2d_gbps=10.0, forward_s=1.0, backward_s=1.0)
+
+
+@pytest.mark.parametrize("fraction", [None, 0.6, 0.3])
+def test_the_plan_numbers_packs_as_a_run_with_its_regions_makes_them(fraction: float | None) -> None:
+    torch.manual_seed(0)
+    model = SmallCNN()
+    x, y = CNN_BATCHES[0]
+    regions = RecomputeRegions(model)
+
+    def step() -> None:
+        nn.functional.cross_entropy(model(x), y).backward()
+
+    profile = profile_regions(model, step)
+    budget = None if fraction is None else MemoryBudget(fraction=fraction)
+    chosen = plan_regions(_trace_of(profile), profile, "recompute", budget, NO_CODEC, "cpu", 0, epoch=0)
+    if chosen.error is not None:
+        chosen = plan_regions(_trace_of(profile), profile, "recompute", MemoryBudget(nbytes=chosen.error.minimum_bytes), NO_CODEC, "cpu", 0,
+                              epoch=0)
+    plan = chosen.plan
+    assert chosen.error is None and plan.recompute_regions
+    seen: list[tuple[tuple[int, ...], str]] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        seen.append((tuple(t.shape), str(t.dtype).removeprefix("torch.")))
+        return t
+
+    regions.enable(plan.recompute_regions)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        step()
+    assert sorted(plan.decisions) == list(range(len(seen)))
+    assert [(d.shape, d.dtype) for d in plan.decisions.values()] == seen
+    dropped = {k for keys in chosen.region_keys.values() for k in keys}
+    assert dropped == set(plan.recomputed)
+    assert set(plan.unpack_order) <= set(plan.decisions)
+
+
+def test_plan_regions_refuses_a_policy_that_does_not_recompute() -> None:
+    with pytest.raises(ValueError, match="does not recompute: choose one of recompute, capuchin, cswap"):
+        plan_regions(Trace(tensors=()), None, "swap", None, NO_CODEC, "cpu", 0, epoch=0)  # type: ignore[arg-type]
+
+
+def test_plan_printout_and_dict_list_the_recomputed_tensors() -> None:
+    _, rt = train(SmallCNN, CNN_BATCHES[:2], 1, runtime_for("recompute"))
+    plan = rt.plan()
+    text = str(plan)
+    assert "recompute regions: " in text and text.count("recomputed by region") == len(plan.recomputed)
+    data = plan.to_dict()
+    assert data["recompute_regions"] == list(plan.recompute_regions)
+    assert [d["key"] for d in data["recomputed"]] == sorted(plan.recomputed)
