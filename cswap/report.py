@@ -75,6 +75,7 @@ _ACTIONS = ("keep", "swap", "zvc-swap", "zvc-keep")
 _LEGEND = ("epoch 1 is the first; mean loss: over the epoch's batches; offloaded: bytes moved to host memory "
            "in that epoch; ratio: bytes in / bytes out of compression; k/s/zs/zk: saved tensors kept, swapped, "
            "compressed and swapped (zvc-swap), compressed and kept (zvc-keep)")
+_RECOMPUTE_LEGEND = "; r: dropped and rebuilt by recomputing their module"
 
 
 def summarize(report: Mapping[str, Any], console: Console) -> None:
@@ -88,9 +89,14 @@ def summarize(report: Mapping[str, Any], console: Console) -> None:
         >>> "mean loss" in out.file.getvalue() and "…" not in out.file.getvalue()
         True
     """
-    table = Table(title=escape(f"{report['model']} under policy {report['policy']}"), caption=escape(_LEGEND),
+    # the recompute count only where something was recomputed: the table stays within 80 columns otherwise
+    recomputed = any(epoch.get("decisions", {}).get("recompute", 0) for epoch in report["epochs"])
+    actions = (*_ACTIONS, "recompute") if recomputed else _ACTIONS
+    legend = _LEGEND + (_RECOMPUTE_LEGEND if recomputed else "")
+    table = Table(title=escape(f"{report['model']} under policy {report['policy']}"), caption=escape(legend),
                   box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True, caption_justify="left")
-    for column in ("epoch", "mean loss", "accuracy", "samples/s", "peak memory", "offloaded", "ratio", "k/s/zs/zk"):
+    counts = "k/s/zs/zk/r" if recomputed else "k/s/zs/zk"
+    for column in ("epoch", "mean loss", "accuracy", "samples/s", "peak memory", "offloaded", "ratio", counts):
         # fold, never "…": a narrow terminal or a log gets a taller table, not a cut figure
         table.add_column(column, justify="right", overflow="fold")
     for epoch in report["epochs"]:
@@ -105,6 +111,6 @@ def summarize(report: Mapping[str, Any], console: Console) -> None:
             format_bytes(epoch["peak_memory_bytes"]),
             format_bytes(epoch.get("offloaded_bytes", 0)),
             f"{ratio:.2f}x",
-            "/".join(str(decisions.get(a, 0)) for a in _ACTIONS),
+            "/".join(str(decisions.get(a, 0)) for a in actions),
         )
     console.print(table)

@@ -41,7 +41,7 @@ from cswap.paths import shipped_configs_dir
 from cswap.plan import DEFAULT_ACTIONS, POLICY_REASONS, Action, LaunchCache, Plan
 from cswap.profiler import Profiler
 from cswap.recompute import RecomputeRegions
-from cswap.recompute_facts import RegionTracer
+from cswap.recompute_facts import RegionProfile, RegionTracer
 from cswap.regionplan import plan_regions
 from cswap.stats import EpochStats, RuntimeStats
 from cswap.trace import Trace
@@ -53,6 +53,14 @@ __all__ = ["EpochStats", "Runtime", "RuntimeStats"]
 _DEFAULTS = file_defaults(shipped_configs_dir() / "default.yaml")
 
 _EPOCH_FIELDS = ("packed_tensors", "offloaded_bytes", "transferred_bytes", "compressed_input_bytes", "compressed_bytes")
+
+
+def _with_recompute_seconds(trace: Trace, profile: RegionProfile) -> Trace:
+    """``trace`` with each record's ``recompute_s``: the forward seconds of the innermost module call
+    that saved it (what recomputing its producer costs; the simulator and planner price it)."""
+    calls = profile.calls
+    innermost = {s.key: calls[s.calls[-1]].forward_s for s in profile.saves if s.calls}
+    return replace(trace, tensors=tuple(replace(r, recompute_s=innermost.get(r.key, r.recompute_s)) for r in trace.tensors))
 
 
 class Runtime:
@@ -385,6 +393,7 @@ class Runtime:
         profiled_peak = self._executor.snapshot().epoch_peak_resident_bytes
         if tracer is not None:
             profile = tracer.profile()
+            trace = _with_recompute_seconds(trace, profile)
             regions = self._recompute_regions()
             regions.mark_ineligible(profile.ineligible)
             time_model = self._codec_time_model() if self.policy == "cswap" else NO_CODEC

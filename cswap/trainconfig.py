@@ -31,7 +31,7 @@ from cswap.paths import shipped_configs_dir
 
 __all__ = ["RecipeError", "TrainConfig", "check_service_url", "load_config", "recipe_path", "shipped_recipes"]
 
-Policy = Literal["none", "swap", "compress-swap", "cswap", "compress-keep"]
+Policy = Literal["none", "swap", "compress-swap", "cswap", "compress-keep", "recompute", "capuchin"]
 TuneMode = Literal["off", "cached", "bo", "grid", "random"]
 
 

@@ -54,7 +54,9 @@ def register(app: typer.Typer) -> None:
                 extra = {k: v for k, v in outcome.to_dict().items() if k not in ("model", "memory_limit_bytes", "max_batch")}
             else:
                 if chosen == ["all"]:
-                    chosen = ["none", "swap", "compress-swap", "cswap", "compress-keep"]
+                    from cswap.options import POLICIES
+
+                    chosen = list(POLICIES)
                 result = max_batch(model, chosen, memory_limit_bytes=limit, resolution=resolution)
                 extra = {"method": "measured"}
         except (ValueError, RuntimeError) as error:

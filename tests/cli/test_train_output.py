@@ -41,6 +41,19 @@ def test_summary_fits_80_columns_uncut_with_1_based_epochs_and_a_legend(big: boo
     assert [row[0] for row in rows] == ["1", "2"]
 
 
+@pytest.mark.parametrize("recomputed", [0, 7])
+def test_summary_counts_recomputed_tensors_only_where_there_are_some(recomputed: int) -> None:
+    decisions = {"keep": 12, "swap": 123, "zvc-swap": 45, "zvc-keep": 6, "recompute": recomputed}
+    console = Console(file=io.StringIO(), width=80)
+    summarize({"model": "vgg16", "policy": "cswap", "epochs": [_epoch(0, decisions=decisions)]}, console)
+    text = console.file.getvalue()
+    assert "…" not in text and all(len(line) <= 80 for line in text.splitlines())
+    flat = " ".join(text.split())
+    assert ("k/s/zs/zk/r" in flat and "r: dropped and rebuilt" in flat) == bool(recomputed)
+    # the counts may fold onto a second line (never cut): read the cell's lines together
+    assert ("12/123/45/6/7" in "".join(flat.split())) == bool(recomputed) and "12/123/45/6" in flat
+
+
 def test_progress_lines_fit_80_columns_uncut_and_are_labelled() -> None:
     console = Console(file=io.StringIO(), width=80, force_terminal=False)
     with EpochProgress(console, enabled=True, epochs=2, steps=3) as bars:

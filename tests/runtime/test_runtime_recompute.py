@@ -122,6 +122,12 @@ def test_without_a_budget_recompute_plans_its_least_footprint() -> None:
     assert stats.iteration_peak_resident_bytes < keep.stats().iteration_peak_resident_bytes
 
 
+def test_the_profile_prices_recomputing_each_tensor_by_its_module_forward() -> None:
+    _, rt = train(SmallCNN, CNN_BATCHES[:1], 1, runtime_for("recompute"))
+    records = [r for r in rt.trace().tensors if r.offloadable]
+    assert records and all(r.recompute_s is not None and r.recompute_s > 0 for r in records if r.module)
+
+
 def test_a_recomputing_policy_needs_the_model() -> None:
     with pytest.raises(ValueError, match=r"needs the model: cswap.Runtime\(policy='capuchin', model=model\)"):
         cswap.Runtime("capuchin", device="cpu")
