@@ -119,7 +119,7 @@ class Advisor:
         duplicates: Mapping[str, int] = trace.meta.get("duplicates", {})
         for record in trace.tensors:
             base = dict(key=record.key, shape=tuple(record.shape), dtype=record.dtype, nbytes=record.nbytes, sparsity=record.sparsity,
-                        module=record.module)
+                        module=record.module, encoded_dtype=record.narrow_dtype)
             first = duplicates.get(str(record.key))
             if first is not None and first in decisions:
                 # Stored once with its first pack; should it ever not be a duplicate, treat it alike.

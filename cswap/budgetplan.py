@@ -117,7 +117,7 @@ def _decisions(
     host_bytes = 0
     for record in trace.tensors:
         base: dict[str, Any] = dict(key=record.key, shape=tuple(record.shape), dtype=record.dtype, nbytes=record.nbytes,
-                                    sparsity=record.sparsity, module=record.module)
+                                    sparsity=record.sparsity, module=record.module, encoded_dtype=record.narrow_dtype)
         first = duplicates.get(str(record.key))
         tensor = chosen.get(record.key)
         if first is not None and first in decisions:

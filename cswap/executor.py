@@ -27,6 +27,13 @@ grown only between iterations. During backward, each unpack prefetches the next 
 in the profiled unpack order, up to ``prefetch_bytes`` fetched ahead. On CPU the same code runs
 without streams: swapping copies into the (unpinned) arena, compression uses the ``cpu`` backend.
 
+On a GPU the host never waits for a compression in pack: it is written into a workspace sized by
+numel (:func:`cswap.codecs.encode_unsized`) and its size is read back asynchronously; a later hook
+that finds it arrived cuts a ``zvc-keep`` tensor to its exact bytes or copies exactly the
+compressed bytes of a ``zvc-swap`` one to the host. Only the budget's back-pressure (the oldest copy
+or compression), an unpack that needs the data and a stats call wait for one (``defer_sizes``;
+profiling iterations, which read their trace back anyway, encode exactly).
+
 The executor decides nothing: for every pack it states the facts (key, shape, dtype, compact bytes,
 whether the tensor may move at all, whether its data is already stored) and carries out the
 :class:`~cswap.plan.Decision` that :meth:`cswap.plan.Plan.resolve` returns, launch configs included.
@@ -35,6 +42,7 @@ then ZVC) and its inverse (:func:`cswap.codecs.decode`).
 
 Resident bytes (:attr:`Counters.resident_bytes`) count what the saved-tensor machinery holds on the
 device: kept tensors at their compact size, compress-keep tensors at their compressed size,
+compressions whose size is not read back yet at their workspace plus their source,
 sources of device-to-host copies not yet finished (GPU only; CPU copies finish inside pack), and
 tensors rebuilt for backward from the moment they are fetched (or prefetched) until their storage
 is freed. Parameters and buffers are not counted. The counts are updated at every hook call, so
@@ -56,6 +64,7 @@ Example:
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import threading
 import time
@@ -69,9 +78,10 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from cswap.arena import ArenaBlock, HostArena, aligned
-from cswap.codecs import decode, encode, value_range
+from cswap.codecs import NarrowingMissed, Unsized, decode, encode, encode_unsized, value_range
 from cswap.codecs.format import Packed
 from cswap.layout import Layout
+from cswap.pending import ReadbackSlots
 from cswap.plan import Action, Decision, Plan
 from cswap.profiler import Profiler
 
@@ -169,6 +179,8 @@ class _Stored:
         "unpacked",
         "decompress_launch",
         "storage_ref",
+        "unsized",
+        "source",
         "_sink",
         "__weakref__",
     )
@@ -190,6 +202,8 @@ class _Stored:
         self.unpacked = False
         self.decompress_launch: Any = None
         self.storage_ref: StorageWeakRef | None = None
+        self.unsized: Unsized | None = None  # compressed, its size not read back yet
+        self.source: torch.Tensor | None = None  # what it was compressed from, until then
         self._sink = sink
 
     def __del__(self) -> None:
@@ -237,9 +251,11 @@ class Executor:
         backend: the ZVC codec backend.
         prefetch_bytes: the most bytes of offloaded tensors fetched ahead of their unpack.
         arena_slack: extra host-arena room over the need, as a fraction.
+        defer_sizes: compress without waiting for the size (module docstring); default: on a GPU.
     """
 
-    def __init__(self, device: torch.device, backend: str, prefetch_bytes: int, arena_slack: float = 0.25) -> None:
+    def __init__(self, device: torch.device, backend: str, prefetch_bytes: int, arena_slack: float = 0.25,
+                 defer_sizes: bool | None = None) -> None:
         self.device = device
         self.backend = backend
         self.prefetch_bytes = prefetch_bytes
@@ -254,6 +270,10 @@ class Executor:
         self._inflight: list[tuple[Any, int]] = []
         self._handed_out: list[tuple[StorageWeakRef, int, int]] = []
         self._prefetched_bytes = 0
+        # Compressions whose size is read back later (module docstring), oldest first.
+        self.defer_sizes = self.cuda if defer_sizes is None else defer_sizes
+        self._unsized: collections.deque[_Stored] = collections.deque()
+        self._slots = ReadbackSlots(pin_memory=self.cuda) if self.defer_sizes else None
 
     # ------------------------------------------------------------------ iterations
 
@@ -296,6 +316,8 @@ class Executor:
     def snapshot(self) -> Counters:
         """A copy of the counters, after applying pending releases."""
         with self._lock:
+            while self._unsized:  # exact counts: waiting is fine outside the hooks
+                self._finish_unsized(self._unsized.popleft())
             self._drain()
             return replace(self.counters, actions=dict(self.counters.actions))
 
@@ -318,6 +340,8 @@ class Executor:
         were seen dead here (their lifetimes end at the last unpack before this hook).
         """
         counters = self.counters
+        while self._unsized and self._unsized[0].unsized.ready():  # type: ignore[union-attr]
+            self._finish_unsized(self._unsized.popleft())
         freed: list[int] = []
         while self._released:
             key, block, held, prefetched = self._released.popleft()
@@ -462,6 +486,12 @@ class Executor:
             zeros = self._zeros(flat, layout)
         compress_launch = decision.compress_launch
         stored.decompress_launch = decision.decompress_launch
+        if action.compresses and self.defer_sizes and not count_zeros and not decision.raw_unless_smaller:
+            self._store_unsized(stored, flat, decision)
+            counters.compressed_input_bytes += layout.nbytes
+            if action.offloads:
+                counters.offloaded_bytes += layout.nbytes
+            return stored, zeros
         side = self.side_stream
         if side is not None:
             # Captured here, outside the side stream's context: inside it, current_stream() is the side stream.
@@ -507,17 +537,98 @@ class Executor:
     def _wait_for_budget(self, budget_bytes: int | None) -> None:
         """Under a budget, wait for the oldest device-to-host copies while resident bytes pass it.
 
-        Only sources of copies in flight can be released by waiting (GPU); an event wait blocks
-        this thread until that copy finished, never the whole device.
+        Only sources of copies in flight, and compressions whose size is not read back yet, can
+        be released by waiting (GPU); an event wait blocks this thread until that copy or
+        compression finished, never the whole device.
         """
         if budget_bytes is None:
             return
         counters = self.counters
-        while self._inflight and counters.resident_bytes > budget_bytes:
-            event, nbytes = self._inflight.pop(0)
-            event.synchronize()
-            counters.resident_bytes -= nbytes
+        while counters.resident_bytes > budget_bytes:
+            if self._inflight:
+                event, nbytes = self._inflight.pop(0)
+                event.synchronize()
+                counters.resident_bytes -= nbytes
+            elif self._unsized:
+                self._finish_unsized(self._unsized.popleft())  # its bytes join the copies in flight
+            else:
+                return
             counters.budget_waits += 1
+
+    def _store_unsized(self, stored: _Stored, flat: torch.Tensor, decision: Decision) -> None:
+        """Compress ``flat`` without the host waiting for its size (:func:`cswap.codecs.encode_unsized`).
+
+        The workspace and the source stay resident until :meth:`_finish_unsized`, which a later
+        hook runs once the size has arrived (or the budget, an unpack or a stats call needs it).
+        """
+        assert self._slots is not None
+        slot = self._slots.take()
+        while slot is None:  # every readback slot in flight: finish the oldest compression
+            self._finish_unsized(self._unsized.popleft())
+            slot = self._slots.take()
+        narrow = getattr(torch, decision.encoded_dtype) if decision.encoded_dtype else None
+        with self._on_side_stream(flat):
+            with _torch_threads_kept():
+                stored.unsized = encode_unsized(flat, self.backend, decision.compress_launch, narrow, slot)
+        stored.source = flat
+        stored.held_bytes = stored.unsized.workspace_nbytes + stored.layout.nbytes
+        self.counters.add_resident(stored.held_bytes)
+        self._unsized.append(stored)
+
+    @contextmanager
+    def _on_side_stream(self, source: torch.Tensor | None = None) -> Iterator[None]:
+        """Run the block on the side stream after the compute stream's work so far (GPU); ``source``
+        is then protected until the side stream is done with it. On CPU the block just runs."""
+        side = self.side_stream
+        if side is None:
+            yield
+            return
+        # Captured here, outside the side stream's context: inside it, current_stream() is the side stream.
+        compute = torch.cuda.current_stream(self.device)
+        with torch.cuda.stream(side):
+            side.wait_stream(compute)
+            yield
+        if source is not None:
+            source.record_stream(side)
+
+    def _finish_unsized(self, stored: _Stored) -> None:
+        """Read back the size of ``stored``'s compression, then cut it to its exact bytes (``zvc-keep``)
+        or copy exactly those bytes to the host (``zvc-swap``)."""
+        unsized, source = stored.unsized, stored.source
+        assert unsized is not None and source is not None and self._slots is not None
+        stored.unsized = stored.source = None
+        counters = self.counters
+        side = self.side_stream
+        with contextlib.ExitStack() as stack:
+            if side is not None:
+                stack.enter_context(torch.cuda.stream(side))  # after the compression, in stream order
+            try:
+                packed = unsized.resolve(exact=stored.action is Action.ZVC_KEEP)
+            except NarrowingMissed:  # the profile's narrow width no longer holds: encode exactly
+                with _torch_threads_kept():
+                    packed = encode(source, backend=self.backend, launch=stored.decision.compress_launch)
+            self._slots.give(unsized.counts)
+            counters.compressed_bytes += packed.compressed_nbytes
+            if stored.action is Action.ZVC_SWAP:
+                self._copy_packed_to_host(stored, packed)
+                counters.transferred_bytes += packed.compressed_nbytes
+            else:
+                stored.packed = packed
+            event = None
+            if side is not None:
+                event = torch.cuda.Event()
+                event.record(side)
+        if stored.action is Action.ZVC_KEEP:
+            stored.ready = event
+            counters.add_resident(packed.compressed_nbytes - stored.held_bytes)
+            stored.held_bytes = packed.compressed_nbytes
+            return
+        # The workspace and the source are released once the copy to the host has finished.
+        if event is not None:
+            self._inflight.append((event, stored.held_bytes))
+        else:
+            counters.resident_bytes -= stored.held_bytes
+        stored.held_bytes = 0
 
     def _store_on_stream(self, stored: _Stored, flat: torch.Tensor, action: Action, launch: Any) -> None:
         """The copies and compression of one tensor, on the current stream."""
@@ -532,6 +643,10 @@ class Executor:
         if action is Action.ZVC_KEEP:
             stored.packed = packed
             return
+        self._copy_packed_to_host(stored, packed)
+
+    def _copy_packed_to_host(self, stored: _Stored, packed: Packed) -> None:
+        """Copy the three buffers of ``packed`` into one host block (on the current stream)."""
         parts = (packed.bitmap, packed.offsets, packed.values)
         sizes = [p.numel() * p.element_size() for p in parts]
         starts = [0, aligned(sizes[0]), aligned(sizes[0]) + aligned(sizes[1])]
@@ -539,7 +654,7 @@ class Executor:
         views = []
         for part, start, size in zip(parts, starts, sizes):
             view = host[start : start + size].view(part.dtype)
-            view.copy_(part, non_blocking=non_blocking)
+            view.copy_(part, non_blocking=self.cuda)
             views.append(view)
         stored.packed = replace(packed, bitmap=views[0], offsets=views[1], values=views[2])
 
@@ -610,6 +725,9 @@ class Executor:
 
     def _fetch(self, stored: _Stored) -> tuple[torch.Tensor, Any]:
         """Issue the rebuild of ``stored`` (on the side stream on a GPU); returns it and its ready event."""
+        if stored.unsized is not None:  # wanted back before its size was read: read it now
+            self._unsized.remove(stored)
+            self._finish_unsized(stored)
         side = self.side_stream
         if side is None:
             return self._rebuild(stored), None

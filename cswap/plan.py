@@ -184,6 +184,9 @@ class Decision:
             smallest-footprint action was taken instead.
         raw_unless_smaller: a ``zvc-keep`` that keeps the tensor raw when its encoding turns out no
             smaller (profiling under a budget, before sizes are known).
+        encoded_dtype: the narrower dtype the profile found an int64 tensor fits (``"int16"``), so
+            an encoding that does not wait for the device can narrow it the same way; ``None``
+            otherwise.
     """
 
     key: int
@@ -206,6 +209,7 @@ class Decision:
     slack_bytes: int | None = None
     budget_fallback: bool = False
     raw_unless_smaller: bool = False
+    encoded_dtype: str | None = None
 
     def matches(self, shape: tuple[int, ...], dtype: str, nbytes: int | None = None) -> bool:
         """Whether a tensor of ``shape``, ``dtype`` (and ``nbytes``, when given) passes this decision's guard."""

@@ -17,6 +17,7 @@ from cswap.codecs.format import (
     bits_dtype,
     zvc_compressed_nbytes,
 )
+from cswap.codecs.deferred import NarrowingMissed, Unsized, encode_unsized
 from cswap.codecs.encoding import Encoding, decode, encodable, encode, value_range
 from cswap.codecs.launch import CUDA_KERNELS, CpuLaunch, CudaLaunch, Launch, launch_from_params
 from cswap.codecs.narrow import NARROW_INTS, narrowest_int, narrowest_int_for_range
@@ -32,8 +33,10 @@ __all__ = [
     "Encoding",
     "Launch",
     "NARROW_INTS",
+    "NarrowingMissed",
     "Packed",
     "SUPPORTED_DTYPES",
+    "Unsized",
     "bits_dtype",
     "compress",
     "decode",
@@ -41,6 +44,7 @@ __all__ = [
     "default_backend",
     "encodable",
     "encode",
+    "encode_unsized",
     "launch_from_params",
     "narrowest_int",
     "narrowest_int_for_range",

@@ -63,6 +63,7 @@ __all__ = [
     "available",
     "check_launch",
     "compress_bits",
+    "compress_bits_unsized",
     "decompress_bits",
     "kernel_source_hash",
     "kernels",
@@ -438,6 +439,25 @@ def compress_bits(
     )
 
 
+def compress_bits_unsized(
+    flat_bits: torch.Tensor, chunk_words: int, launch: Launch | None, *, warp_intrinsics: bool | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """As :func:`compress_bits`, without waiting for the nonzero count: ``values`` is a workspace of
+    ``numel`` elements whose first ``offsets[-1]`` hold the nonzeros (the rest is not written).
+
+    Nothing here reads the device from the host: the kernels are queued on the current stream, and
+    the count stays in ``offsets[-1]`` for the caller to read back when it needs it
+    (:func:`cswap.codecs.deferred.encode_unsized`).
+    """
+    launch = check_launch(launch)
+    cuda_adapter.check_tensor(flat_bits, "tensor to compress")
+    flat_bits = flat_bits.detach().reshape(-1).contiguous()
+    warp_intrinsics = _variant(warp_intrinsics)
+    return _with_fallback(
+        launch, chunk_words, lambda chosen: _compress(flat_bits, chunk_words, chosen, warp_intrinsics, None, exact=False)
+    )
+
+
 def decompress_bits(
     packed: Packed, out_bits: torch.Tensor, launch: Launch | None, *, warp_intrinsics: bool | None = None
 ) -> None:
@@ -487,7 +507,7 @@ def _grid(requested: int, block: int, n_chunks: int) -> int:
 
 
 def _compress(
-    flat_bits: torch.Tensor, chunk_words: int, launch: CudaLaunch, warp_intrinsics: bool, out: Packed | None
+    flat_bits: torch.Tensor, chunk_words: int, launch: CudaLaunch, warp_intrinsics: bool, out: Packed | None, exact: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     numel = flat_bits.numel()
     device = flat_bits.device
@@ -504,6 +524,7 @@ def _compress(
     if numel == 0:
         offsets.zero_()
         return bitmap, offsets, buffer("values", 0, flat_bits.dtype)
+    # Without ``exact`` the values go to a workspace of numel elements, so nothing waits for the count.
     k = kernels(warp_intrinsics)
     with cuda_adapter.launcher(device) as run:
         x = cuda_adapter.as_array(flat_bits)
@@ -523,9 +544,12 @@ def _compress(
             offsets_array,
         )
         _scan(run, k, offsets, n_chunks, launch)
-        # The one synchronisation of a compress: values must be sized before the scatter fills it.
-        nnz = int(offsets[-1])
-        values = buffer("values", nnz, flat_bits.dtype)
+        if exact:
+            # The one synchronisation of an exact compress: values must be sized before the scatter fills it.
+            nnz = int(offsets[-1])
+            values = buffer("values", nnz, flat_bits.dtype)
+        else:
+            nnz, values = numel, buffer("values", numel, flat_bits.dtype)
         if nnz:
             grid = _grid(launch.scatter_grid, launch.scatter_block, n_chunks)
             run(

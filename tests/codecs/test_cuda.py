@@ -11,6 +11,7 @@ Numba's CPU JIT, so the kernel tests cannot run in that process without a GPU. T
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 import os
@@ -28,12 +29,15 @@ import torch
 
 from cswap.codecs import (
     SUPPORTED_DTYPES,
+    NarrowingMissed,
     CpuLaunch,
     CudaLaunch,
     Packed,
     bits_dtype,
     compress,
     decompress,
+    encode,
+    encode_unsized,
 )
 from cswap.codecs import zvc_cuda, zvc_torch
 
@@ -146,6 +150,57 @@ def test_all_zero_all_nonzero_and_very_sparse(density: float) -> None:
     packed = round_trip_matches_reference(t, SMALL)
     if density in (0.0, 1.0):
         assert packed.nnz == round(777 * density)
+
+
+@contextlib.contextmanager
+def host_reads_refused() -> Iterator[None]:
+    """Any read of a tensor's value by the host (``item``, ``tolist``, ``int``, ``bool``) raises inside the block."""
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the host read a device value")
+
+    names = ("item", "tolist", "__int__", "__bool__", "__index__", "__float__")
+    saved = {name: getattr(torch.Tensor, name) for name in names}
+    try:
+        for name in names:
+            setattr(torch.Tensor, name, refuse)
+        yield
+    finally:
+        for name, method in saved.items():
+            setattr(torch.Tensor, name, method)
+
+
+@kernels_run_here
+@pytest.mark.parametrize("numel", [0, 1, 777])
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.bfloat16, torch.float32, torch.float64], ids=str)
+def test_unsized_encoding_reads_nothing_back_until_resolved_and_matches_the_exact_one(dtype: torch.dtype, numel: int) -> None:
+    t = sparse_tensor(numel, dtype, seed=numel + 5)
+    counts = torch.zeros(2, dtype=torch.int64, pin_memory=GPU)
+    with host_reads_refused():
+        pending = encode_unsized(t, backend="cuda", launch=SMALL, counts=counts)
+    assert pending.values.numel() == numel  # a workspace, not the exact size
+    exact = encode(t, backend="cuda", launch=SMALL)
+    for cut in (False, True):
+        got = pending.resolve(exact=cut)
+        for name in ("bitmap", "offsets", "values"):
+            assert torch.equal(getattr(got, name), getattr(exact, name)), name
+        assert got.compressed_nbytes == exact.compressed_nbytes
+
+
+@kernels_run_here
+@pytest.mark.parametrize(("narrow_to", "high", "held"), [(torch.int8, 100, True), (torch.int16, 30_000, True), (torch.int8, 300, False)])
+def test_unsized_narrowing_is_checked_on_the_device(narrow_to: torch.dtype, high: int, held: bool) -> None:
+    g = torch.Generator().manual_seed(high)
+    t = (torch.randint(0, high + 1, (900,), generator=g) * (torch.rand(900, generator=g) < 0.5)).to(DEVICE)
+    t[7] = high
+    with host_reads_refused():
+        pending = encode_unsized(t, backend="cuda", launch=SMALL, narrow_to=narrow_to)
+    if not held:
+        with pytest.raises(NarrowingMissed, match="the int64 tensor does not fit int8: encode it exactly"):
+            pending.resolve()
+        return
+    got, exact = pending.resolve(exact=True), encode(t, backend="cuda", launch=SMALL)
+    assert got.dtype == exact.dtype == narrow_to
+    assert torch.equal(got.values, exact.values) and torch.equal(got.bitmap, exact.bitmap)
 
 
 @kernels_run_here
@@ -455,6 +510,21 @@ def test_gpu_intrinsic_and_twin_kernels_match_reference(
     out = torch.empty_like(flat)
     zvc_cuda.decompress_bits(packed, out, cuda_launch, warp_intrinsics=warp_intrinsics)
     assert torch.equal(out, flat)
+
+
+@gpu_only
+@pytest.mark.parametrize("narrow_to", [None, torch.int16])
+def test_gpu_unsized_encoding_never_synchronises(narrow_to: torch.dtype | None) -> None:
+    t = torch.relu(torch.randn(1 << 20, device="cuda")) if narrow_to is None else torch.randint(0, 1000, (1 << 20,), device="cuda")
+    counts = torch.zeros(2, dtype=torch.int64, pin_memory=True)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        pending = encode_unsized(t, backend="cuda", counts=counts, narrow_to=narrow_to)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    got, exact = pending.resolve(exact=True), encode(t, backend="cuda")
+    assert got.dtype == exact.dtype and torch.equal(got.values, exact.values) and torch.equal(got.bitmap, exact.bitmap)
 
 
 @gpu_only
