@@ -204,6 +204,28 @@ def test_unsized_narrowing_is_checked_on_the_device(narrow_to: torch.dtype, high
 
 
 @kernels_run_here
+@pytest.mark.parametrize("action", ["zvc-swap", "zvc-keep"])
+def test_the_executor_trains_on_unsized_cuda_encodings(action: str) -> None:
+    from cswap.executor import Executor
+    from cswap.plan import Action, Plan
+
+    x = sparse_tensor(700, torch.float32, seed=11)
+    expected = x.clone().requires_grad_()
+    torch.relu(expected * 2.0).square().sum().backward()
+    executor = Executor(torch.device(DEVICE), backend="cuda", prefetch_bytes=0, defer_sizes=True)
+    plan = Plan(policy="test", epoch=0, default_action=Action(action), launches=None)
+    it = executor.begin(plan)
+    leaf = x.clone().requires_grad_()
+    with torch.autograd.graph.saved_tensors_hooks(*executor.hooks(it)):
+        loss = torch.relu(leaf * 2.0).square().sum()
+    loss.backward()
+    executor.end(it)
+    assert torch.equal(leaf.grad.view(torch.int32), expected.grad.view(torch.int32))  # bits: NaN patterns too
+    counters = executor.snapshot()
+    assert 0 < counters.compressed_bytes < counters.compressed_input_bytes and counters.resident_bytes == 0
+
+
+@kernels_run_here
 @pytest.mark.parametrize("chunk_words", [1, 2, 3, 5, 32, 33])
 @pytest.mark.parametrize("dtype", [torch.int8, torch.float64], ids=str)
 def test_chunk_words(chunk_words: int, dtype: torch.dtype) -> None:
