@@ -20,7 +20,7 @@ Figures per configuration:
 * ``peak_bytes``: peak activation memory over the measured epochs. On a GPU,
   ``torch.cuda.max_memory_allocated`` above the allocation just before the forward (peak
   statistics reset before every iteration; profiling iterations included, since they too must
-  fit; ``steady_peak_bytes`` leaves them out). On the CPU, the runtime's peak resident bytes
+  fit; ``steady_peak_bytes`` leaves them out, on the CPU too). On the CPU, the runtime's peak resident bytes
   (``stats().peak_resident_bytes``, read per measured epoch from ``stats().history``: the saved
   activations the runtime holds, counted exactly at every hook call, parameters and buffers not
   counted). Plain PyTorch has no runtime to count with, so on the CPU its figure is policy
@@ -68,6 +68,7 @@ from torch import nn
 
 import cswap
 from cswap import models
+from cswap.budget import parse_budget
 from cswap.data import digits
 from cswap.device import fingerprint, resolve_device
 from cswap.options import POLICIES
@@ -179,6 +180,10 @@ def _run_epoch(model: nn.Module, initial: dict[str, torch.Tensor], batches: list
             peaks.append(torch.cuda.max_memory_allocated(device) - base)
         else:
             times.append(time.perf_counter() - start)
+            if config.runtime is not None and i > 0:
+                # the runtime's peak over this iteration alone (policy none hooks no steady iteration: its
+                # counter keeps the profiling iteration's peak, which is what plain PyTorch holds)
+                peaks.append(config.runtime.stats().iteration_peak_resident_bytes)
     if not record:
         return
     config.epoch_mean_s.append(sum(times) / len(times))
@@ -190,6 +195,7 @@ def _run_epoch(model: nn.Module, initial: dict[str, torch.Tensor], batches: list
     elif config.runtime is not None:
         # This epoch's peak resident bytes (its profiling iteration included, the warm-up epoch not).
         config.peak_bytes = max(config.peak_bytes, config.runtime.stats().history[-1].peak_resident_bytes)
+        config.steady_peak_bytes = max(config.steady_peak_bytes, *peaks, 0)
 
 
 def measure(model_name: str, policies: tuple[str, ...], batch_size: int, resolution: int, width_mult: float,
@@ -244,7 +250,7 @@ def measure(model_name: str, policies: tuple[str, ...], batch_size: int, resolut
             "steady_iteration_s": statistics.median(config.steady_s) if config.steady_s else None,
             "profile_iteration_s": statistics.median(config.profile_s),
             "peak_bytes": peak,
-            "steady_peak_bytes": None if cpu else config.steady_peak_bytes,
+            "steady_peak_bytes": None if cpu and config.runtime is None else config.steady_peak_bytes,
             "vs_plain_time": ratios(plain),
             "vs_plain_memory": peak / plain.peak_bytes if peak is not None and plain.peak_bytes else None,
             "vs_save_on_cpu_time": ratios(save_on_cpu),
@@ -303,6 +309,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data", choices=("digits", "random"), default="digits",
                         help="digits: sklearn's digits resized (cswap.data.digits); random: standard-normal images")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    parser.add_argument("--memory-budget", default=None,
+                        help="bytes or a size (27MiB): every policy also runs as <policy>+budget within it")
     args = parser.parse_args(argv)
 
     device = resolve_device(args.device)
@@ -313,6 +321,13 @@ def main(argv: list[str] | None = None) -> None:
     unknown = [p for p in policies if p not in POLICIES]
     if unknown:
         parser.error(f"unknown policy {unknown[0]!r}: choose from {', '.join(POLICIES)} (plain and save_on_cpu always run)")
+    budget_bytes = None
+    if args.memory_budget is not None:
+        budget = parse_budget(args.memory_budget)
+        if budget is None or budget.relative:
+            parser.error("--memory-budget takes bytes or a size such as 27MiB (a fraction needs plain's peak, which differs per model)")
+        budget_bytes = budget.resolve()
+        policies = (*policies, *(f"{p}{BUDGET_SUFFIX}" for p in policies if p != "none"))
     model_names = (args.models or (GPU_MODELS if on_gpu else CPU_MODELS)).split(",")
     for name in model_names:
         if name not in models.MODEL_NAMES:
@@ -340,7 +355,7 @@ def main(argv: list[str] | None = None) -> None:
     for name in model_names:
         batch = args.batch_size or (GPU_BATCH.get(name, 64) if on_gpu else 32)
         for record in measure(name, policies, batch, settings["resolution"], settings["width_mult"], settings["iterations"],
-                              settings["rounds"], settings["data"], device, {**context, "load_average": _load()}):
+                              settings["rounds"], settings["data"], device, {**context, "load_average": _load()}, budget_bytes):
             records.append(record)
             if args.json:
                 print(json.dumps(record), flush=True)
