@@ -305,7 +305,8 @@ def run_calibrate(
         task = progress.add_task(f"calibrating zvc/{backend}", total=measuring + len(models))
 
         def stage(description: str, completed: int | None = None) -> None:
-            progress.update(task, description=description, completed=completed)
+            # Drawn now, not at the next timed refresh: a stage quicker than one refresh is still shown.
+            progress.update(task, description=description, completed=completed, refresh=True)
             if show_progress and not console.is_terminal:
                 # No live bar in a log or a pipe: one plain line per stage instead.
                 console.print(f"cswap calibrate: {description}", markup=False, highlight=False)
