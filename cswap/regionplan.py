@@ -10,7 +10,10 @@ in two parts:
    (:class:`~cswap.recompute_facts.RegionFacts` ``freed_bytes > 0``), ranked by bytes freed per
    second of forward they run again (Capuchin's memory saving per second, MSPS). Regions are
    added in that order, skipping a region nested in (or around) one already chosen, while the
-   rest of the policy cannot meet the budget. ``capuchin`` and ``cswap`` then try the next
+   rest of the policy cannot meet the budget, each only when it lowers the least budget: a
+   region's tensors are resident again from the start of its recomputation in backward to their
+   own free, so a region rebuilt at the peak of backward (the last block, the whole model) saves
+   nothing there. ``capuchin`` and ``cswap`` then try the next
    :data:`TIME_TRIALS` candidates and keep one when the predicted time (the plan of the rest plus
    the regions' forward seconds) drops: a cheap layer recomputed beats its bytes crossing a slow link.
 2. **The rest.** The tensors the regions do not free are planned by the policy's other actions
@@ -27,19 +30,24 @@ region that frees memory, the rest at the least peak their actions reach.
 
 Example:
     >>> import torch
+    >>> from torch import nn
     >>> from cswap.budget import MemoryBudget
     >>> from cswap.trace import TensorRecord, Trace
     >>> from cswap.recompute_facts import profile_regions
-    >>> model = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64)),
-    ...                             torch.nn.Linear(64, 2))
+    >>> def block(): return nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 64))
+    >>> model = nn.Sequential(nn.Linear(8, 64), block(), block(), nn.Linear(64, 2))
     >>> x = torch.randn(4, 8)
     >>> profile = profile_regions(model, lambda: model(x).sum().backward())
     >>> recs = tuple(TensorRecord(key=s.key, shape=s.shape, dtype=s.dtype, nbytes=s.storage_bytes, sparsity=0.0,
-    ...              offloadable=s.movable, pack_at_s=0.1 * s.key, unpack_at_s=2.0 - 0.1 * s.key) for s in profile.saves)
-    >>> trace = Trace(tensors=recs, d2h_gbps=10.0, h2d_gbps=10.0, forward_s=1.0, backward_s=1.0)
+    ...              offloadable=s.movable, pack_at_s=0.1 * s.key, unpack_at_s=5.0 - 0.1 * s.key) for s in profile.saves)
+    >>> trace = Trace(tensors=recs, d2h_gbps=10.0, h2d_gbps=10.0, forward_s=3.0, backward_s=1.0)
     >>> chosen = plan_regions(trace, profile, "recompute", MemoryBudget(fraction=0.7), NO_CODEC, "cpu", 0, epoch=0)
-    >>> chosen.error is None, chosen.plan.counts()["recompute"] > 0, chosen.budget_bytes
-    (True, True, 2956)
+    >>> chosen.plan.recompute_regions, sorted(chosen.plan.recomputed), chosen.error
+    (('1',), [3, 4, 6, 7], None)
+
+The first block is recomputed: its interior is not held through the second block's backward, and
+it is rebuilt only once that has freed its own. Recomputing the second block would not lower the
+peak (it is rebuilt at the very start of backward), nor would the whole model.
 """
 
 from __future__ import annotations
@@ -98,7 +106,7 @@ class _Planning:
         self.backend = backend
         self.min_bytes = min_bytes
         self._storages = {s.key: s.storage for s in profile.saves}
-        self._memo: dict[tuple[str, ...], tuple[Trace, PlanningProblem, int]] = {}
+        self._memo: dict[tuple[str, ...], tuple[PlanningProblem, int]] = {}
 
     def freed(self, regions: tuple[str, ...]) -> frozenset[int]:
         return frozenset(self.profile.freed_keys(regions)) if regions else frozenset()
@@ -114,21 +122,27 @@ class _Planning:
                         extra[inp.storage] = inp.storage_bytes
         return sum(extra.values())
 
-    def problem(self, regions: tuple[str, ...]) -> tuple[Trace, PlanningProblem, int]:
-        """The profile without the tensors ``regions`` free, its problem, and the extra held bytes."""
+    def problem(self, regions: tuple[str, ...]) -> tuple[PlanningProblem, int]:
+        """The problem with ``regions`` enabled, and the extra held bytes.
+
+        The tensors a region frees are not held between forward and backward; they are held again
+        from the start of the region's recomputation in backward to their own free (the whole
+        recomputed region is resident while its backward runs), and may only be kept then.
+        """
         if regions not in self._memo:
             freed = self.freed(regions)
-            trace = replace(self.trace, tensors=tuple(replace(r, offloadable=False) if r.key in freed else r for r in self.trace.tensors))
-            problem = problem_from_trace(trace, self.time_model, self.backend, min_bytes=self.min_bytes, sparsity_margin=SPARSITY_MARGIN)
-            self._memo[regions] = (trace, problem, self.extra_bytes(regions))
+            groups = [tuple(k for k in self.profile.regions[p].keys if k in freed) for p in regions]
+            problem = problem_from_trace(self.trace, self.time_model, self.backend, min_bytes=self.min_bytes,
+                                         sparsity_margin=SPARSITY_MARGIN, rebuilt_together=groups)
+            self._memo[regions] = (problem, self.extra_bytes(regions))
         return self._memo[regions]
 
     def least(self, regions: tuple[str, ...]) -> int:
-        _, problem, extra = self.problem(regions)
+        problem, extra = self.problem(regions)
         return minimum_bytes(problem, self.base) + extra
 
     def solve(self, regions: tuple[str, ...], budget_bytes: int) -> BudgetPlan | None:
-        _, problem, extra = self.problem(regions)
+        problem, extra = self.problem(regions)
         if budget_bytes - extra <= 0:
             return None
         try:
@@ -166,14 +180,16 @@ def _addable(planning: _Planning, regions: tuple[str, ...], path: str) -> tuple[
 
 
 def _grow(planning: _Planning, order: list[str], target: int) -> tuple[tuple[str, ...], list[str]]:
-    """Regions added in ``order`` while the rest cannot meet ``target``; and the candidates not tried."""
+    """Regions added in ``order`` while the rest cannot meet ``target``, each only when it lowers the
+    least budget (a region rebuilt whole at the peak of backward may not); and the candidates not tried."""
     regions: tuple[str, ...] = ()
+    least = planning.least(regions)
     for i, path in enumerate(order):
-        if planning.least(regions) <= target:
+        if least <= target:
             return regions, order[i:]
         grown = _addable(planning, regions, path)
-        if grown is not None:
-            regions = grown
+        if grown is not None and (grown_least := planning.least(grown)) < least:
+            regions, least = grown, grown_least
     return regions, []
 
 
@@ -290,7 +306,7 @@ def plan_regions(
         raise ValueError(f"policy {policy!r} does not recompute: choose one of {', '.join(BASE_POLICIES)}")
     launches = launches if launches is not None else LaunchCache(backend, None)
     planning = _Planning(trace, profile, BASE_POLICIES[policy], time_model, backend, min_bytes)
-    _, full, _ = planning.problem(())
+    full, _ = planning.problem(())
     budget_bytes: int | None = None
     if budget is not None:
         budget_bytes = budget.resolve(max(minimum_bytes(full, "none"), 1)) if budget.relative else budget.resolve()
@@ -303,7 +319,7 @@ def plan_regions(
         regions, target = smallest, budget_bytes
     else:
         regions, target = _choose(planning, budget_bytes, time_trials if policy != "recompute" else 0), budget_bytes
-    held_trace, problem, extra = planning.problem(regions)
+    problem, extra = planning.problem(regions)
     rules: dict[str, Any] = dict(policy=policy, epoch=epoch, min_bytes=min_bytes, launches=launches, budget_bytes=target,
                                  fallback_action=FALLBACK_ACTIONS[policy], d2h_gbps=trace.d2h_gbps, h2d_gbps=trace.h2d_gbps)
     planned = planning.solve(regions, target)
@@ -311,7 +327,7 @@ def plan_regions(
         reason = f"budget {target:,d} B below this policy's least {least:,d} B: {PASSIVE_ACTION.value} (passive)"
         plan = Plan(**rules, default_action=PASSIVE_ACTION, prefetch_bytes=0, default_reason=reason)
         return RegionPlan(plan, target, BudgetError(least, policy, target))
-    plan = plan_from_budget(held_trace, problem, planned, rules, PASSIVE_ACTION if rules["fallback_action"] else Action.KEEP, least)
+    plan = plan_from_budget(trace, problem, planned, rules, PASSIVE_ACTION if rules["fallback_action"] else Action.KEEP, least)
     if extra:
         plan = replace(plan, planner=MappingProxyType({**plan.planner, "region_input_bytes": extra}))
     if not regions:

@@ -31,7 +31,7 @@ import torch
 from cswap.codecs.encoding import Encoding, encodable
 from cswap.codecs.format import DEFAULT_CHUNK_WORDS
 from cswap.costmodel import TimeModel
-from cswap.lifetime import lifetimes_from_trace
+from cswap.lifetime import EventTimeline, Lifetime, lifetimes_from_trace
 from cswap.planner.options import DEFAULT_PREFETCH_DISTANCES, LinkModel, PlanningProblem, TensorSpec, build_problem
 from cswap.trace import TensorRecord, Trace
 
@@ -73,6 +73,18 @@ def _spec(  # type: ignore[no-untyped-def]
     )
 
 
+def _rebuilt_at(trace: Trace, events: EventTimeline, groups: Sequence[Sequence[int]]) -> dict[int, int | None]:
+    """Per key of ``groups``, the event its group's recomputation starts at (``None``: never unpacked)."""
+    life = {r.key: lt for r, lt in zip(trace.tensors, events.lifetimes, strict=True)}
+    starts: dict[int, int | None] = {}
+    for group in groups:
+        unpacks = [life[k].unpack for k in group if life.get(k) is not None and life[k].unpack is not None]  # type: ignore[union-attr]
+        start = max(min(unpacks) - 1, events.forward_events) if unpacks else None
+        for key in group:
+            starts[key] = start
+    return starts
+
+
 def problem_from_trace(
     trace: Trace,
     time_model: TimeModel,
@@ -82,6 +94,7 @@ def problem_from_trace(
     chunk_words: int = DEFAULT_CHUNK_WORDS,
     prefetch_distances: Sequence[int] = DEFAULT_PREFETCH_DISTANCES,
     sparsity_margin: float = 0.0,
+    rebuilt_together: Sequence[Sequence[int]] = (),
 ) -> PlanningProblem:
     """Every offloadable record's options, keyed by the record's key.
 
@@ -96,6 +109,10 @@ def problem_from_trace(
         prefetch_distances: how far ahead (events) a swap-in may be issued.
         sparsity_margin: compressed sizes are taken at each record's sparsity less this much, so a
             plan holds when later batches are a little denser than the profiled one.
+        rebuilt_together: groups of keys a recompute region drops after their pack and rebuilds
+            all at once in backward: each such tensor is held (keep only) from the event before the
+            group's first unpack to its own free, and not at all between forward and backward; one
+            never unpacked is not held.
 
     Raises:
         ValueError: no link given and the trace has no bandwidths, or an unknown dtype.
@@ -107,12 +124,18 @@ def problem_from_trace(
             )
         link = LinkModel(trace.d2h_gbps, trace.h2d_gbps, async_copies=trace.device.get("kind") == "cuda")
     events = lifetimes_from_trace(trace)
+    rebuilt_at = _rebuilt_at(trace, events, rebuilt_together)
     times = np.zeros(events.event_count)
     specs = []
     for record, lifetime in zip(trace.tensors, events.lifetimes, strict=True):
         if lifetime is None:
             continue
-        specs.append(_spec(record, lifetime, time_model, backend, min_bytes, chunk_words, sparsity_margin))
+        if record.key in rebuilt_at:
+            start = rebuilt_at[record.key]
+            if start is not None and lifetime.unpack is not None:
+                specs.append(TensorSpec(key=record.key, nbytes=record.nbytes, lifetime=Lifetime(start, None, lifetime.free), movable=False))
+        else:
+            specs.append(_spec(record, lifetime, time_model, backend, min_bytes, chunk_words, sparsity_margin))
         times[lifetime.pack] = record.pack_at_s
         if lifetime.unpack is not None:
             times[lifetime.unpack] = record.unpack_at_s if record.unpack_at_s is not None else trace.forward_s

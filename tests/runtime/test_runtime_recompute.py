@@ -141,7 +141,7 @@ def test_cswap_without_a_model_plans_no_recompute() -> None:
 @pytest.mark.parametrize("policy", ["recompute", "capuchin"])
 def test_profiling_under_a_budget_swaps_every_tensor_as_capuchins_passive_mode(policy: str) -> None:
     _, none = train(SmallCNN, CNN_BATCHES[:1], 1, runtime_for("none"))
-    budget = none.stats().peak_resident_bytes * 3 // 4
+    budget = none.stats().peak_resident_bytes  # every policy meets it; the profile must still swap
     _, rt = train(SmallCNN, CNN_BATCHES[:1], 1, runtime_for(policy, memory_budget=budget))
     stats = rt.stats()
     assert stats.profiled_iterations == stats.iterations == 1
