@@ -64,18 +64,22 @@ from cswap.budget import BudgetError, MemoryBudget
 from cswap.budgetplan import FALLBACK_ACTIONS, NO_CODEC, PASSIVE_ACTION, SPARSITY_MARGIN, plan_from_budget
 from cswap.costmodel import TimeModel
 from cswap.plan import Action, Decision, LaunchCache, Plan
-from cswap.planner import BudgetPlan, PlanningProblem, minimum_bytes, plan_budget, problem_from_trace
+from cswap.planner import BudgetPlan, PlanningProblem, minimum_bytes, plan_budget, problem_from_trace, timeline_of
 from cswap.recompute import nested_pair
 from cswap.recompute_facts import RegionProfile
 from cswap.trace import Trace
 
-__all__ = ["BASE_POLICIES", "NO_CODEC", "TIME_TRIALS", "RegionPlan", "plan_regions"]
+__all__ = ["BASE_POLICIES", "GROW_WIDTH", "NO_CODEC", "TIME_TRIALS", "RegionPlan", "plan_regions"]
 
 #: Per recomputing policy, the policy whose actions plan the tensors no region frees.
 BASE_POLICIES: Mapping[str, str] = MappingProxyType({"recompute": "none", "capuchin": "capuchin", "cswap": "cswap"})
 
 #: How many more candidate regions ``capuchin`` and ``cswap`` try for time once the budget is met.
 TIME_TRIALS = 4
+
+#: How many addable candidates (in their ranked order) each step of the region choice prices by
+#: the least budget they give; the one that lowers it most per forward second is added.
+GROW_WIDTH = 16
 
 
 @dataclass(frozen=True)
@@ -139,6 +143,9 @@ class _Planning:
 
     def least(self, regions: tuple[str, ...]) -> int:
         problem, extra = self.problem(regions)
+        if self.base == "none":  # one option per tensor: the peak of keeping them all, no solver needed
+            keeps = [next(o for o in t.options if o.action == "keep") for t in problem.tensors]
+            return int(timeline_of(problem, keeps).max(initial=0)) + extra
         return minimum_bytes(problem, self.base) + extra
 
     def solve(self, regions: tuple[str, ...], budget_bytes: int) -> BudgetPlan | None:
@@ -179,29 +186,54 @@ def _addable(planning: _Planning, regions: tuple[str, ...], path: str) -> tuple[
     return grown
 
 
-def _grow(planning: _Planning, order: list[str], target: int) -> tuple[tuple[str, ...], list[str]]:
-    """Regions added in ``order`` while the rest cannot meet ``target``, each only when it lowers the
-    least budget (a region rebuilt whole at the peak of backward may not); and the candidates not tried."""
+def _grow(planning: _Planning, order: list[str], target: int, by_time: bool) -> tuple[tuple[str, ...], list[str]]:
+    """Regions added one at a time while the rest cannot meet ``target``: at each step, among the
+    first :data:`GROW_WIDTH` addable candidates of ``order``, the one that lowers the least budget
+    most per second of forward it runs again (``by_time``) or most (bytes alone). A region that
+    lowers nothing is never added (one rebuilt whole at the peak of backward). Returns the regions
+    and the candidates left, in ``order``."""
     regions: tuple[str, ...] = ()
     least = planning.least(regions)
-    for i, path in enumerate(order):
-        if least <= target:
-            return regions, order[i:]
-        grown = _addable(planning, regions, path)
-        if grown is not None and (grown_least := planning.least(grown)) < least:
-            regions, least = grown, grown_least
-    return regions, []
+    left = list(order)
+    while least > target:
+        best: tuple[float, str, tuple[str, ...], int] | None = None
+        tried = 0
+        for path in left:
+            grown = _addable(planning, regions, path)
+            if grown is None:
+                continue
+            tried += 1
+            gain = least - planning.least(grown)
+            if gain > 0:
+                seconds = planning.profile.regions[path].forward_s
+                if not by_time:
+                    rate = float(gain)
+                else:
+                    rate = gain / seconds if seconds > 0 else float("inf")
+                if best is None or rate > best[0]:
+                    best = (rate, path, grown, least - gain)
+            if tried >= GROW_WIDTH:
+                break
+        if best is None:
+            break
+        _, path, regions, least = best
+        left = [p for p in left if p != path and nested_pair((*regions, p)) is None]
+    return regions, left
 
 
 def _least_footprint(planning: _Planning) -> tuple[str, ...]:
-    """Every candidate that frees more, most bytes first: the policy's least footprint, chosen from
-    sizes alone so that a run at the budget it gives chooses the same."""
-    return _grow(planning, _candidates(planning.profile, by_time=False), 0)[0]
+    """The regions of the policy's least footprint, chosen by bytes alone (no timing noise moves it),
+    so that a run at the budget it gives chooses the same. A policy that swaps reaches about its
+    least without any region (swapping empties the device but for the tensors in use), so only
+    ``recompute`` searches; ``capuchin`` and ``cswap`` choose regions for time (:func:`_choose`)."""
+    if planning.base != "none":
+        return ()
+    return _grow(planning, _candidates(planning.profile, by_time=False), 0, by_time=False)[0]
 
 
 def _choose(planning: _Planning, budget_bytes: int, time_trials: int) -> tuple[str, ...]:
     """The regions to enable within ``budget_bytes`` (module docstring, part 1)."""
-    regions, rest = _grow(planning, _candidates(planning.profile), budget_bytes)
+    regions, rest = _grow(planning, _candidates(planning.profile), budget_bytes, by_time=True)
     if planning.least(regions) > budget_bytes:
         return _least_footprint(planning)  # another nesting choice fits where this one did not
     best = planning.solve(regions, budget_bytes)
