@@ -115,6 +115,11 @@ class _Planning:
     def freed(self, regions: tuple[str, ...]) -> frozenset[int]:
         return frozenset(self.profile.freed_keys(regions)) if regions else frozenset()
 
+    def _input_keys(self, path: str, freed: frozenset[int]) -> tuple[int, ...]:
+        """The kept keys whose data is a positional input of ``path``'s calls."""
+        storages = {i.storage for c in self.profile.calls if c.path == path for i in c.inputs if not i.keyword}
+        return tuple(k for k, storage in self._storages.items() if storage in storages and k not in freed)
+
     def extra_bytes(self, regions: tuple[str, ...]) -> int:
         """Bytes of region inputs no profiled tensor shares: held for the whole iteration."""
         known = set(self._storages.values())
@@ -137,7 +142,8 @@ class _Planning:
             freed = self.freed(regions)
             groups = [tuple(k for k in self.profile.regions[p].keys if k in freed) for p in regions]
             problem = problem_from_trace(self.trace, self.time_model, self.backend, min_bytes=self.min_bytes,
-                                         sparsity_margin=SPARSITY_MARGIN, rebuilt_together=groups)
+                                         sparsity_margin=SPARSITY_MARGIN, rebuilt_together=groups,
+                                         rebuilt_from=[self._input_keys(p, freed) for p in regions])
             self._memo[regions] = (problem, self.extra_bytes(regions))
         return self._memo[regions]
 

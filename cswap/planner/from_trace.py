@@ -73,16 +73,32 @@ def _spec(  # type: ignore[no-untyped-def]
     )
 
 
-def _rebuilt_at(trace: Trace, events: EventTimeline, groups: Sequence[Sequence[int]]) -> dict[int, int | None]:
-    """Per key of ``groups``, the event its group's recomputation starts at (``None``: never unpacked)."""
+def _rebuilt_at(trace: Trace, events: EventTimeline, groups: Sequence[Sequence[int]]) -> dict[int, tuple[int, int] | None]:
+    """Per key of ``groups``, the events its group's recomputation holds it over: from the event
+    before the group's first unpack to the group's last free (``None``: never unpacked)."""
     life = {r.key: lt for r, lt in zip(trace.tensors, events.lifetimes, strict=True)}
-    starts: dict[int, int | None] = {}
+    spans: dict[int, tuple[int, int] | None] = {}
     for group in groups:
-        unpacks = [life[k].unpack for k in group if life.get(k) is not None and life[k].unpack is not None]  # type: ignore[union-attr]
-        start = max(min(unpacks) - 1, events.forward_events) if unpacks else None
+        lives = [life[k] for k in group if life.get(k) is not None and life[k].unpack is not None]  # type: ignore[union-attr]
+        span = (max(min(lt.unpack for lt in lives) - 1, events.forward_events), max(lt.free for lt in lives)) if lives else None  # type: ignore[type-var]
         for key in group:
-            starts[key] = start
-    return starts
+            spans[key] = span
+    return spans
+
+
+def _first_unpacks(
+    trace: Trace, events: EventTimeline, groups: Sequence[Sequence[int]], inputs: Sequence[Sequence[int]]
+) -> dict[int, int]:
+    """Per region-input key, the earliest first unpack of the groups whose recomputation reads it."""
+    life = {r.key: lt for r, lt in zip(trace.tensors, events.lifetimes, strict=True)}
+    early: dict[int, int] = {}
+    for group, keys in zip(groups, inputs):
+        unpacks = [life[k].unpack for k in group if life.get(k) is not None and life[k].unpack is not None]  # type: ignore[union-attr]
+        if not unpacks:
+            continue
+        for key in keys:
+            early[key] = min(early.get(key, min(unpacks)), min(unpacks))  # type: ignore[type-var]
+    return early
 
 
 def problem_from_trace(
@@ -95,6 +111,7 @@ def problem_from_trace(
     prefetch_distances: Sequence[int] = DEFAULT_PREFETCH_DISTANCES,
     sparsity_margin: float = 0.0,
     rebuilt_together: Sequence[Sequence[int]] = (),
+    rebuilt_from: Sequence[Sequence[int]] = (),
 ) -> PlanningProblem:
     """Every offloadable record's options, keyed by the record's key.
 
@@ -111,8 +128,10 @@ def problem_from_trace(
             plan holds when later batches are a little denser than the profiled one.
         rebuilt_together: groups of keys a recompute region drops after their pack and rebuilds
             all at once in backward: each such tensor is held (keep only) from the event before the
-            group's first unpack to its own free, and not at all between forward and backward; one
-            never unpacked is not held.
+            group's first unpack to the group's last free (the region's backward is then done), and
+            not at all between forward and backward; one never unpacked is not held.
+        rebuilt_from: per group of ``rebuilt_together``, the keys whose data is that region's
+            input: the recomputation reads it, so it is first unpacked when the group's first is.
 
     Raises:
         ValueError: no link given and the trace has no bandwidths, or an unknown dtype.
@@ -125,16 +144,20 @@ def problem_from_trace(
         link = LinkModel(trace.d2h_gbps, trace.h2d_gbps, async_copies=trace.device.get("kind") == "cuda")
     events = lifetimes_from_trace(trace)
     rebuilt_at = _rebuilt_at(trace, events, rebuilt_together)
+    first_unpack = _first_unpacks(trace, events, rebuilt_together, rebuilt_from)
     times = np.zeros(events.event_count)
     specs = []
     for record, lifetime in zip(trace.tensors, events.lifetimes, strict=True):
         if lifetime is None:
             continue
         if record.key in rebuilt_at:
-            start = rebuilt_at[record.key]
-            if start is not None and lifetime.unpack is not None:
-                specs.append(TensorSpec(key=record.key, nbytes=record.nbytes, lifetime=Lifetime(start, None, lifetime.free), movable=False))
+            span = rebuilt_at[record.key]
+            if span is not None and lifetime.unpack is not None:
+                specs.append(TensorSpec(key=record.key, nbytes=record.nbytes, lifetime=Lifetime(span[0], None, span[1]), movable=False))
         else:
+            early = first_unpack.get(record.key)
+            if early is not None and lifetime.unpack is not None and record.key not in rebuilt_at and early < lifetime.unpack:
+                lifetime = Lifetime(lifetime.pack, max(early, lifetime.pack + 1), lifetime.free)
             specs.append(_spec(record, lifetime, time_model, backend, min_bytes, chunk_words, sparsity_margin))
         times[lifetime.pack] = record.pack_at_s
         if lifetime.unpack is not None:
