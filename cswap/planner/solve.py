@@ -26,8 +26,11 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -169,13 +172,41 @@ def _milp(arrays: _Arrays, c: np.ndarray, budget_bytes: int | None, peak_variabl
     constraints = [LinearConstraint(one, 1, 1), LinearConstraint(csr_matrix(memory), -np.inf, upper)]
     integrality = np.concatenate([np.ones(count), np.zeros(extra)])
     bounds = Bounds(np.zeros(count + extra), np.concatenate([np.ones(count), np.full(extra, np.inf)]))
-    return milp(
-        c,
-        constraints=constraints,
-        integrality=integrality,
-        bounds=bounds,
-        options={"time_limit": time_limit_s, "mip_rel_gap": 1e-6},
-    )
+    with stdout_to_stderr():
+        return milp(
+            c,
+            constraints=constraints,
+            integrality=integrality,
+            bounds=bounds,
+            options={"time_limit": time_limit_s, "mip_rel_gap": 1e-6},
+        )
+
+
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """Send what native code writes to the process's stdout to stderr instead, for the block.
+
+    HiGHS prints a debug line (``HighsMipSolverData::transformNewIntegerFeasibleSolution
+    tmpSolver.run();``) straight to file descriptor 1 whatever its output options say, which would
+    corrupt the JSON that ``--json`` commands and benchmarks print there.
+
+    Example:
+        >>> with stdout_to_stderr():
+        ...     _ = os.write(1, b"")
+    """
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no stdout to protect
+        yield
+        return
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def _choice(arrays: _Arrays, x: np.ndarray) -> np.ndarray:

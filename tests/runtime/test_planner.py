@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 from dataclasses import replace
 
 import numpy as np
@@ -392,3 +393,14 @@ def test_capuchin_is_planned_by_its_greedy_not_the_solver():
     assert plan_budget(problem, "capuchin", least).peak_bytes <= least
     with pytest.raises(BudgetError, match=f"Raise the budget to at least {least} bytes"):
         plan_budget(problem, "capuchin", least - 1)
+
+
+def test_native_prints_during_a_solve_go_to_stderr_not_stdout(capfd: pytest.CaptureFixture[str]) -> None:
+    # HiGHS writes a stray debug line to file descriptor 1 whatever its options say; --json output must stay clean
+    from cswap.planner.solve import stdout_to_stderr
+
+    with stdout_to_stderr():
+        os.write(1, b"native noise\n")
+    print("json line")
+    captured = capfd.readouterr()
+    assert captured.out == "json line\n" and "native noise" in captured.err
