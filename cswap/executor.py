@@ -508,24 +508,16 @@ class Executor:
             if action.offloads:
                 counters.offloaded_bytes += layout.nbytes
             return stored, zeros
-        side = self.side_stream
-        if side is not None:
-            # Captured here, outside the side stream's context: inside it, current_stream() is the side stream.
-            compute = torch.cuda.current_stream(self.device)
-            with torch.cuda.stream(side):
-                side.wait_stream(compute)
-                self._store_on_stream(stored, flat, action, compress_launch)
-                event = torch.cuda.Event()
-                event.record(side)
-            flat.record_stream(side)
+        with self._on_side_stream(flat):
+            self._store_on_stream(stored, flat, action, compress_launch)
+            event = self._side_event()
+        if event is not None:
             if action.offloads:
                 # The source stays resident until its copy to the host has finished.
                 counters.add_resident(layout.nbytes)
                 self._inflight.append((event, layout.nbytes))
             else:
                 stored.ready = event
-        else:
-            self._store_on_stream(stored, flat, action, compress_launch)
         if action is Action.ZVC_KEEP and decision.raw_unless_smaller and stored.packed.compressed_nbytes >= layout.nbytes:  # type: ignore[union-attr]
             # The decision stores it compressed only where that holds fewer bytes (known once encoded).
             if count_zeros:
@@ -607,6 +599,14 @@ class Executor:
         if source is not None:
             source.record_stream(side)
 
+    def _side_event(self) -> Any:
+        """An event recorded on the side stream now (GPU), marking the work queued there so far; ``None`` on CPU."""
+        if self.side_stream is None:
+            return None
+        event = torch.cuda.Event()
+        event.record(self.side_stream)
+        return event
+
     def _finish_unsized(self, stored: _Stored) -> None:
         """Read back the size of ``stored``'s compression, then cut it to its exact bytes (``zvc-keep``)
         or copy exactly those bytes to the host (``zvc-swap``)."""
@@ -630,10 +630,7 @@ class Executor:
                 counters.transferred_bytes += packed.compressed_nbytes
             else:
                 stored.packed = packed
-            event = None
-            if side is not None:
-                event = torch.cuda.Event()
-                event.record(side)
+            event = self._side_event()
         if stored.action is Action.ZVC_KEEP:
             stored.ready = event
             counters.add_resident(packed.compressed_nbytes - stored.held_bytes)
