@@ -143,6 +143,7 @@ class Counters:
     prefetch_hits: int = 0
     budget_fallbacks: int = 0
     budget_waits: int = 0
+    evicted_tensors: int = 0
 
     def add_resident(self, nbytes: int) -> None:
         """Account ``nbytes`` more (or, negative, fewer) resident bytes and track the peaks."""
@@ -325,6 +326,45 @@ class Executor:
         """Count ``tensors`` saved tensors that recompute regions dropped and rebuilt (never packed here)."""
         with self._lock:
             self.counters.actions[Action.RECOMPUTE.value] += tensors
+
+    def evict_kept(self, it: IterationState) -> int:
+        """Swap every tensor of ``it`` that is kept on the device and not yet unpacked to host memory.
+
+        Capuchin's passive mode (:class:`cswap.passive.SwapOnOutOfMemory`) calls it when the
+        device ran out of memory. The copies are synchronous: the device is full, and the freed
+        memory is what the op that failed needs next. An evicted tensor is then counted as
+        swapped (``actions``, offloaded and transferred bytes) and in ``evicted_tensors``.
+
+        Returns:
+            how many tensors it moved (their memory is freed unless something else holds them).
+        """
+        moved = 0
+        with self._lock:
+            counters = self.counters
+            for ref in list(it.stored_by_key.values()):
+                stored = ref()
+                if stored is None or stored.action is not Action.KEEP or stored.unpacked or stored.tensor is None:
+                    continue
+                layout = stored.layout
+                try:
+                    flat = layout.compact(stored.tensor)
+                except torch.OutOfMemoryError:  # a strided view needs a gathered copy: no room for it
+                    continue
+                host, block = self._host(layout.nbytes)
+                host = host.view(layout.dtype)
+                host.copy_(flat)
+                stored.host, stored.block, stored.tensor = host, block, None
+                stored.action = Action.SWAP
+                counters.add_resident(-stored.held_bytes)
+                stored.held_bytes = 0
+                counters.kept_bytes -= layout.nbytes
+                counters.offloaded_bytes += layout.nbytes
+                counters.transferred_bytes += layout.nbytes
+                counters.actions[Action.KEEP.value] -= 1
+                counters.actions[Action.SWAP.value] += 1
+                counters.evicted_tensors += 1
+                moved += 1
+        return moved
 
     def new_epoch(self) -> None:
         """Start a new per-epoch peak."""

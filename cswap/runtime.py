@@ -20,6 +20,8 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import threading
 import time
 from collections.abc import Iterator
@@ -38,6 +40,7 @@ from cswap.device import bandwidth, fingerprint, resolve_device
 from cswap.executor import Counters, Executor
 from cswap.options import RECOMPUTING_POLICIES, LaunchLookup, RuntimeOptions, file_defaults, load_options
 from cswap.paths import shipped_configs_dir
+from cswap.passive import SwapOnOutOfMemory
 from cswap.plan import DEFAULT_ACTIONS, POLICY_REASONS, Action, LaunchCache, Plan
 from cswap.profiler import Profiler
 from cswap.recompute import RecomputeRegions
@@ -280,6 +283,14 @@ class Runtime:
         opts = self._options
         return self.policy in RECOMPUTING_POLICIES or (self.policy == "cswap" and opts.memory_budget is not None and opts.model is not None)
 
+    @property
+    def swaps_on_out_of_memory(self) -> bool:
+        """Whether profiling iterations run in Capuchin's passive mode on a real out-of-memory error
+        (:class:`cswap.passive.SwapOnOutOfMemory`): on a GPU device. An op that runs out of device
+        memory then swaps the iteration's kept tensors to the host and runs again, so a profile
+        that keeps tensors to measure them works wherever the plan made from it fits."""
+        return self._device.type == "cuda"
+
     def _recompute_regions(self) -> RecomputeRegions:
         if self._regions is None:
             assert self._options.model is not None  # the options refuse a recomputing policy without one
@@ -324,10 +335,13 @@ class Runtime:
         if tracer is not None:
             pack = self._traced(pack, tracer)
             tracer.__enter__()
+        passive = None
         if profiler is not None:
+            if self.swaps_on_out_of_memory:
+                passive = SwapOnOutOfMemory(functools.partial(executor.evict_kept, it))
             profiler.begin()
         try:
-            with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            with torch.autograd.graph.saved_tensors_hooks(pack, unpack), passive or contextlib.nullcontext():
                 yield
         except BaseException:
             if profiler is not None:
@@ -340,6 +354,8 @@ class Runtime:
         self._after_regions(tracer, regions, count=not profiling)
         executor.end(it)
         if profiler is not None:
+            if passive is not None and passive.retries:
+                profiler.meta["out_of_memory_retries"] = passive.retries
             self._finish_profile(profiler, tracer)
 
     @staticmethod
@@ -523,5 +539,6 @@ class Runtime:
                 budget_fallbacks=counters.budget_fallbacks,
                 budget_waits=counters.budget_waits,
                 iteration_peak_resident_bytes=counters.iteration_peak_resident_bytes,
+                evicted_tensors=counters.evicted_tensors,
                 history=(*self._history, self._epoch_stats(counters)),
             )

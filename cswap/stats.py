@@ -118,6 +118,9 @@ class RuntimeStats:
             policy's smallest-footprint action instead.
         budget_waits: device-to-host copies that pack waited for to stay within the budget (GPU).
         iteration_peak_resident_bytes: the peak of resident bytes in the last iteration the hooks ran.
+        evicted_tensors: kept tensors of profiling iterations swapped to the host when the device
+            ran out of memory (Capuchin's passive mode, :mod:`cswap.passive`); they are counted
+            as ``swap`` in ``actions``.
         history: per epoch, oldest first, the current one last.
     """
 
@@ -150,6 +153,7 @@ class RuntimeStats:
     budget_fallbacks: int = 0
     budget_waits: int = 0
     iteration_peak_resident_bytes: int = 0
+    evicted_tensors: int = 0
     history: tuple[EpochStats, ...] = field(default_factory=tuple)
 
     @property
@@ -180,7 +184,8 @@ class RuntimeStats:
                         f"zvc-swap {actions.get('zvc-swap', 0)}), compressed and kept {actions.get('zvc-keep', 0)}, "
                         f"never moved {self.never_moved_tensors}"
                         + (f", stored once {self.deduplicated_tensors}" if self.deduplicated_tensors else "")
-                        + (f", not in the plan {self.unknown_keys}" if self.unknown_keys else "")),
+                        + (f", not in the plan {self.unknown_keys}" if self.unknown_keys else "")
+                        + (f", swapped when out of memory {self.evicted_tensors}" if self.evicted_tensors else "")),
             ("kept", human_bytes(self.kept_bytes)),
             ("offloaded", f"{human_bytes(self.offloaded_bytes)}, transferred {human_bytes(self.transferred_bytes)}"),
             ("compressed", f"{human_bytes(self.compressed_input_bytes)} -> {human_bytes(self.compressed_bytes)} "

@@ -91,3 +91,38 @@ def test_arena_stops_growing_after_the_profile() -> None:
     assert snapshots[1].arena_bytes == snapshots[2].arena_bytes > 0
     assert snapshots[1].arena_misses == snapshots[2].arena_misses
     assert snapshots[2].resident_bytes == 0 and snapshots[2].arena_used_bytes == 0
+
+
+def test_profiling_that_runs_out_of_device_memory_swaps_on_demand() -> None:
+    """Capuchin's passive mode on a real ``torch.OutOfMemoryError``: a keep-all profiling iteration
+    that needs 16 tensors of 64 MiB on a device limited to 6 of them swaps and finishes."""
+    tensor_bytes = 64 << 20
+    x0 = torch.randn(tensor_bytes // 4, device="cuda")
+
+    def loss_of(x: torch.Tensor) -> torch.Tensor:
+        for _ in range(16):
+            x = (x * 0.5).exp()  # exp saves its output: 16 x 64 MiB kept
+        return x.sum()
+
+    x = x0.clone().requires_grad_()
+    loss_of(x).backward()
+    expected = x.grad.clone()
+    del x
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    total = torch.cuda.get_device_properties(0).total_memory
+    allowed = torch.cuda.memory_reserved() + 6 * tensor_bytes
+    rt = cswap.Runtime("none", device="cuda", min_bytes=0)
+    assert rt.swaps_on_out_of_memory
+    torch.cuda.set_per_process_memory_fraction(allowed / total)
+    try:
+        x = x0.clone().requires_grad_()
+        with rt.iteration():
+            loss_of(x).backward()
+        torch.cuda.synchronize()
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        torch.cuda.empty_cache()
+    stats = rt.stats()
+    assert stats.evicted_tensors > 0 and rt.trace().meta["out_of_memory_retries"] > 0
+    assert torch.equal(x.grad, expected)
