@@ -133,7 +133,7 @@ class Profiler:
         self.clock = clock if clock is not None else Clock(device)
         self._packs: dict[int, _Pack] = {}
         self._unpacks: dict[int, tuple[Any, Any]] = {}
-        # keys of the planner's backward events (first unpacks of stored, not duplicate, tensors) in order
+        # keys of the planner's backward events (first unpacks of stored tensors, through any handle) in order
         self._events: list[int] = []
         # key -> events seen before its storage was seen dead, minus one (-1: in forward)
         self._frees: dict[int, int] = {}
@@ -268,15 +268,22 @@ class Profiler:
             self._frees[key] = rank
 
     def record_rebuilt(self, key: int, nbytes: int) -> None:
-        """The first unpack of ``key`` rebuilt it into ``nbytes`` of storage."""
-        self._rebuilt.setdefault(key, nbytes)
+        """The first unpack of ``key`` (or of a duplicate of it) rebuilt it into ``nbytes`` of storage."""
+        self._rebuilt.setdefault(self._duplicates.get(key, key), nbytes)
 
     def record_unpack(self, key: int, start: Any, end: Any) -> None:
-        """An unpack hook call; only the first per key is kept."""
-        if key not in self._unpacks:
-            packed = self._packs.get(key)
-            if packed is not None and packed.offloadable and key not in self._duplicates:
-                self._events.append(key)
+        """An unpack hook call; only the first per key is kept.
+
+        A stored tensor's backward event is the first unpack of any of its handles: a duplicate
+        unpacked before the key that stored it (an in-place ReLU's output, read first by the max
+        pool after it) already rebuilds the data.
+        """
+        source = self._duplicates.get(key, key)
+        if source not in self._unpacks:
+            packed = self._packs.get(source)
+            if packed is not None and packed.offloadable:
+                self._events.append(source)
+            self._unpacks[source] = (start, end)
         self._unpacks.setdefault(key, (start, end))
 
     # ------------------------------------------------------------------ the trace

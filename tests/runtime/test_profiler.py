@@ -52,10 +52,10 @@ def test_hidden_times_follow_the_trace_definitions() -> None:
     assert r[2].hidden_forward_s == pytest.approx(1.0 - 0.6)
     assert r[4].hidden_forward_s == pytest.approx(2.0 - 1.1)
     # Backward, in unpack order 4, 2, 0: from the end of the previous offloadable unpack; the first
-    # from the start of backward.
+    # from the start of backward. Key 0's data is first read through its duplicate 3 (at 2.7).
     assert r[4].hidden_backward_s == pytest.approx(0.0)
     assert r[2].hidden_backward_s == pytest.approx(2.5 - 2.1)
-    assert r[0].hidden_backward_s == pytest.approx(3.0 - 2.6)
+    assert r[0].hidden_backward_s == pytest.approx(2.7 - 2.6)
     for key in (1, 3):
         assert r[key].hidden_forward_s == r[key].hidden_backward_s == 0.0
         assert r[key].offloadable is False
@@ -73,6 +73,33 @@ def test_records_carry_sizes_times_and_sparsity() -> None:
     assert (trace.epoch, trace.policy, trace.d2h_gbps, trace.h2d_gbps) == (3, "cswap", 12.0, 13.0)
     assert trace.meta["not_offloadable"] == {"1": "a parameter", "3": "duplicate of key 0 (same storage and view): stored once"}
     assert Trace.from_dict(trace.to_dict()) == trace
+
+
+def test_a_tensor_first_read_through_a_duplicate_is_rebuilt_then() -> None:
+    trace = hand_timed_trace()
+    r = {t.key: t for t in trace.tensors}
+    # The data key 0 stored is rebuilt when its duplicate 3 is unpacked: that is key 0's backward event.
+    assert r[0].unpack_at_s == 2.7 and r[0].unpack_order == 2
+    assert r[3].unpack_at_s == 2.7 and r[3].unpack_order is None  # a duplicate has no event of its own
+    assert [t.key for t in sorted((t for t in trace.tensors if t.unpack_order is not None), key=lambda t: t.unpack_order)] == [4, 2, 0]
+
+
+def test_an_in_place_relu_read_first_by_its_pool_is_unpacked_by_the_pool() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(inplace=True), torch.nn.MaxPool2d(2),
+                                torch.nn.Flatten(), torch.nn.Linear(8 * 4 * 4, 5))
+    rt = cswap.Runtime("none", device="cpu", model=model, min_bytes=0, d2h_gbps=1.0, h2d_gbps=1.0)
+    with rt.iteration():
+        model(torch.randn(4, 3, 8, 8)).sum().backward()
+    trace = rt.trace()
+    duplicates = {int(k): v for k, v in trace.meta["duplicates"].items()}
+    assert duplicates, "the pool saves the ReLU's output again"
+    records = {t.key: t for t in trace.tensors}
+    indices = next(t for t in trace.tensors if t.dtype == "int64")
+    for duplicate, first in duplicates.items():
+        # backward runs the pool first: it reads the ReLU's output (through the duplicate) with its indices
+        assert records[first].unpack_at_s == records[duplicate].unpack_at_s <= indices.unpack_at_s
+        assert records[first].unpack_order < indices.unpack_order
 
 
 def test_never_unpacked_tensor_has_no_unpack_time() -> None:

@@ -60,12 +60,15 @@ def _holds_or_says_least(
     return rt
 
 
+@pytest.mark.parametrize("fraction", [0.35, 0.4, 0.5])
 @pytest.mark.parametrize("policy", POLICIES)
-def test_cnn_at_four_tenths_of_none_holds_the_budget_or_meets_its_minimum(policy: str, cnn_reference: Any) -> None:
+def test_cnn_holds_the_budget_or_meets_its_minimum(policy: str, fraction: float, cnn_reference: Any) -> None:
+    # VGG's in-place ReLU output is saved again by the max pool after it, which reads it first in
+    # backward: the plan must see it rebuilt there, or swap and cswap passed 0.35 and 0.5.
     reference, none_peak = cnn_reference
-    rt = _holds_or_says_least(policy, _cnn, CNN_BATCHES, reference, int(0.4 * none_peak))
+    rt = _holds_or_says_least(policy, _cnn, CNN_BATCHES, reference, int(fraction * none_peak))
     if policy in ("swap", "compress-swap", "cswap"):  # they can move what a budget needs moved
-        assert rt.stats().budget_bytes == int(0.4 * none_peak)
+        assert rt.stats().budget_bytes == int(fraction * none_peak)
         assert "binds:" in str(rt.plan()) and rt.plan().binding
 
 
