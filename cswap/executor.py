@@ -42,7 +42,8 @@ then ZVC) and its inverse (:func:`cswap.codecs.decode`).
 
 Resident bytes (:attr:`Counters.resident_bytes`) count what the saved-tensor machinery holds on the
 device: kept tensors at their compact size, compress-keep tensors at their compressed size,
-compressions whose size is not read back yet at their workspace plus their source,
+compressions whose size is not read back yet at their workspace plus their source, tensors a
+recompute region rebuilt in backward until that call's backward is done (:meth:`Executor.hold_rebuilt`),
 sources of device-to-host copies not yet finished (GPU only; CPU copies finish inside pack), and
 tensors rebuilt for backward from the moment they are fetched (or prefetched) until their storage
 is freed. Parameters and buffers are not counted. The counts are updated at every hook call, so
@@ -274,6 +275,7 @@ class Executor:
         # Compressions whose size is read back later (module docstring), oldest first.
         self.defer_sizes = self.cuda if defer_sizes is None else defer_sizes
         self._unsized: collections.deque[_Stored] = collections.deque()
+        self._rebuilt: dict[Any, int] = {}
         self._slots = ReadbackSlots(pin_memory=self.cuda) if self.defer_sizes else None
 
     # ------------------------------------------------------------------ iterations
@@ -321,6 +323,20 @@ class Executor:
                 self._finish_unsized(self._unsized.popleft())
             self._drain()
             return replace(self.counters, actions=dict(self.counters.actions))
+
+    def hold_rebuilt(self, token: Any, nbytes: int) -> None:
+        """Count ``nbytes`` that a recompute region rebuilt in backward as resident until
+        :meth:`release_rebuilt` (torch's checkpoint holds them, not these hooks)."""
+        with self._lock:
+            self._rebuilt[token] = self._rebuilt.get(token, 0) + nbytes
+            self.counters.add_resident(nbytes)
+
+    def release_rebuilt(self, token: Any | None = None) -> None:
+        """Stop counting what :meth:`hold_rebuilt` counted under ``token`` (``None``: everything)."""
+        with self._lock:
+            tokens = list(self._rebuilt) if token is None else [token]
+            for key in tokens:
+                self.counters.resident_bytes -= self._rebuilt.pop(key, 0)
 
     def count_recomputed(self, tensors: int) -> None:
         """Count ``tensors`` saved tensors that recompute regions dropped and rebuilt (never packed here)."""

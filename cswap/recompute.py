@@ -37,13 +37,13 @@ from collections.abc import Iterable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 from torch.distributed._composable import checkpoint
 
-__all__ = ["RecomputeRegions", "nested_pair", "running_stat_modules"]
+__all__ = ["RecomputeListener", "RecomputeRegions", "nested_pair", "running_stat_modules"]
 
 
 def nested_pair(paths: Iterable[str]) -> tuple[str, str] | None:
@@ -76,6 +76,15 @@ class _Call:
 
     path: str
     inputs: list[tuple[str, torch.Tensor, int]]
+    index: int = 0
+
+
+class RecomputeListener(Protocol):
+    """Told when a region call's recomputation begins in backward and when that call's backward is
+    done (its inputs' gradients exist), so that its rebuilt tensors can be counted while they live."""
+
+    def rebuilding(self, call: int, path: str) -> None: ...
+    def rebuilt_done(self, call: int) -> None: ...
 
 
 class _RecomputeContext:
@@ -87,14 +96,18 @@ class _RecomputeContext:
     every buffer as the original forward left it.
     """
 
-    def __init__(self, call: _Call, norms: list[nn.Module], counts: Counter[str]) -> None:
+    def __init__(self, call: _Call, norms: list[nn.Module], counts: Counter[str], regions: RecomputeRegions) -> None:
         self.call = call
         self.norms = norms
         self.counts = counts
+        self.regions = regions
         self._saved: list[list[torch.Tensor]] = []
 
     def __enter__(self) -> None:
         self.counts[self.call.path] += 1
+        listener = self.regions.listener
+        if listener is not None:
+            listener.rebuilding(self.call.index, self.call.path)
         for name, tensor, version in self.call.inputs:
             if tensor._version != version:
                 raise RuntimeError(
@@ -150,6 +163,10 @@ class RecomputeRegions:
         self._regions: dict[str, _Region] = {}
         self._ineligible: dict[str, str] = {}
         self._recomputations: Counter[str] = Counter()
+        self._calls_made = 0
+        self._grad_hooks: list[Any] = []
+        #: Told of each recomputation and of the end of its call's backward (set per iteration).
+        self.listener: RecomputeListener | None = None
         for path, module in model.named_modules():
             if checkpoint.state(module) is not None:
                 raise ValueError(
@@ -198,7 +215,17 @@ class RecomputeRegions:
             # never checks them; positional ones are saved tensors that torch version-checks itself,
             # and holding them here would keep resident what an outer hook may have swapped out.
             inputs = [(f"keyword argument {k!r}", v, v._version) for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
-            region.pending = _Call(region.path, inputs)
+            self._calls_made += 1
+            region.pending = _Call(region.path, inputs, self._calls_made)
+            # The call's backward is done once its positional inputs and its parameters have their
+            # gradients (a call with neither is done when the iteration ends: the listener's owner
+            # says so). The hooks on parameters outlive the iteration: disable_all removes them.
+            wanting = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+            wanting += [p for p in module.parameters() if p.requires_grad]
+            if wanting and self.listener is not None:
+                index = self._calls_made
+                self._grad_hooks.append(
+                    torch.autograd.graph.register_multi_grad_hook(wanting, lambda grads: self._done(index), mode="all"))
 
         return hook
 
@@ -207,7 +234,7 @@ class RecomputeRegions:
             call, region.pending = region.pending, None
             if call is None:  # a hook ran out of order: no input check, still restore the statistics
                 call = _Call(region.path, [])
-            return nullcontext(), _RecomputeContext(call, region.norms, self._recomputations)
+            return nullcontext(), _RecomputeContext(call, region.norms, self._recomputations, self)
 
         return context_fn
 
@@ -243,10 +270,19 @@ class RecomputeRegions:
             checkpoint.state(self._regions[path].module).enable_hook = True
 
     def disable_all(self) -> None:
-        """Recompute nothing from the next forward on."""
+        """Recompute nothing from the next forward on (and drop the hooks that watched the last
+        iteration's calls end)."""
+        for handle in self._grad_hooks:
+            handle.remove()
+        self._grad_hooks.clear()
         for region in self._regions.values():
             checkpoint.state(region.module).enable_hook = False
             region.pending = None
+
+    def _done(self, index: int) -> None:
+        listener = self.listener
+        if listener is not None:
+            listener.rebuilt_done(index)
 
     def take_recomputations(self) -> dict[str, int]:
         """Per region path, how many of its calls were recomputed since the last call; resets the counts.

@@ -66,6 +66,27 @@ def _with_recompute_seconds(trace: Trace, profile: RegionProfile) -> Trace:
     return replace(trace, tensors=tuple(replace(r, recompute_s=innermost.get(r.key, r.recompute_s)) for r in trace.tensors))
 
 
+def _rebuilt_call_bytes(trace: Trace, profile: RegionProfile, region_keys: dict[str, tuple[int, ...]]) -> dict[str, int]:
+    """Per enabled region, the bytes one of its calls rebuilds in backward: its dropped tensors, each
+    storage once (a second save of the same data is not offloadable in the trace, as in the plan)."""
+    nbytes = {r.key: r.nbytes for r in trace.tensors if r.offloadable}
+    return {path: sum(nbytes.get(k, 0) for k in keys) // max(profile.regions[path].calls, 1) for path, keys in region_keys.items()}
+
+
+class _RebuiltBytes:
+    """Counts a region call's rebuilt tensors as resident from its recomputation to the end of its backward."""
+
+    def __init__(self, executor: Executor, call_bytes: dict[str, int]) -> None:
+        self.executor = executor
+        self.call_bytes = call_bytes
+
+    def rebuilding(self, call: int, path: str) -> None:
+        self.executor.hold_rebuilt(call, self.call_bytes.get(path, 0))
+
+    def rebuilt_done(self, call: int) -> None:
+        self.executor.release_rebuilt(call)
+
+
 class Runtime:
     """Compressed swapping of saved activations for PyTorch training.
 
@@ -184,6 +205,7 @@ class Runtime:
         # Recompute regions are attached to the model at the first profiling iteration that needs them.
         self._regions: RecomputeRegions | None = None
         self._region_keys: dict[str, tuple[int, ...]] = {}
+        self._rebuilt_call_bytes: dict[str, int] = {}
 
     # ------------------------------------------------------------------ properties
 
@@ -330,6 +352,7 @@ class Runtime:
                 tracer = RegionTracer(regions.model)
         elif regions is not None:
             regions.enable(plan.recompute_regions)
+            regions.listener = _RebuiltBytes(executor, self._rebuilt_call_bytes)
         it = executor.begin(plan, profiler, model)
         pack, unpack = executor.hooks(it)
         if tracer is not None:
@@ -373,6 +396,8 @@ class Runtime:
         if regions is None:
             return
         regions.disable_all()
+        regions.listener = None
+        self._executor.release_rebuilt()  # calls whose inputs needed no gradient end with the iteration
         recomputed = regions.take_recomputations()
         if count:
             self._executor.count_recomputed(sum(len(self._region_keys.get(path, ())) for path in recomputed))
@@ -405,6 +430,7 @@ class Runtime:
         error = None
         budget_bytes = None
         region_keys: dict[str, tuple[int, ...]] = {}
+        rebuilt_bytes: dict[str, int] = {}
         # the profiling iteration is the epoch's first: the epoch's peak so far is its own
         profiled_peak = self._executor.snapshot().epoch_peak_resident_bytes
         if tracer is not None:
@@ -416,6 +442,7 @@ class Runtime:
             chosen = plan_regions(trace, profile, self.policy, budget, time_model, self._backend, self._options.min_bytes,
                                   self._epoch, self._plan.launches, profiled_peak)
             plan, error, region_keys = chosen.plan, chosen.error, dict(chosen.region_keys)
+            rebuilt_bytes = _rebuilt_call_bytes(trace, profile, region_keys)
             budget_bytes = chosen.budget_bytes if budget is not None else None
         elif budget is None:
             plan = self._advisor().plan(trace, self._epoch)
@@ -431,6 +458,7 @@ class Runtime:
             self._trace = trace
             self._plan = plan
             self._region_keys = region_keys
+            self._rebuilt_call_bytes = rebuilt_bytes
             self._needs_profile = False
 
     def _bandwidth(self) -> tuple[float, float]:

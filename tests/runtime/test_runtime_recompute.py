@@ -17,6 +17,7 @@ from torch import nn
 
 import cswap
 from cswap.budget import MemoryBudget
+from cswap.executor import Executor
 from cswap.plan import Action
 from cswap.recompute import RecomputeRegions, nested_pair
 from cswap.recompute_facts import profile_regions
@@ -126,6 +127,20 @@ def test_the_profile_prices_recomputing_each_tensor_by_its_module_forward() -> N
     _, rt = train(SmallCNN, CNN_BATCHES[:1], 1, runtime_for("recompute"))
     records = [r for r in rt.trace().tensors if r.offloadable]
     assert records and all(r.recompute_s is not None and r.recompute_s > 0 for r in records if r.module)
+
+
+def test_tensors_a_region_rebuilds_count_as_resident_while_its_backward_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    _, counted = train(SmallCNN, CNN_BATCHES, 1, runtime_for("recompute"))
+    with monkeypatch.context() as patched:
+        patched.setattr(Executor, "hold_rebuilt", lambda self, token, nbytes: None)
+        _, uncounted = train(SmallCNN, CNN_BATCHES, 1, runtime_for("recompute"))
+    assert counted.plan().recompute_regions == uncounted.plan().recompute_regions
+    rebuilt = max(counted._rebuilt_call_bytes.values())
+    assert rebuilt > 0
+    # the last (planned) iteration's peak holds a region's rebuilt tensors on top of what the hooks keep
+    assert counted.stats().iteration_peak_resident_bytes >= uncounted.stats().iteration_peak_resident_bytes + 1
+    assert counted.stats().iteration_peak_resident_bytes <= counted.plan().planner["peak_bytes"]
+    assert counted.stats().resident_bytes == 0  # released when the calls' backward ended
 
 
 def test_a_recomputing_policy_needs_the_model() -> None:
