@@ -741,7 +741,8 @@ class Executor:
                     profiler.record_rebuilt(handle.key, out.untyped_storage().nbytes())
             if stored is not None:
                 stored.unpacked = True
-            self._prefetch_after(it, handle.key)
+            # a duplicate read first stands for the key that stored the data (the plan's event)
+            self._prefetch_after(it, stored.key if stored is not None else handle.key)
             counters = self.counters
             counters.unpacks += 1
             counters.unpack_s += time.perf_counter() - started
