@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -182,13 +183,23 @@ def _milp(arrays: _Arrays, c: np.ndarray, budget_bytes: int | None, peak_variabl
         )
 
 
+#: The start of the debug line HiGHS prints to file descriptor 1 whatever its output options say.
+HIGHS_DEBUG_LINE = b"HighsMipSolverData::"
+
+
 @contextlib.contextmanager
-def stdout_to_stderr() -> Iterator[None]:
-    """Send what native code writes to the process's stdout to stderr instead, for the block.
+def stdout_to_stderr(drop_prefix: bytes = HIGHS_DEBUG_LINE) -> Iterator[None]:
+    """Send what native code writes to the process's stdout to stderr instead, for the block,
+    less the lines that start with ``drop_prefix``.
 
     HiGHS prints a debug line (``HighsMipSolverData::transformNewIntegerFeasibleSolution
     tmpSolver.run();``) straight to file descriptor 1 whatever its output options say, which would
-    corrupt the JSON that ``--json`` commands and benchmarks print there.
+    corrupt the JSON that ``--json`` commands and benchmarks print there and clutter a training
+    run's terminal. The block's writes to descriptor 1 are collected and passed to stderr when it
+    ends; only that line is dropped.
+
+    Args:
+        drop_prefix: lines starting with it are dropped (empty: keep every line).
 
     Example:
         >>> with stdout_to_stderr():
@@ -200,13 +211,19 @@ def stdout_to_stderr() -> Iterator[None]:
     except OSError:  # no stdout to protect
         yield
         return
-    try:
-        os.dup2(2, 1)
-        yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
+    with tempfile.TemporaryFile() as collected:
+        try:
+            os.dup2(collected.fileno(), 1)
+            yield
+        finally:
+            sys.stdout.flush()
+            os.dup2(saved, 1)
+            os.close(saved)
+            collected.seek(0)
+            kept = [line for line in collected.read().splitlines(keepends=True) if not (drop_prefix and line.startswith(drop_prefix))]
+            if kept:
+                sys.stderr.flush()
+                os.write(2, b"".join(kept))
 
 
 def _choice(arrays: _Arrays, x: np.ndarray) -> np.ndarray:

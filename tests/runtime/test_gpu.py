@@ -95,7 +95,7 @@ def test_arena_stops_growing_after_the_profile() -> None:
 
 def test_profiling_that_runs_out_of_device_memory_swaps_on_demand() -> None:
     """Capuchin's passive mode on a real ``torch.OutOfMemoryError``: a keep-all profiling iteration
-    that needs 16 tensors of 64 MiB on a device limited to 6 of them swaps and finishes."""
+    that needs 16 tensors of 64 MiB on a device limited to 8 of them swaps and finishes."""
     tensor_bytes = 64 << 20
     x0 = torch.randn(tensor_bytes // 4, device="cuda")
 
@@ -111,7 +111,7 @@ def test_profiling_that_runs_out_of_device_memory_swaps_on_demand() -> None:
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     total = torch.cuda.get_device_properties(0).total_memory
-    allowed = torch.cuda.memory_reserved() + 6 * tensor_bytes
+    allowed = torch.cuda.memory_reserved() + 8 * tensor_bytes
     rt = cswap.Runtime("none", device="cuda", min_bytes=0)
     assert rt.swaps_on_out_of_memory
     torch.cuda.set_per_process_memory_fraction(allowed / total)
