@@ -217,11 +217,14 @@ class RecomputeRegions:
             inputs = [(f"keyword argument {k!r}", v, v._version) for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
             self._calls_made += 1
             region.pending = _Call(region.path, inputs, self._calls_made)
-            # The call's backward is done once its positional inputs and its parameters have their
-            # gradients (a call with neither is done when the iteration ends: the listener's owner
-            # says so). The hooks on parameters outlive the iteration: disable_all removes them.
+            # The call's backward is done once its positional inputs have their gradients. Only a
+            # call whose inputs need none (the first layer) waits for its parameters' instead: a
+            # parameter tied to another module (BERT's decoder and word embeddings) or shared by two
+            # calls gets its gradient only once every use has run backward. A call with neither is
+            # done when the iteration ends (the listener's owner says so). The hooks on parameters
+            # outlive the iteration: disable_all removes them.
             wanting = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
-            wanting += [p for p in module.parameters() if p.requires_grad]
+            wanting = wanting or [p for p in module.parameters() if p.requires_grad]
             if wanting and self.listener is not None:
                 index = self._calls_made
                 self._grad_hooks.append(

@@ -308,3 +308,46 @@ def test_enabled_regions_are_inert_without_grad() -> None:
     RecomputeRegions(model).enable(["features.0", "head"])
     with torch.no_grad():
         assert torch.equal(model(CNN_X), expected)
+
+
+class _Events:
+    """A :class:`~cswap.recompute.RecomputeListener` that logs what it is told, in order."""
+
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+
+    def rebuilding(self, call: int, path: str) -> None:
+        self.log.append(f"rebuilding {path}")
+
+    def rebuilt_done(self, call: int) -> None:
+        self.log.append(f"done {call}")
+
+
+class TiedLanguageModel(nn.Module):
+    """Embeddings, a body, and a head whose weight is the embeddings' (as HF language models tie them)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(16, 8)
+        self.body = nn.Sequential(nn.Linear(8, 8), nn.Tanh())
+        self.head = nn.Sequential(nn.Tanh(), nn.Linear(8, 16, bias=False))
+        self.head[1].weight = self.embed.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(self.embed(ids)))
+
+
+@pytest.mark.parametrize("region", ["head", "body"])
+def test_a_calls_backward_ends_when_its_inputs_have_gradients_even_with_a_tied_weight(region: str) -> None:
+    torch.manual_seed(0)
+    model = TiedLanguageModel()
+    regions = RecomputeRegions(model)
+    log: list[str] = []
+    regions.listener = _Events(log)
+    regions.enable([region])
+    embedded = model.embed(torch.tensor([[1, 2, 3]]))
+    embedded.register_hook(lambda grad: log.append("embeddings' output gradient"))
+    model.head(model.body(embedded * 2)).sum().backward()
+    regions.disable_all()
+    # the region is done before backward reaches the embeddings, whose weight the head shares
+    assert log[0] == f"rebuilding {region}" and log[1].startswith("done ") and log[2] == "embeddings' output gradient"
