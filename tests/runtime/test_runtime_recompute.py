@@ -17,6 +17,7 @@ from torch import nn
 
 import cswap
 from cswap.budget import MemoryBudget
+from cswap.models import build as build_model
 from cswap.executor import Executor
 from cswap.plan import Action
 from cswap.recompute import RecomputeRegions, nested_pair
@@ -220,3 +221,38 @@ def test_plan_printout_and_dict_list_the_recomputed_tensors() -> None:
     data = plan.to_dict()
     assert data["recompute_regions"] == list(plan.recompute_regions)
     assert [d["key"] for d in data["recomputed"]] == sorted(plan.recomputed)
+
+
+#: Region sets whose runs once counted more than their plan: VGG-11's pools (an in-place ReLU's
+#: output saved again by the pool, which reads it first) and BERT's prediction head (its decoder
+#: weight is the word embeddings').
+FORCED = [
+    ("vgg11", ("features.5",), "cswap", 0.35, {}),
+    ("vgg11", ("classifier",), "cswap", 0.35, {}),
+    ("vgg11", ("features.10", "features.15", "features.5"), "cswap", 0.4, {}),
+    ("bert", ("hf.bert.encoder.layer.0.attention.self", "hf.bert.encoder.layer.0.output", "hf.bert.encoder.layer.1", "hf.cls.predictions"),
+     "capuchin", 0.6, {}),
+    ("bert", ("hf.cls.predictions",), "cswap", 0.6, CRAWLING_LINK),
+]
+
+
+def _vgg11() -> nn.Module:
+    return build_model("vgg11", num_classes=10, width_mult=0.125)
+
+
+@pytest.mark.parametrize(("name", "regions", "policy", "fraction", "link"), FORCED, ids=[f"{n}-{p}-{f}-{r[-1]}" for n, r, p, f, _ in FORCED])
+def test_a_run_with_any_region_choice_holds_its_plan(name: str, regions: tuple[str, ...], policy: str, fraction: float,
+                                                     link: dict[str, float], monkeypatch: pytest.MonkeyPatch) -> None:
+    # The choice among regions depends on measured seconds; forcing one pins a case where the
+    # runtime's count (rebuilt tensors included) and the plan's timeline once disagreed.
+    if name == "vgg11":
+        build, data, loss_fn = _vgg11, batches(4, (4, 3, 32, 32), 10), nn.functional.cross_entropy
+    else:
+        build, data, loss_fn = MODELS[name]
+    _, none = train(build, data[:1], 1, runtime_for("none", memory_budget=1.0), loss_fn=loss_fn)
+    budget = int(fraction * none.stats().peak_resident_bytes)
+    monkeypatch.setattr("cswap.regionplan._choose", lambda planning, budget_bytes, trials: regions)
+    _, rt = train(build, data, 1, runtime_for(policy, memory_budget=budget, **link), loss_fn=loss_fn)
+    stats = rt.stats()
+    assert rt.plan().recompute_regions == tuple(sorted(regions)) and stats.actions["recompute"] > 0
+    assert stats.peak_resident_bytes <= stats.budget_bytes == budget
