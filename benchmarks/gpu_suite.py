@@ -20,7 +20,7 @@ on; a step whose optional package is missing is recorded as skipped, naming it):
   (``cswap.simulate.validate``, which measures on the CPU on any machine).
 
 Usage:
-    python benchmarks/gpu_suite.py --out benchmarks/results/gpu-$(date -u +%F)       # on a GPU (< 8 min)
+    python benchmarks/gpu_suite.py --out benchmarks/results/gpu-$(date -u +%F)       # on a GPU (< 8 min: --deadline-s)
     python benchmarks/gpu_suite.py --device cpu --out benchmarks/results/cpu-$(date -u +%F)
     python benchmarks/gpu_suite.py --device cpu --scale smoke --out /tmp/suite        # seconds, for tests
 """
@@ -55,6 +55,10 @@ GPU_ONLY: dict[str, str] = {
 }
 #: The budget rows get this fraction of plain PyTorch's peak, fixed beforehand (never fitted).
 BUDGET_FRACTION = 0.5
+#: Seconds after which the suite starts no more work (steps, models, policies), so that one call
+#: ends within 8 minutes on any GPU; what it did not reach is recorded as skipped, with the
+#: ``--only`` call that runs it.
+DEADLINE_S = 420.0
 #: The published figures the codec traffic is set beside (not measured here).
 NVCOMP_PUBLISHED = (
     "nvCOMP 1.0's README (github.com/NVIDIA/nvcomp) reports Cascaded compression at up to 500 GB/s "
@@ -106,6 +110,20 @@ SCALES: dict[str, Scale] = {
 
 class Skipped(Exception):
     """A step that cannot run here; the message says why."""
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """When the suite stops starting work: ``limit_s`` seconds after ``start`` (``time.perf_counter``)."""
+
+    start: float
+    limit_s: float
+
+    def passed(self) -> bool:
+        return time.perf_counter() - self.start > self.limit_s
+
+    def reason(self, rerun: str) -> str:
+        return f"not reached: the suite's {self.limit_s:.0f} s deadline passed first (run it alone: --only {rerun})"
 
 
 def load_benchmark(name: str) -> ModuleType:
@@ -207,8 +225,9 @@ def runtime_takes_memory_budget() -> bool:
     return "memory_budget" in inspect.signature(cswap.Runtime).parameters
 
 
-def step_training(device: torch.device, scale: Scale) -> dict[str, Any]:
-    """Every baseline and policy per model; the budget rows in a second pass once plain's peak is known."""
+def step_training(device: torch.device, scale: Scale, deadline: Deadline | None = None) -> dict[str, Any]:
+    """Every baseline and policy per model; the budget rows in a second pass once plain's peak is known.
+    Past ``deadline`` no further model or budget pass starts (the rows left are named as skipped)."""
     training = load_benchmark("training")
     from cswap.options import POLICIES
 
@@ -226,13 +245,18 @@ def step_training(device: torch.device, scale: Scale) -> dict[str, Any]:
     records: list[dict[str, Any]] = []
     gpu_batch = getattr(training, "GPU_BATCH", {})
     for model in scale.train_models:
+        if deadline is not None and deadline.passed():
+            skipped[model] = deadline.reason("training")
+            continue
         batch = scale.train_batch or gpu_batch.get(model, 64)
         args = (batch, scale.train_resolution, scale.train_width_mult, scale.train_iterations, scale.train_rounds,
                 "random", device, {})
         first = list(training.measure(model, (*extra, *POLICIES), *args))
         records += first
         plain_peak = next(r["peak_bytes"] for r in first if r["policy"] == "plain")
-        if budget_rows[0] not in skipped and plain_peak:
+        if deadline is not None and deadline.passed():
+            skipped[f"{model} budget rows"] = deadline.reason("training")
+        elif budget_rows[0] not in skipped and plain_peak:
             budget = int(BUDGET_FRACTION * plain_peak)
             for record in training.measure(model, tuple(budget_rows), *args, memory_budget_bytes=budget):
                 if record["policy"].endswith(training.BUDGET_SUFFIX):
@@ -241,15 +265,22 @@ def step_training(device: torch.device, scale: Scale) -> dict[str, Any]:
     return {"records": records, "skipped_configs": skipped, "budget_fraction_of_plain_peak": BUDGET_FRACTION}
 
 
-def step_max_batch(device: torch.device) -> dict[str, Any]:
-    """``cswap max-batch`` for resnet50 in an emulated 16 GiB GPU (bounds the search's time)."""
+def step_max_batch(device: torch.device, deadline: Deadline | None = None) -> dict[str, Any]:
+    """``cswap max-batch`` for resnet50 in an emulated 16 GiB GPU (bounds the search's time), one
+    policy at a time; past ``deadline`` the policies left are named as skipped."""
     _require_gpu("max_batch", device)
     from cswap.maxbatch import max_batch
     from cswap.options import POLICIES
 
     limit = 16 << 30
-    return {"model": "resnet50", "memory_limit_bytes": limit, "resolution": 224,
-            "max_batch": max_batch("resnet50", POLICIES, memory_limit_bytes=limit, resolution=224, ceiling=2048)}
+    found: dict[str, int] = {}
+    skipped: dict[str, str] = {}
+    for policy in POLICIES:
+        if deadline is not None and deadline.passed():
+            skipped[policy] = deadline.reason("max_batch")
+            continue
+        found.update(max_batch("resnet50", (policy,), memory_limit_bytes=limit, resolution=224, ceiling=2048))
+    return {"model": "resnet50", "memory_limit_bytes": limit, "resolution": 224, "max_batch": found, "skipped_policies": skipped}
 
 
 def step_simulator(scale: Scale) -> dict[str, Any]:
@@ -271,13 +302,14 @@ def summary(report: dict[str, Any]) -> str:
     lines = [f"# GPU suite: {report['machine']} ({report['device']}), {report['date']}", "",
              f"Scale `{report['scale']}`; total {report['seconds']:.0f} s."
              + (" CPU run at small sizes: it shows that the CPU-capable steps run; its figures are not the GPU goals."
-                if report["device"] == "cpu" else ""), "",
+                if report["device"] == "cpu" else "")
+             + ("" if report.get("complete", True) else " **Incomplete**: the run stopped before its last step."), "",
              "| step | status | seconds | note |", "|---|---|---|---|"]
     for name in STEPS:
         step = steps[name]
         note = step.get("reason") or step.get("error") or ""
         lines.append(f"| {name} | {step['status']} | {step['seconds']:.1f} | {note.splitlines()[0] if note else ''} |")
-    skipped_gpu = [n for n in STEPS if steps[n]["needs_gpu"] and steps[n]["status"] == "skipped"]
+    skipped_gpu = [n for n in STEPS if steps[n]["status"] == "skipped" and steps[n].get("reason", "").startswith("needs a GPU")]
     lines += ["", "GPU-only steps: " + ", ".join(f"`{n}`" for n in GPU_ONLY) + "."]
     if skipped_gpu:
         lines.append("Skipped here because they need a GPU: " + ", ".join(f"`{n}`" for n in skipped_gpu) + ".")
@@ -321,6 +353,7 @@ def summary(report: dict[str, Any]) -> str:
     if batch["status"] == "ok":
         lines += ["", "## Max batch, resnet50 224x224, 16 GiB", "",
                   ", ".join(f"{p}: {b}" for p, b in batch["result"]["max_batch"].items())]
+        lines += [f"- {p}: skipped, {reason}" for p, reason in batch["result"].get("skipped_policies", {}).items()]
     sim = steps["simulator"]
     if sim["status"] == "ok":
         lines += ["", "## Simulator against measured (CPU)", "", "| model | policy | measured ms | simulated ms | error |",
@@ -330,27 +363,32 @@ def summary(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_suite(device: torch.device, scale_name: str, out: Path, only: tuple[str, ...] = STEPS) -> dict[str, Any]:
-    """Every step in order; writes ``suite.json`` and ``summary.md`` into ``out`` and returns the report."""
+def run_suite(device: torch.device, scale_name: str, out: Path, only: tuple[str, ...] = STEPS,
+              deadline_s: float = DEADLINE_S) -> dict[str, Any]:
+    """Every step in order; writes ``suite.json`` and ``summary.md`` into ``out`` and returns the report.
+
+    The files are written again after each step, so a run cut short keeps what it measured (the
+    steps it did not reach say so). Past ``deadline_s`` seconds no further work starts.
+    """
     from cswap.device import fingerprint
 
     out.mkdir(parents=True, exist_ok=True)
     scale = SCALES[scale_name]
     start = time.perf_counter()
+    deadline = Deadline(start, deadline_s)
     runners: dict[str, Callable[[], dict[str, Any]]] = {
         "gpu_tests": lambda: step_gpu_tests(device, out),
         "codec_traffic": lambda: step_codec_traffic(device, scale),
         "tuning": lambda: step_tuning(device, scale),
-        "training": lambda: step_training(device, scale),
-        "max_batch": lambda: step_max_batch(device),
+        "training": lambda: step_training(device, scale, deadline),
+        "max_batch": lambda: step_max_batch(device, deadline),
         "simulator": lambda: step_simulator(scale),
     }
-    steps: dict[str, Any] = {}
-    for name in STEPS:
-        if name in only:
-            steps[name] = run_step(name, runners[name], name in GPU_ONLY)
-        else:
-            steps[name] = {"status": "skipped", "reason": "not selected (--only)", "needs_gpu": name in GPU_ONLY, "seconds": 0.0}
+    steps: dict[str, Any] = {
+        name: {"status": "skipped", "needs_gpu": name in GPU_ONLY, "seconds": 0.0,
+               "reason": "not reached: the suite stopped before it" if name in only else "not selected (--only)"}
+        for name in STEPS
+    }
     report = {
         "suite": "gpu_suite",
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -360,16 +398,32 @@ def run_suite(device: torch.device, scale_name: str, out: Path, only: tuple[str,
         "torch": torch.__version__,
         "scale": scale_name,
         "scale_settings": asdict(scale),
+        "deadline_s": deadline_s,
         "gpu_only_steps": dict(GPU_ONLY),
         "skipped_for_no_gpu": [n for n in STEPS if n in GPU_ONLY and device.type != "cuda"],
         "goals": GOALS,
         "nvcomp_published": NVCOMP_PUBLISHED,
-        "seconds": time.perf_counter() - start,
+        "seconds": 0.0,
+        "complete": False,
         "steps": steps,
     }
+    for name in STEPS:
+        if name not in only:
+            continue
+        if deadline.passed():
+            steps[name] = {**steps[name], "reason": deadline.reason(name)}
+        else:
+            steps[name] = run_step(name, runners[name], name in GPU_ONLY)
+        report["seconds"] = time.perf_counter() - start
+        _write(out, report)
+    report["complete"] = True
+    _write(out, report)
+    return report
+
+
+def _write(out: Path, report: dict[str, Any]) -> None:
     (out / "suite.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
     (out / "summary.md").write_text(summary(report))
-    return report
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -378,6 +432,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda when available")
     parser.add_argument("--scale", choices=tuple(SCALES), default=None, help="default: gpu on cuda, cpu on cpu")
     parser.add_argument("--only", default=",".join(STEPS), help=f"comma-separated steps (default all: {','.join(STEPS)})")
+    parser.add_argument("--deadline-s", type=float, default=DEADLINE_S,
+                        help=f"start no more work after this many seconds (default {DEADLINE_S:.0f}: one call under 8 minutes)")
     args = parser.parse_args(argv)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -386,7 +442,9 @@ def main(argv: list[str] | None = None) -> None:
     unknown = sorted(set(only) - set(STEPS))
     if unknown:
         parser.error(f"unknown steps {unknown}: choose from {', '.join(STEPS)}")
-    report = run_suite(device, args.scale or ("gpu" if device.type == "cuda" else "cpu"), args.out, only)
+    if args.deadline_s < 0:
+        parser.error(f"--deadline-s must be >= 0, got {args.deadline_s}")
+    report = run_suite(device, args.scale or ("gpu" if device.type == "cuda" else "cpu"), args.out, only, args.deadline_s)
     print(json.dumps({"out": str(args.out), "statuses": {n: s["status"] for n, s in report["steps"].items()}}))
 
 

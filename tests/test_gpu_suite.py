@@ -10,6 +10,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from torch import device as torch_device
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "gpu_suite.py"
@@ -117,3 +118,41 @@ def test_junit_results_are_counted_and_failures_named(tmp_path: Path) -> None:
     result = _suite().parse_junit(xml)
     assert result == {"tests": 4, "failures": 1, "errors": 0, "skipped": 1, "passed": 2,
                       "failed_tests": ["tests.codecs.test_cuda::test_race"]}
+
+
+def test_past_the_deadline_no_step_starts_and_each_says_how_to_run_it(tmp_path: Path) -> None:
+    suite = _suite()
+    report = suite.run_suite(torch_device("cpu"), "smoke", tmp_path, only=("codec_traffic", "simulator"), deadline_s=0.0)
+    steps = report["steps"]
+    for name in ("codec_traffic", "simulator"):
+        assert steps[name]["status"] == "skipped"
+        assert steps[name]["reason"] == f"not reached: the suite's 0 s deadline passed first (run it alone: --only {name})"
+    assert steps["tuning"]["reason"] == "not selected (--only)"
+    assert report["complete"] is True
+    written = json.loads((tmp_path / "suite.json").read_text())
+    assert written["steps"] == json.loads(json.dumps(steps)) and written["deadline_s"] == 0.0
+    assert "(run it alone: --only simulator)" in (tmp_path / "summary.md").read_text()
+
+
+def test_the_training_step_starts_no_model_past_the_deadline() -> None:
+    suite = _suite()
+    passed = suite.Deadline(start=0.0, limit_s=0.0)
+    result = suite.step_training(torch_device("cpu"), suite.SCALES["smoke"], passed)
+    assert result["records"] == []
+    for model in suite.SCALES["smoke"].train_models:
+        assert result["skipped_configs"][model] == passed.reason("training")
+
+
+def test_a_step_cut_short_leaves_the_steps_before_it_on_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    suite = _suite()
+
+    def killed(scale: object) -> dict:
+        raise KeyboardInterrupt  # the device call's time limit, as the process sees it
+
+    monkeypatch.setattr(suite, "step_simulator", killed)
+    with pytest.raises(KeyboardInterrupt):
+        suite.run_suite(torch_device("cpu"), "smoke", tmp_path, only=("codec_traffic", "simulator"))
+    written = json.loads((tmp_path / "suite.json").read_text())
+    assert written["complete"] is False and written["steps"]["codec_traffic"]["status"] == "ok"
+    assert written["steps"]["simulator"]["reason"] == "not reached: the suite stopped before it"
+    assert "**Incomplete**" in (tmp_path / "summary.md").read_text()
