@@ -366,11 +366,8 @@ class Executor:
                     flat = layout.compact(stored.tensor)
                 except torch.OutOfMemoryError:  # a strided view needs a gathered copy: no room for it
                     continue
-                host, block = self._host(layout.nbytes)
-                host = host.view(layout.dtype)
-                host.copy_(flat)
-                stored.host, stored.block, stored.tensor = host, block, None
-                stored.action = Action.SWAP
+                self._copy_to_host(stored, flat, non_blocking=False)
+                stored.tensor, stored.action = None, Action.SWAP
                 counters.add_resident(-stored.held_bytes)
                 stored.held_bytes = 0
                 counters.kept_bytes -= layout.nbytes
@@ -685,11 +682,8 @@ class Executor:
 
     def _store_on_stream(self, stored: _Stored, flat: torch.Tensor, action: Action, launch: Any) -> None:
         """The copies and compression of one tensor, on the current stream."""
-        non_blocking = self.cuda
         if action is Action.SWAP:
-            host, stored.block = self._host(stored.layout.nbytes)
-            stored.host = host.view(stored.layout.dtype)
-            stored.host.copy_(flat, non_blocking=non_blocking)
+            self._copy_to_host(stored, flat, non_blocking=self.cuda)
             return
         with _torch_threads_kept():
             packed = encode(flat, backend=self.backend, launch=launch)
@@ -697,6 +691,12 @@ class Executor:
             stored.packed = packed
             return
         self._copy_packed_to_host(stored, packed)
+
+    def _copy_to_host(self, stored: _Stored, flat: torch.Tensor, non_blocking: bool) -> None:
+        """Copy the compact ``flat`` into a host block of ``stored`` (on the current stream)."""
+        host, stored.block = self._host(stored.layout.nbytes)
+        stored.host = host.view(stored.layout.dtype)
+        stored.host.copy_(flat, non_blocking=non_blocking)
 
     def _copy_packed_to_host(self, stored: _Stored, packed: Packed) -> None:
         """Copy the three buffers of ``packed`` into one host block (on the current stream)."""
