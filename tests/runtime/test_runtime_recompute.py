@@ -251,8 +251,10 @@ def test_a_run_with_any_region_choice_holds_its_plan(name: str, regions: tuple[s
         build, data, loss_fn = MODELS[name]
     _, none = train(build, data[:1], 1, runtime_for("none", memory_budget=1.0), loss_fn=loss_fn)
     budget = int(fraction * none.stats().peak_resident_bytes)
+    plain, _ = train(build, data, 1, loss_fn=loss_fn)
     monkeypatch.setattr("cswap.regionplan._choose", lambda planning, budget_bytes, trials: regions)
-    _, rt = train(build, data, 1, runtime_for(policy, memory_budget=budget, **link), loss_fn=loss_fn)
+    grads, rt = train(build, data, 1, runtime_for(policy, memory_budget=budget, **link), loss_fn=loss_fn)
     stats = rt.stats()
     assert rt.plan().recompute_regions == tuple(sorted(regions)) and stats.actions["recompute"] > 0
     assert stats.peak_resident_bytes <= stats.budget_bytes == budget
+    assert_bit_equal([g for it in plain for g in it], [g for it in grads for g in it], "gradient")
