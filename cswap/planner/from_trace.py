@@ -23,7 +23,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -31,7 +31,7 @@ import torch
 from cswap.codecs.encoding import Encoding, encodable
 from cswap.codecs.format import DEFAULT_CHUNK_WORDS
 from cswap.costmodel import TimeModel
-from cswap.lifetime import EventTimeline, Lifetime, lifetimes_from_trace
+from cswap.lifetime import Lifetime, lifetimes_from_trace
 from cswap.planner.options import DEFAULT_PREFETCH_DISTANCES, LinkModel, PlanningProblem, TensorSpec, build_problem
 from cswap.trace import TensorRecord, Trace
 
@@ -73,24 +73,20 @@ def _spec(  # type: ignore[no-untyped-def]
     )
 
 
-def _rebuilt_at(trace: Trace, events: EventTimeline, groups: Sequence[Sequence[int]]) -> dict[int, tuple[int, int] | None]:
+def _rebuilt_at(life: Mapping[int, Lifetime | None], forward_events: int, groups: Sequence[Sequence[int]]) -> dict[int, tuple[int, int] | None]:
     """Per key of ``groups``, the events its group's recomputation holds it over: from the event
     before the group's first unpack to the group's last free (``None``: never unpacked)."""
-    life = {r.key: lt for r, lt in zip(trace.tensors, events.lifetimes, strict=True)}
     spans: dict[int, tuple[int, int] | None] = {}
     for group in groups:
         lives = [life[k] for k in group if life.get(k) is not None and life[k].unpack is not None]  # type: ignore[union-attr]
-        span = (max(min(lt.unpack for lt in lives) - 1, events.forward_events), max(lt.free for lt in lives)) if lives else None  # type: ignore[type-var]
+        span = (max(min(lt.unpack for lt in lives) - 1, forward_events), max(lt.free for lt in lives)) if lives else None  # type: ignore[type-var]
         for key in group:
             spans[key] = span
     return spans
 
 
-def _first_unpacks(
-    trace: Trace, events: EventTimeline, groups: Sequence[Sequence[int]], inputs: Sequence[Sequence[int]]
-) -> dict[int, int]:
+def _first_unpacks(life: Mapping[int, Lifetime | None], groups: Sequence[Sequence[int]], inputs: Sequence[Sequence[int]]) -> dict[int, int]:
     """Per region-input key, the earliest first unpack of the groups whose recomputation reads it."""
-    life = {r.key: lt for r, lt in zip(trace.tensors, events.lifetimes, strict=True)}
     early: dict[int, int] = {}
     for group, keys in zip(groups, inputs):
         unpacks = [life[k].unpack for k in group if life.get(k) is not None and life[k].unpack is not None]  # type: ignore[union-attr]
@@ -143,8 +139,9 @@ def problem_from_trace(
             )
         link = LinkModel(trace.d2h_gbps, trace.h2d_gbps, async_copies=trace.device.get("kind") == "cuda")
     events = lifetimes_from_trace(trace)
-    rebuilt_at = _rebuilt_at(trace, events, rebuilt_together)
-    first_unpack = _first_unpacks(trace, events, rebuilt_together, rebuilt_from)
+    life = {r.key: lt for r, lt in zip(trace.tensors, events.lifetimes, strict=True)}
+    rebuilt_at = _rebuilt_at(life, events.forward_events, rebuilt_together)
+    first_unpack = _first_unpacks(life, rebuilt_together, rebuilt_from)
     times = np.zeros(events.event_count)
     specs = []
     for record, lifetime in zip(trace.tensors, events.lifetimes, strict=True):
