@@ -186,17 +186,19 @@ class BudgetError(ValueError):
         >>> print(error)  # doctest: +NORMALIZE_WHITESPACE
         policy swap cannot keep saved activations within the memory budget of 1.00 MiB (1048576 bytes):
         it needs at least 3.00 MiB (3145728 bytes). Raise the budget to at least 3145728 bytes, or use a
-        policy with more actions (cswap allows keep, swap, zvc-swap and zvc-keep).
+        policy with more actions (cswap allows keep, swap, zvc-swap, zvc-keep and, given the model, recompute).
     """
 
     def __init__(self, minimum_bytes: int, policy: str, budget_bytes: int) -> None:
         self.minimum_bytes = int(minimum_bytes)
         self.policy = policy
         self.budget_bytes = int(budget_bytes)
+        actions = "keep, swap, zvc-swap, zvc-keep and, given the model, recompute"
+        other = (f" (cswap already has every action: {actions})" if policy == "cswap"
+                 else f", or use a policy with more actions (cswap allows {actions})")
         super().__init__(
             f"policy {policy} cannot keep saved activations within the memory budget of {format_bytes(budget_bytes)}: "
-            f"it needs at least {format_bytes(minimum_bytes)}. Raise the budget to at least {self.minimum_bytes} bytes, "
-            f"or use a policy with more actions (cswap allows keep, swap, zvc-swap and zvc-keep)."
+            f"it needs at least {format_bytes(minimum_bytes)}. Raise the budget to at least {self.minimum_bytes} bytes{other}."
         )
 
     def __reduce__(self) -> tuple[type, tuple[int, str, int]]:

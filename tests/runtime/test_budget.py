@@ -92,8 +92,15 @@ def test_budget_error_states_minimum_and_fix():
     assert "policy compress-keep cannot keep saved activations within the memory budget of 2.00 GiB" in message
     assert "it needs at least 5.00 GiB (5368709120 bytes)" in message
     assert "Raise the budget to at least 5368709120 bytes, or use a policy with more actions" in message
+    assert "given the model, recompute" in message
     again = pickle.loads(pickle.dumps(error))
     assert again.minimum_bytes == error.minimum_bytes and str(again) == message
+
+
+def test_budget_error_of_cswap_suggests_no_other_policy():
+    message = str(BudgetError(minimum_bytes=5 << 30, policy="cswap", budget_bytes=2 << 30))
+    assert "Raise the budget to at least 5368709120 bytes (cswap already has every action:" in message
+    assert "use a policy" not in message
 
 
 def test_exported_lazily_from_cswap():
