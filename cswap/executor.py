@@ -43,11 +43,12 @@ then ZVC) and its inverse (:func:`cswap.codecs.decode`).
 Resident bytes (:attr:`Counters.resident_bytes`) count what the saved-tensor machinery holds on the
 device: kept tensors at their compact size, compress-keep tensors at their compressed size,
 compressions whose size is not read back yet at their workspace plus their source, tensors a
-recompute region rebuilt in backward until that call's backward is done (:meth:`Executor.hold_rebuilt`),
-sources of device-to-host copies not yet finished (GPU only; CPU copies finish inside pack), and
-tensors rebuilt for backward from the moment they are fetched (or prefetched) until their storage
-is freed. Parameters and buffers are not counted. The counts are updated at every hook call, so
-the peak is exact at the moments memory grows.
+recompute region's recomputation saved for backward until their storage is freed
+(:meth:`Executor.hold_rebuilt`), sources of device-to-host copies not yet finished (GPU only; CPU
+copies finish inside pack), and tensors rebuilt for backward from the moment they are fetched (or
+prefetched) until their storage is freed. Two kept views of one storage count it once. Parameters
+and buffers are not counted. The counts are updated at every hook call, so the peak is exact at
+the moments memory grows.
 
 Example:
     >>> import torch
@@ -183,6 +184,7 @@ class _Stored:
         "storage_ref",
         "unsized",
         "source",
+        "owner",
         "_sink",
         "__weakref__",
     )
@@ -206,6 +208,7 @@ class _Stored:
         self.storage_ref: StorageWeakRef | None = None
         self.unsized: Unsized | None = None  # compressed, its size not read back yet
         self.source: torch.Tensor | None = None  # what it was compressed from, until then
+        self.owner: _Stored | None = None  # the entry counting the storage this one keeps too
         self._sink = sink
 
     def __del__(self) -> None:
@@ -268,6 +271,8 @@ class Executor:
         self.counters = Counters()
         self._lock = threading.RLock()
         self._dedupe: weakref.WeakValueDictionary[tuple[Any, ...], _Stored] = weakref.WeakValueDictionary()
+        # storage id -> the kept entry counting that storage's bytes
+        self._kept_storages: weakref.WeakValueDictionary[int, _Stored] = weakref.WeakValueDictionary()
         self._released: collections.deque[tuple[int, ArenaBlock | None, int, int]] = collections.deque()
         self._inflight: list[tuple[Any, int]] = []
         self._handed_out: list[tuple[StorageWeakRef, int, int]] = []
@@ -275,7 +280,7 @@ class Executor:
         # Compressions whose size is read back later (module docstring), oldest first.
         self.defer_sizes = self.cuda if defer_sizes is None else defer_sizes
         self._unsized: collections.deque[_Stored] = collections.deque()
-        self._rebuilt: dict[Any, int] = {}
+        self._rebuilt: dict[int, tuple[StorageWeakRef, int]] = {}  # storage id -> (ref, bytes)
         self._slots = ReadbackSlots(pin_memory=self.cuda) if self.defer_sizes else None
 
     # ------------------------------------------------------------------ iterations
@@ -324,19 +329,30 @@ class Executor:
             self._drain()
             return replace(self.counters, actions=dict(self.counters.actions))
 
-    def hold_rebuilt(self, token: Any, nbytes: int) -> None:
-        """Count ``nbytes`` that a recompute region rebuilt in backward as resident until
-        :meth:`release_rebuilt` (torch's checkpoint holds them, not these hooks)."""
+    def hold_rebuilt(self, it: IterationState, tensor: torch.Tensor) -> None:
+        """Count the storage of ``tensor``, which a recompute region's recomputation saved for backward,
+        as resident until it is freed (torch's checkpoint holds it, not these hooks).
+
+        A parameter's or buffer's storage, or one already counted, is not counted again.
+        """
+        storage = tensor.untyped_storage()
+        sid = storage._cdata
+        if sid in it.protected:
+            return
         with self._lock:
-            self._rebuilt[token] = self._rebuilt.get(token, 0) + nbytes
+            known = self._rebuilt.get(sid)
+            if known is not None and not known[0].expired():
+                return
+            nbytes = storage.nbytes()
+            self._rebuilt[sid] = (StorageWeakRef(storage), nbytes)
             self.counters.add_resident(nbytes)
 
-    def release_rebuilt(self, token: Any | None = None) -> None:
-        """Stop counting what :meth:`hold_rebuilt` counted under ``token`` (``None``: everything)."""
+    def release_rebuilt(self) -> None:
+        """Stop counting the rebuilt storages still alive: the iteration is over, and what holds them
+        now is not its backward."""
         with self._lock:
-            tokens = list(self._rebuilt) if token is None else [token]
-            for key in tokens:
-                self.counters.resident_bytes -= self._rebuilt.pop(key, 0)
+            self.counters.resident_bytes -= sum(nbytes for _, nbytes in self._rebuilt.values())
+            self._rebuilt.clear()
 
     def count_recomputed(self, tensors: int) -> None:
         """Count ``tensors`` saved tensors that recompute regions dropped and rebuilt (never packed here)."""
@@ -420,6 +436,11 @@ class Executor:
                 else:
                     alive.append((ref, nbytes, key))
             self._handed_out = alive
+        if self._rebuilt:
+            for sid, (ref, nbytes) in list(self._rebuilt.items()):
+                if ref.expired():
+                    counters.resident_bytes -= nbytes
+                    del self._rebuilt[sid]
         if profiler is not None and freed:
             profiler.record_free(freed)
 
@@ -495,12 +516,16 @@ class Executor:
             if profiler is not None:
                 profiler.record_duplicate(key, stored.key)
         else:
-            decision = plan.resolve(key, layout.shape, layout.dtype, layout.nbytes, resident_bytes=counters.resident_bytes)
+            owner = self._kept_storages.get(dedupe_key[0])
+            if owner is not None and (owner.action is not Action.KEEP or owner.tensor is None or owner.held_bytes < layout.nbytes):
+                owner = None  # evicted since, or it counts a smaller view of the storage than this one
+            decision = plan.resolve(key, layout.shape, layout.dtype, layout.nbytes, resident_bytes=counters.resident_bytes,
+                                    shares_kept=owner is not None)
             if decision.budget_fallback:
                 counters.budget_fallbacks += 1
             elif not decision.planned and plan.decisions:
                 counters.unknown_keys += 1
-            stored, zeros = self._store(key, tensor.detach(), layout, decision, count_zeros=profiler is not None)
+            stored, zeros = self._store(key, tensor.detach(), layout, decision, count_zeros=profiler is not None, owner=owner)
             self._wait_for_budget(plan.budget_bytes)
             if profiler is not None:
                 # Deferred like the zero count: what the encoding needs to predict its size.
@@ -516,9 +541,14 @@ class Executor:
         return _Handle(key, stored), record
 
     def _store(
-        self, key: int, tensor: torch.Tensor, layout: Layout, decision: Decision, count_zeros: bool
+        self, key: int, tensor: torch.Tensor, layout: Layout, decision: Decision, count_zeros: bool, owner: _Stored | None = None
     ) -> tuple[_Stored, Any]:
-        """Carry out ``decision`` on ``tensor``; returns the stored data and its zero count (when asked)."""
+        """Carry out ``decision`` on ``tensor``; returns the stored data and its zero count (when asked).
+
+        ``owner`` is a stored entry that already keeps ``tensor``'s storage (another view of it): a
+        kept ``tensor`` then holds no bytes of its own and keeps ``owner`` alive instead, so that
+        the storage is counted once, for as long as either needs it.
+        """
         counters = self.counters
         action = decision.action
         stored = _Stored(key, decision, layout, self._released)
@@ -528,9 +558,13 @@ class Executor:
         zeros: Any = 0
         if action is Action.KEEP:
             stored.tensor = tensor
-            stored.held_bytes = layout.nbytes
             counters.kept_bytes += layout.nbytes
-            counters.add_resident(layout.nbytes)
+            if owner is None:
+                stored.held_bytes = layout.nbytes
+                counters.add_resident(layout.nbytes)
+                self._kept_storages[_storage_id(tensor)] = stored
+            else:
+                stored.owner = owner
             if count_zeros:
                 zeros = self._zeros(layout.compact(tensor), layout)
             return stored, zeros

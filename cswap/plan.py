@@ -319,6 +319,7 @@ class Plan:
         never_moved: str | None = None,
         duplicate_of: Decision | None = None,
         resident_bytes: int = 0,
+        shares_kept: bool = False,
     ) -> Decision:
         """The complete decision for one pack; the executor carries it out as it is.
 
@@ -329,6 +330,8 @@ class Plan:
             duplicate_of: the decision of the pack whose data this one shares (stored once).
             resident_bytes: what the executor holds on the device now; under a budget, a keep or
                 zvc-keep that would take it past ``budget_bytes`` becomes ``fallback_action``.
+            shares_kept: another pack already keeps this tensor's storage (another view of it), so
+                keeping this one too adds nothing and the budget does not make it fall back.
 
         Returns:
             The planned :class:`Decision` when its guard holds and the facts agree with it; else a
@@ -358,7 +361,7 @@ class Plan:
             reason = why or self.default_reason or f"key {key} ({name} {list(shape)}) not in the plan: policy {self.policy}'s default"
             launches = self.launches.launches(name, nbytes) if action.compresses and self.launches is not None else {}
             decision = Decision(**facts, action=action, reason=reason, raw_unless_smaller=self.raw_unless_smaller, **launches)
-        if never_moved is None and duplicate_of is None:
+        if never_moved is None and duplicate_of is None and not (shares_kept and decision.action is Action.KEEP):
             decision = self._within_budget(decision, resident_bytes)
         resolved: dict[int, Decision] = self._resolved  # type: ignore[attr-defined]
         if decision is planned:

@@ -42,6 +42,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 from torch.distributed._composable import checkpoint
+from torch.utils._pytree import tree_leaves
 
 __all__ = ["RecomputeListener", "RecomputeRegions", "nested_pair", "running_stat_modules"]
 
@@ -76,15 +77,63 @@ class _Call:
 
     path: str
     inputs: list[tuple[str, torch.Tensor, int]]
-    index: int = 0
 
 
 class RecomputeListener(Protocol):
-    """Told when a region call's recomputation begins in backward and when that call's backward is
-    done (its inputs' gradients exist), so that its rebuilt tensors can be counted while they live."""
+    """Told of every tensor a region's recomputation saves for backward, except the call's own inputs
+    (positional and keyword, views of them included), so that new memory can be counted while it lives.
+    Parameters and buffers are not filtered out here: the listener knows them."""
 
-    def rebuilding(self, call: int, path: str) -> None: ...
-    def rebuilt_done(self, call: int) -> None: ...
+    def rebuilt(self, tensor: torch.Tensor) -> None: ...
+
+
+def _storage_key(tensor: torch.Tensor) -> int | None:
+    try:
+        return tensor.untyped_storage()._cdata
+    except (NotImplementedError, RuntimeError):  # a tensor without storage (sparse, some subclasses)
+        return None
+
+
+class _RebuiltWatch:
+    """Sits on top of torch's recomputation hook for one recomputation and tells ``listener`` of each
+    tensor saved in new memory before handing it on.
+
+    torch stores each recomputed tensor until its node unpacks it, then drops it: the listener sees
+    the storage and can follow it to its free. The call's inputs are named by the region's forward
+    pre-hook (:meth:`exclude`) before its forward saves anything.
+    """
+
+    def __init__(self, listener: RecomputeListener) -> None:
+        self.listener = listener
+        self.inputs: set[int] = set()
+        self._inner_pack: Any = None
+        self._pushed = False
+
+    def exclude(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        for leaf in tree_leaves((args, kwargs)):
+            if isinstance(leaf, torch.Tensor):
+                key = _storage_key(leaf)
+                if key is not None:
+                    self.inputs.add(key)
+
+    def _pack(self, tensor: torch.Tensor) -> Any:
+        key = _storage_key(tensor)
+        if key is not None and key not in self.inputs:
+            self.listener.rebuilt(tensor)
+        return self._inner_pack(tensor)
+
+    def __enter__(self) -> None:
+        hooks = torch._C._autograd._top_saved_tensors_default_hooks(False)
+        if hooks is None:  # nothing would be saved: torch recomputes under its own hook
+            return
+        self._inner_pack, inner_unpack = hooks
+        torch._C._autograd._push_saved_tensors_default_hooks(self._pack, inner_unpack)
+        self._pushed = True
+
+    def __exit__(self, *exc: object) -> None:
+        if self._pushed:
+            torch._C._autograd._pop_saved_tensors_default_hooks()
+            self._pushed = False
 
 
 class _RecomputeContext:
@@ -93,21 +142,20 @@ class _RecomputeContext:
     On entry it checks that no keyword tensor input changed since the forward (torch checks the
     positional ones itself; keyword ones are held by reference and would silently give other values) and
     snapshots the running statistics; on exit it puts them back, so the recomputed forward leaves
-    every buffer as the original forward left it.
+    every buffer as the original forward left it. While it runs, a listener set on the regions is
+    told of each tensor the recomputation saves (:class:`_RebuiltWatch`).
     """
 
-    def __init__(self, call: _Call, norms: list[nn.Module], counts: Counter[str], regions: RecomputeRegions) -> None:
+    def __init__(self, call: _Call, region: _Region, counts: Counter[str], regions: RecomputeRegions) -> None:
         self.call = call
-        self.norms = norms
+        self.region = region
         self.counts = counts
         self.regions = regions
         self._saved: list[list[torch.Tensor]] = []
+        self._watches: list[_RebuiltWatch | None] = []
 
     def __enter__(self) -> None:
         self.counts[self.call.path] += 1
-        listener = self.regions.listener
-        if listener is not None:
-            listener.rebuilding(self.call.index, self.call.path)
         for name, tensor, version in self.call.inputs:
             if tensor._version != version:
                 raise RuntimeError(
@@ -115,12 +163,22 @@ class _RecomputeContext:
                     f"(version {version} -> {tensor._version}), so recomputing it would give other values; "
                     "stop recomputing this region or stop modifying the tensor in place"
                 )
-        self._saved.append([b.detach().clone() for m in self.norms for b in m.buffers(recurse=False)])
+        self._saved.append([b.detach().clone() for m in self.region.norms for b in m.buffers(recurse=False)])
+        listener = self.regions.listener
+        watch = _RebuiltWatch(listener) if listener is not None else None
+        if watch is not None:
+            watch.__enter__()
+            self.region.watches.append(watch)
+        self._watches.append(watch)
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
+        watch = self._watches.pop()
+        if watch is not None:
+            watch.__exit__()
+            self.region.watches.remove(watch)
         saved = self._saved.pop()
         with torch.no_grad():
-            buffers = [b for m in self.norms for b in m.buffers(recurse=False)]
+            buffers = [b for m in self.region.norms for b in m.buffers(recurse=False)]
             for buffer, value in zip(buffers, saved, strict=True):
                 buffer.copy_(value)
 
@@ -132,6 +190,7 @@ class _Region:
     norms: list[nn.Module]
     pending: _Call | None = None
     calls: list[_Call] = field(default_factory=list)
+    watches: list[_RebuiltWatch] = field(default_factory=list)
 
 
 class RecomputeRegions:
@@ -163,9 +222,7 @@ class RecomputeRegions:
         self._regions: dict[str, _Region] = {}
         self._ineligible: dict[str, str] = {}
         self._recomputations: Counter[str] = Counter()
-        self._calls_made = 0
-        self._grad_hooks: list[Any] = []
-        #: Told of each recomputation and of the end of its call's backward (set per iteration).
+        #: Told of each tensor a recomputation saves (set per iteration).
         self.listener: RecomputeListener | None = None
         for path, module in model.named_modules():
             if checkpoint.state(module) is not None:
@@ -210,25 +267,14 @@ class RecomputeRegions:
     def _remember(self, region: _Region) -> Any:
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             if not checkpoint.state(module).enable_hook:
+                if region.watches:  # the recomputation calls the module again: these are its inputs
+                    region.watches[-1].exclude(args, kwargs)
                 return
             # Keyword inputs only: checkpoint holds them by reference (so this costs no memory) and
             # never checks them; positional ones are saved tensors that torch version-checks itself,
             # and holding them here would keep resident what an outer hook may have swapped out.
             inputs = [(f"keyword argument {k!r}", v, v._version) for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
-            self._calls_made += 1
-            region.pending = _Call(region.path, inputs, self._calls_made)
-            # The call's backward is done once its positional inputs have their gradients. Only a
-            # call whose inputs need none (the first layer) waits for its parameters' instead: a
-            # parameter tied to another module (BERT's decoder and word embeddings) or shared by two
-            # calls gets its gradient only once every use has run backward. A call with neither is
-            # done when the iteration ends (the listener's owner says so). The hooks on parameters
-            # outlive the iteration: disable_all removes them.
-            wanting = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
-            wanting = wanting or [p for p in module.parameters() if p.requires_grad]
-            if wanting and self.listener is not None:
-                index = self._calls_made
-                self._grad_hooks.append(
-                    torch.autograd.graph.register_multi_grad_hook(wanting, lambda grads: self._done(index), mode="all"))
+            region.pending = _Call(region.path, inputs)
 
         return hook
 
@@ -237,7 +283,7 @@ class RecomputeRegions:
             call, region.pending = region.pending, None
             if call is None:  # a hook ran out of order: no input check, still restore the statistics
                 call = _Call(region.path, [])
-            return nullcontext(), _RecomputeContext(call, region.norms, self._recomputations, self)
+            return nullcontext(), _RecomputeContext(call, region, self._recomputations, self)
 
         return context_fn
 
@@ -273,19 +319,10 @@ class RecomputeRegions:
             checkpoint.state(self._regions[path].module).enable_hook = True
 
     def disable_all(self) -> None:
-        """Recompute nothing from the next forward on (and drop the hooks that watched the last
-        iteration's calls end)."""
-        for handle in self._grad_hooks:
-            handle.remove()
-        self._grad_hooks.clear()
+        """Recompute nothing from the next forward on."""
         for region in self._regions.values():
             checkpoint.state(region.module).enable_hook = False
             region.pending = None
-
-    def _done(self, index: int) -> None:
-        listener = self.listener
-        if listener is not None:
-            listener.rebuilt_done(index)
 
     def take_recomputations(self) -> dict[str, int]:
         """Per region path, how many of its calls were recomputed since the last call; resets the counts.

@@ -66,7 +66,7 @@ from cswap.costmodel import TimeModel
 from cswap.plan import Action, Decision, LaunchCache, Plan
 from cswap.planner import BudgetPlan, PlanningProblem, minimum_bytes, plan_budget, problem_from_trace, timeline_of
 from cswap.recompute import nested_pair
-from cswap.recompute_facts import RegionProfile
+from cswap.recompute_facts import InputRecord, RegionProfile
 from cswap.trace import Trace
 
 __all__ = ["BASE_POLICIES", "GROW_WIDTH", "NO_CODEC", "TIME_TRIALS", "RegionPlan", "plan_regions"]
@@ -121,13 +121,13 @@ class _Planning:
         return tuple(k for k, storage in self._storages.items() if storage in storages and k not in freed)
 
     def extra_bytes(self, regions: tuple[str, ...]) -> int:
-        """Bytes of region inputs no profiled tensor shares: held for the whole iteration."""
-        known = set(self._storages.values())
+        """Bytes of region inputs that no kept profiled tensor covers: held for the whole iteration."""
+        sharers = _sharers(self.profile, self.freed(regions))
         extra: dict[int, int] = {}
         for pack in self.profile.sequence(regions):
             if pack.key is None:
                 for inp in self.profile.calls[pack.call].inputs:  # type: ignore[index]
-                    if inp.name == pack.input and not inp.keyword and inp.movable and inp.storage not in known:
+                    if inp.name == pack.input and not inp.keyword and inp.movable and _covering(sharers, inp) is None:
                         extra[inp.storage] = inp.storage_bytes
         return sum(extra.values())
 
@@ -264,12 +264,27 @@ def _compact_bytes(shape: tuple[int, ...], dtype: str) -> int:
     return math.prod(shape) * itemsize
 
 
-def _rekeyed(plan: Plan, profile: RegionProfile, regions: tuple[str, ...], freed: frozenset[int]) -> tuple[Plan, dict[str, tuple[int, ...]]]:
-    """``plan`` (keyed by profiled keys) keyed by the pack ordinals with ``regions`` enabled."""
-    storage_key: dict[int, int] = {}
+def _sharers(profile: RegionProfile, freed: frozenset[int]) -> dict[int, tuple[int, int]]:
+    """Per storage, the first profiled key still saved that shares it, and that save's bytes."""
+    sharers: dict[int, tuple[int, int]] = {}
     for s in profile.saves:
         if s.key not in freed:
-            storage_key.setdefault(s.storage, s.key)
+            sharers.setdefault(s.storage, (s.key, _compact_bytes(s.shape, s.dtype)))
+    return sharers
+
+
+def _covering(sharers: dict[int, tuple[int, int]], inp: InputRecord) -> int | None:
+    """The profiled key whose plan a region input follows: one sharing its storage that is at least
+    as large (a smaller view, such as a pooler's first token, leaves the rest unplanned)."""
+    found = sharers.get(inp.storage)
+    if found is None or found[1] < _compact_bytes(inp.shape, inp.dtype):
+        return None
+    return found[0]
+
+
+def _rekeyed(plan: Plan, profile: RegionProfile, regions: tuple[str, ...], freed: frozenset[int]) -> tuple[Plan, dict[str, tuple[int, ...]]]:
+    """``plan`` (keyed by profiled keys) keyed by the pack ordinals with ``regions`` enabled."""
+    sharers = _sharers(profile, freed)
     decisions: dict[int, Decision] = {}
     expected: dict[int, int] = {}
     ordinal_of: dict[int, int] = {}
@@ -280,7 +295,7 @@ def _rekeyed(plan: Plan, profile: RegionProfile, regions: tuple[str, ...], freed
         else:
             inp = next(i for i in profile.calls[pack.call].inputs if i.name == pack.input and not i.keyword)  # type: ignore[index]
             shape_facts = dict(key=ordinal, shape=inp.shape, dtype=inp.dtype, nbytes=_compact_bytes(inp.shape, inp.dtype), module=f"{pack.region or 'model'} (input)")
-            source = storage_key.get(inp.storage)
+            source = _covering(sharers, inp)
             if source is not None and source in plan.decisions:
                 decision = replace(plan.decisions[source], **shape_facts,
                                    reason=f"input {pack.input} of recompute region {pack.region!r}, as key {source}: {plan.decisions[source].reason}")
@@ -290,7 +305,8 @@ def _rekeyed(plan: Plan, profile: RegionProfile, regions: tuple[str, ...], freed
         decisions[ordinal] = decision
         if source is not None:
             ordinal_of.setdefault(source, ordinal)
-            if source in plan.expected_bytes:
+            # a region input's pack comes later than its source's: the bytes expected there are not its own
+            if pack.key is not None and source in plan.expected_bytes:
                 expected[ordinal] = plan.expected_bytes[source]
     region_keys: dict[str, tuple[int, ...]] = {}
     recomputed: dict[int, Decision] = {}
@@ -357,10 +373,13 @@ def plan_regions(
         regions, target = smallest, budget_bytes
     else:
         regions, target = _choose(planning, budget_bytes, time_trials if policy != "recompute" else 0), budget_bytes
+    planned = planning.solve(regions, target)
+    if planned is None and target >= least and regions != smallest:
+        regions = smallest  # its least is the policy's least, which the budget meets
+        planned = planning.solve(regions, target)
     problem, extra = planning.problem(regions)
     rules: dict[str, Any] = dict(policy=policy, epoch=epoch, min_bytes=min_bytes, launches=launches, budget_bytes=target,
                                  fallback_action=FALLBACK_ACTIONS[policy], d2h_gbps=trace.d2h_gbps, h2d_gbps=trace.h2d_gbps)
-    planned = planning.solve(regions, target)
     if target < least or planned is None:
         reason = f"budget {target:,d} B below this policy's least {least:,d} B: {PASSIVE_ACTION.value} (passive)"
         plan = Plan(**rules, default_action=PASSIVE_ACTION, prefetch_bytes=0, default_reason=reason)

@@ -37,7 +37,7 @@ from cswap.budget import BudgetError
 from cswap.budgetplan import FALLBACK_ACTIONS, NO_CODEC, PROFILE_ACTIONS, budget_plan
 from cswap.codecs.api import default_backend
 from cswap.device import bandwidth, fingerprint, resolve_device
-from cswap.executor import Counters, Executor
+from cswap.executor import Counters, Executor, IterationState
 from cswap.options import RECOMPUTING_POLICIES, LaunchLookup, RuntimeOptions, file_defaults, load_options
 from cswap.paths import shipped_configs_dir
 from cswap.passive import SwapOnOutOfMemory
@@ -66,25 +66,15 @@ def _with_recompute_seconds(trace: Trace, profile: RegionProfile) -> Trace:
     return replace(trace, tensors=tuple(replace(r, recompute_s=innermost.get(r.key, r.recompute_s)) for r in trace.tensors))
 
 
-def _rebuilt_call_bytes(trace: Trace, profile: RegionProfile, region_keys: dict[str, tuple[int, ...]]) -> dict[str, int]:
-    """Per enabled region, the bytes one of its calls rebuilds in backward: its dropped tensors, each
-    storage once (a second save of the same data is not offloadable in the trace, as in the plan)."""
-    nbytes = {r.key: r.nbytes for r in trace.tensors if r.offloadable}
-    return {path: sum(nbytes.get(k, 0) for k in keys) // max(profile.regions[path].calls, 1) for path, keys in region_keys.items()}
-
-
 class _RebuiltBytes:
-    """Counts a region call's rebuilt tensors as resident from its recomputation to the end of its backward."""
+    """Counts the tensors a region's recomputation saves as resident until they are freed."""
 
-    def __init__(self, executor: Executor, call_bytes: dict[str, int]) -> None:
+    def __init__(self, executor: Executor, it: IterationState) -> None:
         self.executor = executor
-        self.call_bytes = call_bytes
+        self.it = it
 
-    def rebuilding(self, call: int, path: str) -> None:
-        self.executor.hold_rebuilt(call, self.call_bytes.get(path, 0))
-
-    def rebuilt_done(self, call: int) -> None:
-        self.executor.release_rebuilt(call)
+    def rebuilt(self, tensor: torch.Tensor) -> None:
+        self.executor.hold_rebuilt(self.it, tensor)
 
 
 class Runtime:
@@ -205,7 +195,6 @@ class Runtime:
         # Recompute regions are attached to the model at the first profiling iteration that needs them.
         self._regions: RecomputeRegions | None = None
         self._region_keys: dict[str, tuple[int, ...]] = {}
-        self._rebuilt_call_bytes: dict[str, int] = {}
 
     # ------------------------------------------------------------------ properties
 
@@ -350,10 +339,10 @@ class Runtime:
             if regions is not None:
                 regions.disable_all()
                 tracer = RegionTracer(regions.model)
-        elif regions is not None:
-            regions.enable(plan.recompute_regions)
-            regions.listener = _RebuiltBytes(executor, self._rebuilt_call_bytes)
         it = executor.begin(plan, profiler, model)
+        if profiler is None and regions is not None:
+            regions.enable(plan.recompute_regions)
+            regions.listener = _RebuiltBytes(executor, it)
         pack, unpack = executor.hooks(it)
         if tracer is not None:
             pack = self._traced(pack, tracer)
@@ -397,7 +386,7 @@ class Runtime:
             return
         regions.disable_all()
         regions.listener = None
-        self._executor.release_rebuilt()  # calls whose inputs needed no gradient end with the iteration
+        self._executor.release_rebuilt()  # whatever still holds a rebuilt tensor now, it is not this backward
         recomputed = regions.take_recomputations()
         if count:
             self._executor.count_recomputed(sum(len(self._region_keys.get(path, ())) for path in recomputed))
@@ -430,7 +419,6 @@ class Runtime:
         error = None
         budget_bytes = None
         region_keys: dict[str, tuple[int, ...]] = {}
-        rebuilt_bytes: dict[str, int] = {}
         # the profiling iteration is the epoch's first: the epoch's peak so far is its own
         profiled_peak = self._executor.snapshot().epoch_peak_resident_bytes
         if tracer is not None:
@@ -442,7 +430,6 @@ class Runtime:
             chosen = plan_regions(trace, profile, self.policy, budget, time_model, self._backend, self._options.min_bytes,
                                   self._epoch, self._plan.launches, profiled_peak)
             plan, error, region_keys = chosen.plan, chosen.error, dict(chosen.region_keys)
-            rebuilt_bytes = _rebuilt_call_bytes(trace, profile, region_keys)
             budget_bytes = chosen.budget_bytes if budget is not None else None
         elif budget is None:
             plan = self._advisor().plan(trace, self._epoch)
@@ -458,7 +445,6 @@ class Runtime:
             self._trace = trace
             self._plan = plan
             self._region_keys = region_keys
-            self._rebuilt_call_bytes = rebuilt_bytes
             self._needs_profile = False
 
     def _bandwidth(self) -> tuple[float, float]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -15,6 +16,8 @@ import torch.nn.functional as F
 
 import cswap
 from cswap.codecs import zvc_compressed_nbytes
+from cswap.executor import Executor
+from cswap.plan import Action, Plan
 from tests.runtime.helpers import assert_bit_equal, one_thread_below_1mib
 
 MOVING_POLICIES = ("swap", "compress-swap", "cswap", "compress-keep")
@@ -345,3 +348,42 @@ def test_failed_iteration_keeps_profiling_armed() -> None:
     with rt.iteration():
         leaves((64, 64))[0].exp().sum().backward()
     assert rt.trace().epoch == 0
+
+
+def _keeping_executor(budget_bytes: int | None = None) -> tuple[Executor, Callable[[torch.Tensor], Any]]:
+    executor = Executor(torch.device("cpu"), backend="cpu", prefetch_bytes=0)
+    plan = Plan(policy="swap", epoch=0, default_action=Action.KEEP, budget_bytes=budget_bytes,
+                fallback_action=Action.SWAP if budget_bytes is not None else None)
+    pack, _ = executor.hooks(executor.begin(plan))
+    return executor, pack
+
+
+def test_two_views_of_one_kept_storage_count_once_while_either_lives() -> None:
+    executor, pack = _keeping_executor()
+    base = torch.randn(4, 16, 32)  # 8192 B, saved as a Linear's 2-D input and as a region's input
+    first = pack(base.view(64, 32))
+    second = pack(base)
+    assert executor.snapshot().resident_bytes == 8192 and executor.snapshot().actions["keep"] == 2
+    del first  # the storage lives on in the second view: still counted
+    assert executor.snapshot().resident_bytes == 8192
+    del second
+    assert executor.snapshot().resident_bytes == 0
+
+
+def test_a_view_larger_than_the_one_kept_first_counts_on_its_own() -> None:
+    executor, pack = _keeping_executor()
+    base = torch.randn(4, 16, 32)
+    handles = [pack(base[:, 0]), pack(base)]  # a pooler's first token (512 B compact), then the whole
+    assert executor.snapshot().resident_bytes == 512 + 8192
+    del handles
+    assert executor.snapshot().resident_bytes == 0
+
+
+def test_keeping_a_second_view_of_a_kept_storage_never_falls_back_under_a_budget() -> None:
+    executor, pack = _keeping_executor(budget_bytes=8192 + 100)
+    base = torch.randn(4, 16, 32)
+    handles = [pack(base.view(64, 32)), pack(base)]
+    assert executor.snapshot().actions["keep"] == 2 and executor.snapshot().budget_fallbacks == 0
+    handles.append(pack(torch.randn(4, 16, 32)))  # new memory: it would pass the budget
+    counters = executor.snapshot()
+    assert counters.actions["swap"] == 1 and counters.budget_fallbacks == 1 and counters.resident_bytes == 8192

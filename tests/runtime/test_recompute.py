@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.distributed._composable import checkpoint
 
 from cswap.recompute import RecomputeRegions, nested_pair, running_stat_modules
@@ -310,17 +311,33 @@ def test_enabled_regions_are_inert_without_grad() -> None:
         assert torch.equal(model(CNN_X), expected)
 
 
-class _Events:
-    """A :class:`~cswap.recompute.RecomputeListener` that logs what it is told, in order."""
+class _Rebuilt:
+    """A :class:`~cswap.recompute.RecomputeListener` that keeps a weak reference to each storage it is told of."""
 
-    def __init__(self, log: list[str]) -> None:
-        self.log = log
+    def __init__(self) -> None:
+        self.told: list[tuple[tuple[int, ...], StorageWeakRef]] = []
 
-    def rebuilding(self, call: int, path: str) -> None:
-        self.log.append(f"rebuilding {path}")
+    def rebuilt(self, tensor: torch.Tensor) -> None:
+        self.told.append((tuple(tensor.shape), StorageWeakRef(tensor.untyped_storage())))
 
-    def rebuilt_done(self, call: int) -> None:
-        self.log.append(f"done {call}")
+
+def test_the_listener_is_told_of_what_a_recomputation_saves_except_the_calls_inputs() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 6), nn.Tanh())
+    regions = RecomputeRegions(model)
+    listener = _Rebuilt()
+    regions.listener = listener
+    regions.enable([""])
+    x = torch.randn(4, 8, requires_grad=True)
+    model(x).sum().backward()
+    regions.disable_all()
+    # Linear saves its input (the call's input: not told) and its weight; Tanh saves its output
+    weight = StorageWeakRef(model[0].weight.untyped_storage())
+    assert sorted(shape for shape, _ in listener.told) == [(4, 6), (8, 6)]
+    assert [ref for shape, ref in listener.told if shape == (8, 6)] == [weight]
+    assert all(ref != StorageWeakRef(x.untyped_storage()) for _, ref in listener.told)
+    # torch dropped the rebuilt output once its node had used it
+    assert [ref.expired() for shape, ref in listener.told if shape == (4, 6)] == [True]
 
 
 class TiedLanguageModel(nn.Module):
@@ -338,16 +355,19 @@ class TiedLanguageModel(nn.Module):
 
 
 @pytest.mark.parametrize("region", ["head", "body"])
-def test_a_calls_backward_ends_when_its_inputs_have_gradients_even_with_a_tied_weight(region: str) -> None:
+def test_rebuilt_tensors_are_freed_before_backward_reaches_a_tied_weights_other_use(region: str) -> None:
+    # the head's weight is the embeddings': its gradient exists only at the very end, but what the
+    # region rebuilt is freed as soon as its own nodes have run
     torch.manual_seed(0)
     model = TiedLanguageModel()
     regions = RecomputeRegions(model)
-    log: list[str] = []
-    regions.listener = _Events(log)
+    listener = _Rebuilt()
+    regions.listener = listener
     regions.enable([region])
     embedded = model.embed(torch.tensor([[1, 2, 3]]))
-    embedded.register_hook(lambda grad: log.append("embeddings' output gradient"))
+    alive_then: list[bool] = []
+    weights = [StorageWeakRef(p.untyped_storage()) for p in model.parameters()]
+    embedded.register_hook(lambda grad: alive_then.extend(not ref.expired() for _, ref in listener.told if ref not in weights))
     model.head(model.body(embedded * 2)).sum().backward()
     regions.disable_all()
-    # the region is done before backward reaches the embeddings, whose weight the head shares
-    assert log[0] == f"rebuilding {region}" and log[1].startswith("done ") and log[2] == "embeddings' output gradient"
+    assert listener.told and alive_then and not any(alive_then)

@@ -262,3 +262,21 @@ def test_gpu_pack_holds_the_budget_waiting_on_copy_events_never_the_device(monke
             step(rt)
     stats = rt.stats()
     assert stats.budget_bytes is not None and stats.peak_resident_bytes <= stats.budget_bytes
+
+
+#: Region sets with which the transformer once passed its budget. The pooler's input is the whole
+#: last hidden state, of which a run without regions saves only the first token's view; the second
+#: block's output module takes as input a tensor its Linear also saved as a 2-D view.
+FORCED_REGIONS = [("bert.bert.pooler",), ("bert.bert.encoder.layer.1.output",), ("bert.bert.encoder.layer.1.output", "bert.bert.pooler")]
+
+
+@pytest.mark.parametrize("fraction", [0.3, 0.4])
+@pytest.mark.parametrize("regions", FORCED_REGIONS, ids=["+".join(r.split(".")[-1] for r in rs) for rs in FORCED_REGIONS])
+def test_transformer_with_forced_regions_holds_its_budget(regions: tuple[str, ...], fraction: float, bert_reference: Any,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    reference, none_peak, data = bert_reference
+    monkeypatch.setattr("cswap.regionplan._choose", lambda planning, budget_bytes, trials: regions)
+    rt = _holds_or_says_least("cswap", _Bert, data, reference, int(fraction * none_peak))
+    assert rt.plan().recompute_regions == regions and rt.stats().actions["recompute"] > 0
+    if "bert.bert.pooler" in regions:  # the whole last hidden state (4 x 16 x 32 float32) is planned as held
+        assert rt.plan().planner["region_input_bytes"] >= 4 * 16 * 32 * 4
