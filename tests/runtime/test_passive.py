@@ -189,6 +189,18 @@ def test_evict_kept_swaps_only_kept_tensors_not_yet_unpacked() -> None:
     assert torch.equal(x.grad, (expected.cos() * expected + expected.sin()) * expected)
 
 
+def test_evict_kept_leaves_a_second_view_of_a_storage_whose_owner_it_moves() -> None:
+    executor = Executor(torch.device("cpu"), backend="cpu", prefetch_bytes=0)
+    it = executor.begin(Plan(policy="none", epoch=0, default_action=Action.KEEP))
+    pack, unpack = executor.hooks(it)
+    base = torch.randn(4, 16, 32)
+    first, second = pack(base.view(64, 32)), pack(base)  # one storage, counted once
+    assert executor.evict_kept(it) == 1  # the owner: copying the second view too would free nothing more
+    assert executor.snapshot().resident_bytes == 0
+    assert torch.equal(unpack(first), base.view(64, 32))
+    assert unpack(second).data_ptr() == base.data_ptr()  # still the kept view itself, never copied
+
+
 def test_the_mode_retries_until_eviction_frees_nothing() -> None:
     calls: list[int] = []
 
