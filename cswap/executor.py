@@ -377,8 +377,6 @@ class Executor:
                 stored = ref()
                 if stored is None or stored.action is not Action.KEEP or stored.unpacked or stored.tensor is None:
                     continue
-                if stored.owner is not None:  # another view of a storage its owner counts: moving it frees nothing
-                    continue
                 layout = stored.layout
                 try:
                     flat = layout.compact(stored.tensor)

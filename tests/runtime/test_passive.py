@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
 
 import cswap
 from cswap.executor import Executor
@@ -189,16 +190,19 @@ def test_evict_kept_swaps_only_kept_tensors_not_yet_unpacked() -> None:
     assert torch.equal(x.grad, (expected.cos() * expected + expected.sin()) * expected)
 
 
-def test_evict_kept_leaves_a_second_view_of_a_storage_whose_owner_it_moves() -> None:
+def test_evict_kept_moves_every_view_of_a_kept_storage_so_that_it_is_freed() -> None:
     executor = Executor(torch.device("cpu"), backend="cpu", prefetch_bytes=0)
     it = executor.begin(Plan(policy="none", epoch=0, default_action=Action.KEEP))
     pack, unpack = executor.hooks(it)
     base = torch.randn(4, 16, 32)
     first, second = pack(base.view(64, 32)), pack(base)  # one storage, counted once
-    assert executor.evict_kept(it) == 1  # the owner: copying the second view too would free nothing more
-    assert executor.snapshot().resident_bytes == 0
-    assert torch.equal(unpack(first), base.view(64, 32))
-    assert unpack(second).data_ptr() == base.data_ptr()  # still the kept view itself, never copied
+    assert executor.snapshot().resident_bytes == base.nbytes
+    storage = StorageWeakRef(base.untyped_storage())
+    expected = base.clone()
+    del base
+    assert executor.evict_kept(it) == 2  # moving only one would leave the storage held by the other
+    assert storage.expired() and executor.snapshot().resident_bytes == 0
+    assert torch.equal(unpack(first), expected.view(64, 32)) and torch.equal(unpack(second), expected)
 
 
 def test_the_mode_retries_until_eviction_frees_nothing() -> None:
