@@ -120,6 +120,17 @@ class _Planning:
         storages = {i.storage for c in self.profile.calls if c.path == path for i in c.inputs if not i.keyword}
         return tuple(k for k, storage in self._storages.items() if storage in storages and k not in freed)
 
+    def _copy_bytes(self, path: str, freed: frozenset[int]) -> int:
+        """Bytes ``path``'s recomputation saves again while the original stays held by a save
+        outside it (a block's output, saved by its last ReLU and by the next block): a second copy."""
+        inputs = {i.storage for c in self.profile.calls if c.path == path for i in c.inputs}
+        copies: dict[int, int] = {}
+        for key in self.profile.regions[path].keys:
+            save = self.profile.saves[key]
+            if key not in freed and save.movable and save.storage not in inputs:
+                copies[save.storage] = save.storage_bytes
+        return sum(copies.values())
+
     def extra_bytes(self, regions: tuple[str, ...]) -> int:
         """Bytes of region inputs that no kept profiled tensor covers: held for the whole iteration."""
         sharers = _sharers(self.profile, self.freed(regions))
@@ -143,7 +154,8 @@ class _Planning:
             groups = [tuple(k for k in self.profile.regions[p].keys if k in freed) for p in regions]
             problem = problem_from_trace(self.trace, self.time_model, self.backend, min_bytes=self.min_bytes,
                                          sparsity_margin=SPARSITY_MARGIN, rebuilt_together=groups,
-                                         rebuilt_from=[self._input_keys(p, freed) for p in regions])
+                                         rebuilt_from=[self._input_keys(p, freed) for p in regions], storage_of=self._storages,
+                                         rebuilt_copies=[self._copy_bytes(p, freed) for p in regions])
             self._memo[regions] = (problem, self.extra_bytes(regions))
         return self._memo[regions]
 

@@ -73,15 +73,31 @@ def _spec(  # type: ignore[no-untyped-def]
     )
 
 
-def _rebuilt_at(life: Mapping[int, Lifetime | None], forward_events: int, groups: Sequence[Sequence[int]]) -> dict[int, tuple[int, int] | None]:
-    """Per key of ``groups``, the events its group's recomputation holds it over: from the event
-    before the group's first unpack to the group's last free (``None``: never unpacked)."""
+def _rebuilt_at(life: Mapping[int, Lifetime | None], forward_events: int, event_count: int, groups: Sequence[Sequence[int]],
+                storage_of: Mapping[int, int]) -> dict[int, tuple[int, int] | None]:
+    """Per key of ``groups``, the events its group's recomputation holds it over (``None``: the group
+    is never unpacked, so never recomputed).
+
+    A recomputation rebuilds its whole group at once, at the event before the group's first
+    unpack. torch then drops each rebuilt tensor once its node has used it, so a key is held to its
+    own free, or to the latest free of the group's keys that share its storage (``storage_of``);
+    a key backward never unpacks is held to the last event, as its saved slot lives until the graph
+    is freed."""
     spans: dict[int, tuple[int, int] | None] = {}
     for group in groups:
-        lives = [life[k] for k in group if life.get(k) is not None and life[k].unpack is not None]  # type: ignore[union-attr]
-        span = (max(min(lt.unpack for lt in lives) - 1, forward_events), max(lt.free for lt in lives)) if lives else None  # type: ignore[type-var]
+        lives = {k: life[k] for k in group if life.get(k) is not None}
+        unpacks = [lt.unpack for lt in lives.values() if lt.unpack is not None]  # type: ignore[union-attr]
+        if not unpacks:
+            spans.update(dict.fromkeys(group))
+            continue
+        start = max(min(unpacks) - 1, forward_events)
+        ends = {k: (lt.free if lt.unpack is not None else event_count - 1) for k, lt in lives.items()}  # type: ignore[union-attr]
+        storage_end: dict[int, int] = {}
+        for key, end in ends.items():
+            storage = storage_of.get(key, -1 - key)
+            storage_end[storage] = max(storage_end.get(storage, end), end)
         for key in group:
-            spans[key] = span
+            spans[key] = (start, max(storage_end[storage_of.get(key, -1 - key)], start)) if key in ends else None
     return spans
 
 
@@ -108,6 +124,8 @@ def problem_from_trace(
     sparsity_margin: float = 0.0,
     rebuilt_together: Sequence[Sequence[int]] = (),
     rebuilt_from: Sequence[Sequence[int]] = (),
+    storage_of: Mapping[int, int] | None = None,
+    rebuilt_copies: Sequence[int] = (),
 ) -> PlanningProblem:
     """Every offloadable record's options, keyed by the record's key.
 
@@ -124,10 +142,15 @@ def problem_from_trace(
             plan holds when later batches are a little denser than the profiled one.
         rebuilt_together: groups of keys a recompute region drops after their pack and rebuilds
             all at once in backward: each such tensor is held (keep only) from the event before the
-            group's first unpack to the group's last free (the region's backward is then done), and
-            not at all between forward and backward; one never unpacked is not held.
+            group's first unpack to its own free (to the last event if backward never unpacks it),
+            and not at all between forward and backward.
         rebuilt_from: per group of ``rebuilt_together``, the keys whose data is that region's
             input: the recomputation reads it, so it is first unpacked when the group's first is.
+        storage_of: key -> an id of its storage: rebuilt keys sharing one are held until the
+            last of them is freed.
+        rebuilt_copies: per group of ``rebuilt_together``, bytes its recomputation saves again while
+            the original stays held elsewhere: held from the group's recomputation to its last
+            free, as a tensor keyed ``-1 - group index`` that is only kept.
 
     Raises:
         ValueError: no link given and the trace has no bandwidths, or an unknown dtype.
@@ -140,7 +163,7 @@ def problem_from_trace(
         link = LinkModel(trace.d2h_gbps, trace.h2d_gbps, async_copies=trace.device.get("kind") == "cuda")
     events = lifetimes_from_trace(trace)
     life = {r.key: lt for r, lt in zip(trace.tensors, events.lifetimes, strict=True)}
-    rebuilt_at = _rebuilt_at(life, events.forward_events, rebuilt_together)
+    rebuilt_at = _rebuilt_at(life, events.forward_events, events.event_count, rebuilt_together, storage_of or {})
     first_unpack = _first_unpacks(life, rebuilt_together, rebuilt_from)
     times = np.zeros(events.event_count)
     specs = []
@@ -149,7 +172,7 @@ def problem_from_trace(
             continue
         if record.key in rebuilt_at:
             span = rebuilt_at[record.key]
-            if span is not None and lifetime.unpack is not None:
+            if span is not None:
                 specs.append(TensorSpec(key=record.key, nbytes=record.nbytes, lifetime=Lifetime(span[0], None, span[1]), movable=False))
         else:
             early = first_unpack.get(record.key)
@@ -159,6 +182,11 @@ def problem_from_trace(
         times[lifetime.pack] = record.pack_at_s
         if lifetime.unpack is not None:
             times[lifetime.unpack] = record.unpack_at_s if record.unpack_at_s is not None else trace.forward_s
+    for index, (group, nbytes) in enumerate(zip(rebuilt_together, rebuilt_copies)):
+        spans = [rebuilt_at[k] for k in group if rebuilt_at.get(k) is not None]
+        if nbytes > 0 and spans:
+            copy_life = Lifetime(spans[0][0], None, max(end for _, end in spans))  # type: ignore[index]
+            specs.append(TensorSpec(key=-1 - index, nbytes=int(nbytes), lifetime=copy_life, movable=False))
     times[events.forward_events :] = np.maximum(times[events.forward_events :], trace.forward_s)
     times = np.maximum.accumulate(times)  # recorded orders may disagree with clock ties
     last_pack_s = float(times[events.forward_events - 1]) if events.forward_events else 0.0

@@ -407,3 +407,49 @@ def test_native_prints_during_a_solve_go_to_stderr_not_stdout(capfd: pytest.Capt
     captured = capfd.readouterr()
     assert captured.out == "json line\n"
     assert captured.err == "native noise\nmore noise\n"  # everything else kept, in order; HiGHS's debug line dropped
+
+
+def _held_events(problem, key):
+    """The events at which ``key`` holds bytes when kept (a rebuilt tensor has no other option)."""
+    tensor = next(t for t in problem.tensors if t.key == key)
+    option = next(o for o in tensor.options if o.action == KEEP)
+    return [event for event, nbytes in enumerate(problem.holds(option).tolist()) if nbytes]
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_region_rebuilds_its_group_at_once_and_each_tensor_lives_to_its_own_free(shared):
+    from cswap.planner import problem_from_trace
+    from cswap.trace import TensorRecord, Trace
+
+    # keys 0-3 packed in order; backward reads 3, 2, then 0; key 1 is never read
+    unpack_order = {0: 2, 2: 1, 3: 0}
+    records = tuple(TensorRecord(key=k, shape=(256,), dtype="float32", nbytes=1024, sparsity=0.0, pack_at_s=0.1 * k,
+                                 unpack_at_s=1.0 + unpack_order[k] if k in unpack_order else None,
+                                 unpack_order=unpack_order.get(k)) for k in range(4))
+    trace = Trace(tensors=records, d2h_gbps=1.0, h2d_gbps=1.0, forward_s=0.5, backward_s=3.0)
+    storage_of = {0: 7, 2: 7} if shared else {}  # 0 and 2: views of one storage
+    problem = problem_from_trace(trace, _Codec(), "cpu", rebuilt_together=[(0, 1, 2)], storage_of=storage_of)
+    # events 0-3 pack keys 0-3; events 4, 5, 6 unpack keys 3, 2, 0; the region is rebuilt at event 4,
+    # the event before its first unpack (key 2's at 5)
+    assert _held_events(problem, 2) == ([4, 5, 6] if shared else [4, 5])
+    assert _held_events(problem, 0) == [4, 5, 6]
+    assert _held_events(problem, 1) == [4, 5, 6]  # never read: held until the graph goes
+    assert _held_events(problem, 3) == [3, 4]  # not in the region: its own pack to its free
+    assert all(len(t.options) == 1 for t in problem.tensors if t.key != 3)  # rebuilt: kept, nothing else
+
+
+def test_a_second_copy_a_recomputation_saves_is_held_over_its_groups_backward():
+    from cswap.planner import problem_from_trace
+    from cswap.trace import TensorRecord, Trace
+
+    unpack_order = {0: 2, 1: 1, 2: 0}
+    records = tuple(TensorRecord(key=k, shape=(256,), dtype="float32", nbytes=1024, sparsity=0.0, pack_at_s=0.1 * k,
+                                 unpack_at_s=1.0 + unpack_order[k], unpack_order=unpack_order[k]) for k in range(3))
+    trace = Trace(tensors=records, d2h_gbps=1.0, h2d_gbps=1.0, forward_s=0.5, backward_s=3.0)
+    problem = problem_from_trace(trace, _Codec(), "cpu", rebuilt_together=[(0, 1)], rebuilt_copies=[512])
+    # events 0-2 pack, 3-5 unpack keys 2, 1, 0: the group is rebuilt at event 3 and last freed at 5
+    assert _held_events(problem, -1) == [3, 4, 5]
+    (copy,) = [t for t in problem.tensors if t.key == -1]
+    assert copy.nbytes == 512 and [o.action for o in copy.options] == [KEEP]
+    without = problem_from_trace(trace, _Codec(), "cpu", rebuilt_together=[(0, 1)])
+    assert all(t.key >= 0 for t in without.tensors)

@@ -233,6 +233,10 @@ FORCED = [
     ("bert", ("hf.bert.encoder.layer.0.attention.self", "hf.bert.encoder.layer.0.output", "hf.bert.encoder.layer.1", "hf.cls.predictions"),
      "capuchin", 0.6, {}),
     ("bert", ("hf.cls.predictions",), "cswap", 0.6, CRAWLING_LINK),
+    # a block's output is saved by its last ReLU and by the next block: recomputing the block saves
+    # a second copy of it, which the plan must hold beside what the region dropped
+    ("resnet18", ("layer1",), "cswap", 0.4, {}),
+    ("resnet18", ("layer1",), "cswap", 0.6, {}),
 ]
 
 
@@ -240,13 +244,20 @@ def _vgg11() -> nn.Module:
     return build_model("vgg11", num_classes=10, width_mult=0.125)
 
 
+def _resnet18() -> nn.Module:
+    return build_model("resnet18", num_classes=10, width_mult=0.25)
+
+
+_CNNS: dict[str, Callable[[], nn.Module]] = {"vgg11": _vgg11, "resnet18": _resnet18}
+
+
 @pytest.mark.parametrize(("name", "regions", "policy", "fraction", "link"), FORCED, ids=[f"{n}-{p}-{f}-{r[-1]}" for n, r, p, f, _ in FORCED])
 def test_a_run_with_any_region_choice_holds_its_plan(name: str, regions: tuple[str, ...], policy: str, fraction: float,
                                                      link: dict[str, float], monkeypatch: pytest.MonkeyPatch) -> None:
     # The choice among regions depends on measured seconds; forcing one pins a case where the
     # runtime's count (rebuilt tensors included) and the plan's timeline once disagreed.
-    if name == "vgg11":
-        build, data, loss_fn = _vgg11, batches(4, (4, 3, 32, 32), 10), nn.functional.cross_entropy
+    if name in ("vgg11", "resnet18"):
+        build, data, loss_fn = _CNNS[name], batches(4, (4, 3, 32, 32), 10), nn.functional.cross_entropy
     else:
         build, data, loss_fn = MODELS[name]
     _, none = train(build, data[:1], 1, runtime_for("none", memory_budget=1.0), loss_fn=loss_fn)
