@@ -81,14 +81,19 @@ NO_CODEC: TimeModel = _NoCodec()
 
 
 def _event_names(problem: PlanningProblem) -> dict[int, str]:
-    names = {}
+    names: dict[int, str] = {}
+    rebuilt: dict[int, str] = {}
     for tensor in problem.tensors:
         if tensor.lifetime is None:
+            continue
+        if tensor.lifetime.pack >= problem.forward_events:  # held from a recomputation in backward, not packed there
+            what = f"key {tensor.key}" if tensor.key >= 0 else "a second copy"
+            rebuilt.setdefault(tensor.lifetime.pack, f"recomputation rebuilding {what}")
             continue
         names[tensor.lifetime.pack] = f"pack of key {tensor.key}"
         if tensor.lifetime.unpack is not None:
             names[tensor.lifetime.unpack] = f"unpack of key {tensor.key}"
-    return names
+    return {**rebuilt, **names}
 
 
 def _own_hold_at_pack(tensor: TensorOptions, planned: PlannedTensor, problem: PlanningProblem) -> int:

@@ -439,6 +439,7 @@ def test_a_region_rebuilds_its_group_at_once_and_each_tensor_lives_to_its_own_fr
 
 
 def test_a_second_copy_a_recomputation_saves_is_held_over_its_groups_backward():
+    from cswap.budgetplan import _event_names
     from cswap.planner import problem_from_trace
     from cswap.trace import TensorRecord, Trace
 
@@ -451,5 +452,7 @@ def test_a_second_copy_a_recomputation_saves_is_held_over_its_groups_backward():
     assert _held_events(problem, -1) == [3, 4, 5]
     (copy,) = [t for t in problem.tensors if t.key == -1]
     assert copy.nbytes == 512 and [o.action for o in copy.options] == [KEEP]
+    names = _event_names(problem)  # what a plan's binding line calls an event: never a rebuilt "pack"
+    assert names == {2: "pack of key 2", 3: "unpack of key 2"}  # keys 0 and 1 are dropped: no pack or unpack of theirs
     without = problem_from_trace(trace, _Codec(), "cpu", rebuilt_together=[(0, 1)])
     assert all(t.key >= 0 for t in without.tensors)
