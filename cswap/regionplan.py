@@ -117,13 +117,17 @@ class _Planning:
 
     def _input_keys(self, path: str, freed: frozenset[int]) -> tuple[int, ...]:
         """The kept keys whose data is a positional input of ``path``'s calls."""
-        storages = {i.storage for c in self.profile.calls if c.path == path for i in c.inputs if not i.keyword}
+        storages = self._input_storages(path, keyword=False)
         return tuple(k for k, storage in self._storages.items() if storage in storages and k not in freed)
+
+    def _input_storages(self, path: str, keyword: bool) -> set[int]:
+        """Storages of the tensor inputs of ``path``'s calls (positional only unless ``keyword``)."""
+        return {i.storage for c in self.profile.calls if c.path == path for i in c.inputs if keyword or not i.keyword}
 
     def _copy_bytes(self, path: str, freed: frozenset[int]) -> int:
         """Bytes ``path``'s recomputation saves again while the original stays held by a save
         outside it (a block's output, saved by its last ReLU and by the next block): a second copy."""
-        inputs = {i.storage for c in self.profile.calls if c.path == path for i in c.inputs}
+        inputs = self._input_storages(path, keyword=True)
         copies: dict[int, int] = {}
         for key in self.profile.regions[path].keys:
             save = self.profile.saves[key]
