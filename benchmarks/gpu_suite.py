@@ -269,7 +269,7 @@ def step_max_batch(device: torch.device, deadline: Deadline | None = None) -> di
     """``cswap max-batch`` for resnet50 in an emulated 16 GiB GPU (bounds the search's time), one
     policy at a time; past ``deadline`` the policies left are named as skipped."""
     _require_gpu("max_batch", device)
-    from cswap.maxbatch import max_batch
+    from cswap.training.maxbatch import max_batch
     from cswap.options import POLICIES
 
     limit = 16 << 30

@@ -1,7 +1,7 @@
 """The largest batch per policy in a memory limit, planned on meta traces (no GPU): one JSON object.
 
 Compares with Capuchin's published table (ResNet-50 on a 16 GB GPU: 190 without it, 1014 with it).
-The figures are planned, not run: see :mod:`cswap.maxbatch_planned` for what is counted.
+The figures are planned, not run: see :mod:`cswap.training.maxbatch` for what is counted.
 
 Usage:
     python benchmarks/max_batch.py
@@ -17,9 +17,9 @@ import os
 import platform
 import time
 
-from cswap.maxbatch import parse_bytes
-from cswap.maxbatch_planned import planned_max_batch
 from cswap.planner import POLICY_ACTIONS
+from cswap.training.maxbatch import parse_bytes
+from cswap.training.maxbatch import planned_max_batch
 
 
 def main() -> None:

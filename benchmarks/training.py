@@ -66,12 +66,12 @@ from rich.console import Console
 from rich.table import Table
 from torch import nn
 
-import cswap
 from cswap import models
+import cswap
 from cswap.budget import parse_budget
-from cswap.data import digits
 from cswap.device import fingerprint, resolve_device
 from cswap.options import POLICIES
+from cswap.training.data import digits
 
 BASELINES: tuple[str, ...] = ("plain", "save_on_cpu")
 #: torchtune's activation offloading (CUDA streams and pinned memory), measured when it imports.
@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--iterations", type=int, default=None, help="iterations per epoch, the first profiles (default 5; 3 quick)")
     parser.add_argument("--rounds", type=int, default=None, help="interleaved measured epochs per configuration (default 3; 2 quick)")
     parser.add_argument("--data", choices=("digits", "random"), default="digits",
-                        help="digits: sklearn's digits resized (cswap.data.digits); random: standard-normal images")
+                        help="digits: sklearn's digits resized (cswap.training.data.digits); random: standard-normal images")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     parser.add_argument("--memory-budget", default=None,
                         help="bytes or a size (27MiB): every policy also runs as <policy>+budget within it")

@@ -18,10 +18,10 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "Runtime": "cswap.runtime",
-    "RuntimeStats": "cswap.runtime",
-    "Plan": "cswap.advisor",
-    "Action": "cswap.advisor",
-    "Trace": "cswap.trace",
+    "RuntimeStats": "cswap.stats",
+    "Plan": "cswap.planner.plan",
+    "Action": "cswap.planner.plan",
+    "Trace": "cswap.profile.trace",
     "BudgetError": "cswap.budget",
     "MemoryBudget": "cswap.budget",
 }

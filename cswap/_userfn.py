@@ -1,6 +1,6 @@
 """Load a user's ``"package.module:function"`` and call it with the keyword arguments it accepts.
 
-:func:`cswap.models.build` and :func:`cswap.data.build_dataset` take such a spec so that a user's own
+:func:`cswap.models.build` and :func:`cswap.training.data.build_dataset` take such a spec so that a user's own
 model or dataset plugs into ``cswap train`` without registering anything.
 
 Example:

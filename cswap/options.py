@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from types import MappingProxyType
@@ -30,8 +30,9 @@ import torch
 import yaml
 
 from cswap.budget import MemoryBudget, parse_budget
-from cswap.codecs.launch import Launch
+from cswap.codecs.launch import LaunchLookup
 from cswap.paths import shipped_configs_dir
+from cswap.planner.actions import RECOMPUTING_POLICIES, RUNTIME_POLICIES
 
 __all__ = [
     "BACKENDS",
@@ -49,11 +50,8 @@ __all__ = [
 ]
 
 #: The policies, after the systems they reproduce: plain PyTorch, vDNN, cDMA, CSWAP, FreeLunch,
-#: checkpointing (Chen et al., MONeT) and Capuchin.
-POLICIES: tuple[str, ...] = ("none", "swap", "compress-swap", "cswap", "compress-keep", "recompute", "capuchin")
-
-#: The policies that recompute and so need ``model`` (its modules are the recompute regions).
-RECOMPUTING_POLICIES: tuple[str, ...] = ("recompute", "capuchin")
+#: checkpointing (Chen et al., MONeT) and Capuchin (:data:`cswap.planner.actions.POLICY_TABLE`).
+POLICIES: tuple[str, ...] = RUNTIME_POLICIES
 
 #: How the ``cswap`` policy decides compress-or-not per tensor.
 DECIDERS: tuple[str, ...] = ("cost-model", "logistic")
@@ -82,10 +80,6 @@ FILE_OPTIONS: tuple[str, ...] = (
 #: Options that are objects, given as keyword arguments only (``None`` by default).
 OBJECT_OPTIONS: tuple[str, ...] = ("model", "time_model", "launch_lookup", "logistic_model", "memory_budget")
 
-#: ``launch_lookup(backend, op, dtype, nbytes)``: the launch config to use for one tensor, or ``None``.
-LaunchLookup = Callable[[str, str, torch.dtype, int], "Launch | None"]
-
-
 @dataclass(frozen=True)
 class RuntimeOptions:
     """Validated options of one :class:`cswap.Runtime`.
@@ -104,8 +98,8 @@ class RuntimeOptions:
         model: a module whose parameters and buffers are never offloaded and whose submodule names
             label the profile's producers; its submodules are the recompute regions (required by
             :data:`RECOMPUTING_POLICIES`; ``cswap`` under a budget recomputes only when given one).
-        time_model: predicts (de)compression seconds (:class:`cswap.costmodel.TimeModel`); ``None``
-            uses a throughput model measured once per device (:mod:`cswap.codec_speed`).
+        time_model: predicts (de)compression seconds (:class:`cswap.planner.costmodel.TimeModel`); ``None``
+            uses a throughput model measured once per device (:mod:`cswap.profile.codec_speed`).
         launch_lookup: ``(backend, op, dtype, nbytes) -> Launch | None``, e.g. backed by the tuner's store.
         logistic_model: an object with ``should_compress(nbytes, sparsity, hidden_forward_s,
             hidden_backward_s, d2h_gbps, h2d_gbps) -> bool``, for ``decider="logistic"``.
@@ -180,7 +174,7 @@ def _problem(name: str, value: Any) -> str | None:
         return None if value is None or isinstance(value, torch.nn.Module) else "must be a torch.nn.Module or None"
     if name in ("time_model",):
         ok = value is None or (callable(getattr(value, "compress_s", None)) and callable(getattr(value, "decompress_s", None)))
-        return None if ok else "must have compress_s(...) and decompress_s(...) (cswap.costmodel.TimeModel) or be None"
+        return None if ok else "must have compress_s(...) and decompress_s(...) (cswap.planner.costmodel.TimeModel) or be None"
     if name == "launch_lookup":
         return None if value is None or callable(value) else "must be a callable (backend, op, dtype, nbytes) -> Launch | None"
     if name == "memory_budget":

@@ -1,3 +1,6 @@
+# Longer than the ~500-line guide on purpose: the public class owns one iteration's lifecycle
+# (profile, plan, follow the plan, count), and its steps swap one plan and one set of counters under
+# one lock; the stages themselves live in cswap.profile, cswap.planner and cswap.execute.
 """``cswap.Runtime``: the public entry point that ties the profiler, the advisor and the executor together.
 
 Example:
@@ -32,22 +35,23 @@ from typing import Any
 
 import torch
 
-from cswap.advisor import Advisor
 from cswap.budget import BudgetError
-from cswap.budgetplan import FALLBACK_ACTIONS, NO_CODEC, PROFILE_ACTIONS, budget_plan
 from cswap.codecs.api import default_backend
 from cswap.device import bandwidth, fingerprint, resolve_device
-from cswap.executor import Counters, Executor, IterationState
+from cswap.execute.executor import Counters, Executor
+from cswap.execute.passive import SwapOnOutOfMemory
+from cswap.execute.recompute import RecomputeRegions
 from cswap.options import RECOMPUTING_POLICIES, LaunchLookup, RuntimeOptions, file_defaults, load_options
 from cswap.paths import shipped_configs_dir
-from cswap.passive import SwapOnOutOfMemory
-from cswap.plan import DEFAULT_ACTIONS, POLICY_REASONS, Action, LaunchCache, Plan
-from cswap.profiler import Profiler
-from cswap.recompute import RecomputeRegions
-from cswap.recompute_facts import RegionProfile, RegionTracer
-from cswap.regionplan import plan_regions
+from cswap.planner.actions import POLICY_ACTIONS, ZVC_KEEP, ZVC_SWAP
+from cswap.planner.advisor import Advisor
+from cswap.planner.budgeted import FALLBACK_ACTIONS, NO_CODEC, PROFILE_ACTIONS, budget_plan
+from cswap.planner.plan import DEFAULT_ACTIONS, POLICY_REASONS, Action, LaunchCache, Plan
+from cswap.planner.regions import plan_regions
+from cswap.profile.profiler import Profiler
+from cswap.profile.regions import RegionTracer
+from cswap.profile.trace import Trace
 from cswap.stats import EpochStats, RuntimeStats
-from cswap.trace import Trace
 
 __all__ = ["EpochStats", "Runtime", "RuntimeStats"]
 
@@ -57,24 +61,13 @@ _DEFAULTS = file_defaults(shipped_configs_dir() / "default.yaml")
 
 _EPOCH_FIELDS = ("packed_tensors", "offloaded_bytes", "transferred_bytes", "compressed_input_bytes", "compressed_bytes")
 
-
-def _with_recompute_seconds(trace: Trace, profile: RegionProfile) -> Trace:
-    """``trace`` with each record's ``recompute_s``: the forward seconds of the innermost module call
-    that saved it (what recomputing its producer costs; the simulator and planner price it)."""
-    calls = profile.calls
-    innermost = {s.key: calls[s.calls[-1]].forward_s for s in profile.saves if s.calls}
-    return replace(trace, tensors=tuple(replace(r, recompute_s=innermost.get(r.key, r.recompute_s)) for r in trace.tensors))
-
-
-class _RebuiltBytes:
-    """Counts the tensors a region's recomputation saves as resident until they are freed."""
-
-    def __init__(self, executor: Executor, it: IterationState) -> None:
-        self.executor = executor
-        self.it = it
-
-    def rebuilt(self, tensor: torch.Tensor) -> None:
-        self.executor.hold_rebuilt(self.it, tensor)
+#: The stats that are the executor's counters as they stand.
+_COUNTED_FIELDS = (
+    "packed_tensors", "deduplicated_tensors", "never_moved_tensors", "unknown_keys", "kept_bytes", "offloaded_bytes",
+    "transferred_bytes", "compressed_input_bytes", "compressed_bytes", "resident_bytes", "peak_resident_bytes", "pack_s",
+    "unpack_s", "unpacks", "prefetches", "prefetch_hits", "budget_fallbacks", "budget_waits", "iteration_peak_resident_bytes",
+    "evicted_tensors",
+)
 
 
 class Runtime:
@@ -86,7 +79,7 @@ class Runtime:
     Args:
         policy: ``none``, ``swap``, ``compress-swap``, ``cswap``, ``compress-keep``, ``recompute`` or
             ``capuchin`` (the last two recompute modules in backward and need ``model``; ``cswap``
-            does too under a ``memory_budget`` when given ``model``: :mod:`cswap.regionplan`).
+            does too under a ``memory_budget`` when given ``model``: :mod:`cswap.planner.regions`).
         device, backend, min_bytes, prefetch_bytes, decider, paper_size, passive_profile,
             arena_slack, d2h_gbps, h2d_gbps, model, time_model, launch_lookup, logistic_model: the
             options, documented on :class:`cswap.options.RuntimeOptions`. The defaults shown are
@@ -95,7 +88,7 @@ class Runtime:
         memory_budget: the most bytes of saved activations on the device: ``None`` (no budget),
             int bytes, a string with a unit (``"512MiB"``, ``"2GiB"``) or a float in (0, 1], that
             fraction of policy ``none``'s activation peak from the profile. The policy's actions
-            are then planned per tensor within it (:mod:`cswap.budgetplan`).
+            are then planned per tensor within it (:mod:`cswap.planner.budgeted`).
 
     Raises:
         TypeError: an unknown option (the message lists the valid ones).
@@ -297,7 +290,7 @@ class Runtime:
     @property
     def swaps_on_out_of_memory(self) -> bool:
         """Whether profiling iterations run in Capuchin's passive mode on a real out-of-memory error
-        (:class:`cswap.passive.SwapOnOutOfMemory`): on a GPU device. An op that runs out of device
+        (:class:`cswap.execute.passive.SwapOnOutOfMemory`): on a GPU device. An op that runs out of device
         memory then swaps the iteration's kept tensors to the host and runs again, so a profile
         that keeps tensors to measure them works wherever the plan made from it fits."""
         return self._device.type == "cuda"
@@ -342,7 +335,7 @@ class Runtime:
         it = executor.begin(plan, profiler, model)
         if profiler is None and regions is not None:
             regions.enable(plan.recompute_regions)
-            regions.listener = _RebuiltBytes(executor, it)
+            regions.listener = executor.rebuilt_listener(it)
         pack, unpack = executor.hooks(it)
         if tracer is not None:
             pack = self._traced(pack, tracer)
@@ -393,7 +386,7 @@ class Runtime:
 
     def _profile_mode(self) -> str:
         """``passive`` (swap all), ``keep-all``, ``budget`` (each policy's smallest footprint; for a
-        recomputing policy Capuchin's passive mode, :data:`cswap.budgetplan.PASSIVE_ACTION`), or
+        recomputing policy Capuchin's passive mode, :data:`cswap.planner.budgeted.PASSIVE_ACTION`), or
         ``plan`` (follow the current plan while recording)."""
         if self._options.memory_budget is not None:
             return "budget"
@@ -423,7 +416,7 @@ class Runtime:
         profiled_peak = self._executor.snapshot().epoch_peak_resident_bytes
         if tracer is not None:
             profile = tracer.profile()
-            trace = _with_recompute_seconds(trace, profile)
+            trace = profile.with_recompute_seconds(trace)
             regions = self._recompute_regions()
             regions.mark_ineligible(profile.ineligible)
             time_model = self._codec_time_model() if self.policy == "cswap" else NO_CODEC
@@ -434,7 +427,7 @@ class Runtime:
         elif budget is None:
             plan = self._advisor().plan(trace, self._epoch)
         else:
-            compresses = self.policy in ("compress-swap", "compress-keep", "cswap")
+            compresses = bool(POLICY_ACTIONS[self.policy] & {ZVC_SWAP, ZVC_KEEP})
             time_model = self._codec_time_model() if compresses else NO_CODEC
             plan, budget_bytes, error = budget_plan(trace, self.policy, budget, time_model, self._backend, self._options.min_bytes,
                                                     self._epoch, self._plan.launches, profiled_peak)
@@ -481,7 +474,7 @@ class Runtime:
 
     def _codec_time_model(self) -> Any:
         if self._time_model is None:
-            from cswap.codec_speed import codec_speed  # measured only when the cost model needs it
+            from cswap.profile.codec_speed import codec_speed  # measured only when the cost model needs it
 
             self._time_model = codec_speed(self._device, self._backend)
         return self._time_model
@@ -491,7 +484,7 @@ class Runtime:
     def plan(self) -> Plan:
         """The current plan: per saved-tensor key the action, its reason, and for ``cswap`` T and T'.
 
-        Its :meth:`~cswap.plan.Plan.rows` (what ``print`` and ``to_dict`` show) are what the executor
+        Its :meth:`~cswap.planner.plan.Plan.rows` (what ``print`` and ``to_dict`` show) are what the executor
         last did with each key, including keys the profile did not plan.
         """
         return self._plan
@@ -528,31 +521,12 @@ class Runtime:
                 epoch=self._epoch,
                 iterations=self._iterations,
                 profiled_iterations=self._profiled,
-                packed_tensors=counters.packed_tensors,
-                deduplicated_tensors=counters.deduplicated_tensors,
-                never_moved_tensors=counters.never_moved_tensors,
-                unknown_keys=counters.unknown_keys,
+                **{name: getattr(counters, name) for name in _COUNTED_FIELDS},
                 actions=MappingProxyType(dict(counters.actions)),
-                kept_bytes=counters.kept_bytes,
-                offloaded_bytes=counters.offloaded_bytes,
-                transferred_bytes=counters.transferred_bytes,
-                compressed_input_bytes=counters.compressed_input_bytes,
-                compressed_bytes=counters.compressed_bytes,
-                resident_bytes=counters.resident_bytes,
-                peak_resident_bytes=counters.peak_resident_bytes,
-                pack_s=counters.pack_s,
-                unpack_s=counters.unpack_s,
-                unpacks=counters.unpacks,
-                prefetches=counters.prefetches,
-                prefetch_hits=counters.prefetch_hits,
                 arena_bytes=arena.capacity_bytes,
                 arena_used_bytes=arena.used_bytes,
                 arena_misses=arena.misses,
                 iteration_s=self._iteration_s,
                 budget_bytes=self._budget_bytes,
-                budget_fallbacks=counters.budget_fallbacks,
-                budget_waits=counters.budget_waits,
-                iteration_peak_resident_bytes=counters.iteration_peak_resident_bytes,
-                evicted_tensors=counters.evicted_tensors,
                 history=(*self._history, self._epoch_stats(counters)),
             )

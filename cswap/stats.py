@@ -119,7 +119,7 @@ class RuntimeStats:
         budget_waits: device-to-host copies that pack waited for to stay within the budget (GPU).
         iteration_peak_resident_bytes: the peak of resident bytes in the last iteration the hooks ran.
         evicted_tensors: kept tensors of profiling iterations swapped to the host when the device
-            ran out of memory (Capuchin's passive mode, :mod:`cswap.passive`); they are counted
+            ran out of memory (Capuchin's passive mode, :mod:`cswap.execute.passive`); they are counted
             as ``swap`` in ``actions``.
         history: per epoch, oldest first, the current one last.
     """

@@ -2,7 +2,7 @@
 
 * :mod:`cswap.predictors.calibration`: micro-benchmarks of a codec backend (:func:`calibrate`).
 * :mod:`cswap.predictors.timemodel`: per (backend, codec, op, width) linear regressions of codec seconds
-  (:func:`fit_time_models`), bundled as a :class:`CalibratedTimeModel` (a ``cswap.costmodel.TimeModel``).
+  (:func:`fit_time_models`), bundled as a :class:`CalibratedTimeModel` (a ``cswap.planner.costmodel.TimeModel``).
 * :mod:`cswap.predictors.decision`: the logistic compress/don't classifier (:func:`fit`, :class:`LogisticDecider`).
 * :mod:`cswap.predictors.features`: the features both are built on.
 * :mod:`cswap.predictors.persistence`: keeping them in the config store (:func:`load_time_model`, :func:`load_decider`).

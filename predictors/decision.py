@@ -1,6 +1,6 @@
 """The decision model: a logistic regression that says compress-then-swap or plain swap for one tensor.
 
-It learns the cost model's verdict (``compress iff T < T'``, :mod:`cswap.costmodel`) from the
+It learns the cost model's verdict (``compress iff T < T'``, :mod:`cswap.planner.costmodel`) from the
 quantities the runtime profiles: size, sparsity, ``Hidden_f``, ``Hidden_b`` and the two link
 bandwidths, through the features of :func:`cswap.predictors.features.decision_features`. The caller makes
 the labels (the top-layer ``cswap calibrate`` runs the cost model with calibrated codec times);

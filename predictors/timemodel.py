@@ -20,7 +20,7 @@ Each :class:`LinearTimeModel` predicts ``seconds = coef . time_features(nbytes, 
 sizes to report the MAPE on sizes the fit never saw, then refits on all sizes.
 
 A :class:`CalibratedTimeModel` bundles the per-key models and implements
-:class:`cswap.costmodel.TimeModel` (``compress_s`` / ``decompress_s``). It travels as JSON
+:class:`cswap.planner.costmodel.TimeModel` (``compress_s`` / ``decompress_s``). It travels as JSON
 (:meth:`~CalibratedTimeModel.to_dict`); :meth:`~CalibratedTimeModel.from_dict` validates every field,
 since a model may come over the network, and raises ``ValueError`` naming what is wrong.
 
@@ -413,7 +413,7 @@ def _validation_message(error: ValidationError) -> str:
 
 
 class CalibratedTimeModel:
-    """Predicted (de)compression seconds from calibrated per-key linear models; a :class:`cswap.costmodel.TimeModel`.
+    """Predicted (de)compression seconds from calibrated per-key linear models; a :class:`cswap.planner.costmodel.TimeModel`.
 
     Args:
         models: the per-key models, by (backend, codec, op, itemsize).
@@ -473,11 +473,11 @@ class CalibratedTimeModel:
         return self.model_for(op, itemsize, backend, codec).predict(nbytes, density)
 
     def compress_s(self, nbytes: int, density: float, itemsize: int, backend: str, codec: str = "zvc") -> float:
-        """Predicted seconds to compress one tensor (see :class:`cswap.costmodel.TimeModel`)."""
+        """Predicted seconds to compress one tensor (see :class:`cswap.planner.costmodel.TimeModel`)."""
         return float(self.predict_s("compress", nbytes, density, itemsize, backend, codec)[0])
 
     def decompress_s(self, nbytes: int, density: float, itemsize: int, backend: str, codec: str = "zvc") -> float:
-        """Predicted seconds to decompress one tensor (see :class:`cswap.costmodel.TimeModel`)."""
+        """Predicted seconds to decompress one tensor (see :class:`cswap.planner.costmodel.TimeModel`)."""
         return float(self.predict_s("decompress", nbytes, density, itemsize, backend, codec)[0])
 
     def merged(self, other: CalibratedTimeModel) -> CalibratedTimeModel:

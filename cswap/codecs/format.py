@@ -33,6 +33,7 @@ __all__ = [
     "n_chunks_for",
     "n_words_for",
     "zvc_compressed_nbytes",
+    "out_buffer",
 ]
 
 #: Words per chunk in the offsets table: 32 words are 1024 elements, one CUDA block of 1024
@@ -327,7 +328,7 @@ class Packed:
         tail = self.numel % 32
         if tail and (int(self.bitmap[-1]) & 0xFFFFFFFF) >> tail:
             return [f"the last bitmap word has bits set past element {self.numel - 1}"]
-        # Imported here: popcount builds on the Numba backend, which itself imports this module.
+        # Imported here so that the format loads without Numba, which only validation needs.
         from cswap.codecs.popcount import chunk_popcounts
 
         counts = chunk_popcounts(self.bitmap, self.chunk_words).cpu()
@@ -337,3 +338,34 @@ class Packed:
                 f"chunk {bad} has {int(counts[bad])} set bits in the bitmap but {int(steps[bad])} values in offsets"
             )
         return problems
+
+
+def out_buffer(
+    name: str, buffer: torch.Tensor, needed: int, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """The first ``needed`` elements of a caller's buffer, after checking that it can hold them.
+
+    Args:
+        name: what the error message calls the buffer (``out.values``).
+        buffer: the caller's buffer.
+        needed: elements the result needs.
+        dtype: the dtype the result must have.
+        device: the device the result must be on.
+
+    Example:
+        >>> out_buffer("out.values", torch.empty(8, dtype=torch.int32), 3, torch.int32, torch.device("cpu")).shape
+        torch.Size([3])
+    """
+    if buffer.device != device:
+        raise ValueError(f"{name} is on {buffer.device} but the tensor is on {device}: allocate the buffers there")
+    if buffer.dtype != dtype or buffer.dim() != 1 or not buffer.is_contiguous():
+        raise ValueError(
+            f"{name} must be a contiguous 1-d {dtype} tensor, got {buffer.dtype} of shape {tuple(buffer.shape)}: "
+            "make the buffers with Packed.workspace(shape, dtype)"
+        )
+    if buffer.numel() < needed:
+        raise ValueError(
+            f"{name} holds {buffer.numel()} elements but this tensor needs {needed}: "
+            "make the buffers with Packed.workspace(shape, dtype), which has room for any tensor of that shape"
+        )
+    return buffer[:needed]

@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass, fields
-from typing import Any
-from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
 
 from cswap.codecs.format import DEFAULT_CHUNK_WORDS, check_chunk_words
 
-__all__ = ["CUDA_KERNELS", "CpuLaunch", "CudaLaunch", "Launch", "launch_from_params"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["CUDA_KERNELS", "CpuLaunch", "CudaLaunch", "Launch", "LaunchLookup", "launch_from_params"]
 
 #: The CUDA kernels whose launch is configurable; each has ``<kernel>_grid`` and ``<kernel>_block``.
 CUDA_KERNELS: tuple[str, ...] = ("compress", "scan", "scatter", "decompress")
@@ -112,6 +115,10 @@ class CudaLaunch:
 
 
 Launch = CpuLaunch | CudaLaunch
+
+#: ``launch_lookup(backend, op, dtype, nbytes)``: the launch config to use for one tensor, or ``None``
+#: (``dtype`` is a ``torch.dtype``).
+LaunchLookup = Callable[[str, str, "torch.dtype", int], "Launch | None"]
 
 
 def _known(cls: type, params: Mapping[str, Any], where: str) -> dict[str, Any]:

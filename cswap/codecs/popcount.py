@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from numba import njit
 
-from cswap.codecs.zvc_cpu import _popcount
+from cswap.codecs.intrinsics import popcount
 
 __all__ = ["chunk_popcounts", "chunk_popcounts_torch"]
 
@@ -29,7 +29,7 @@ def _chunk_popcounts_numba(bitmap: np.ndarray, chunk_words: int, counts: np.ndar
         w0 = c * chunk_words
         total = 0
         for w in range(w0, min(w0 + chunk_words, n_words)):
-            total += _popcount(bitmap[w])
+            total += popcount(bitmap[w])
         counts[c] = total
 
 

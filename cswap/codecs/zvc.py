@@ -10,7 +10,7 @@ A backend module provides:
 * ``check_launch(launch) -> Launch``: the launch to use (its default for ``None``), or ``ValueError``.
 * ``compress_bits(flat_bits, chunk_words, launch) -> (bitmap, offsets, values)``; a backend that
   can write into a caller's buffers also takes ``out: Packed`` and returns views of them (see
-  :func:`out_buffer`); for the others :meth:`ZvcCodec.compress` copies into ``out``.
+  :func:`cswap.codecs.format.out_buffer`); for the others :meth:`ZvcCodec.compress` copies into ``out``.
 * ``decompress_bits(packed, out_bits, launch) -> None``: fill ``out_bits`` (flat, contiguous).
 
 Example:
@@ -29,11 +29,11 @@ from types import ModuleType
 
 import torch
 
-from cswap.codecs.format import DEFAULT_CHUNK_WORDS, Packed, bits_dtype, check_dtype
+from cswap.codecs.format import DEFAULT_CHUNK_WORDS, Packed, bits_dtype, check_dtype, out_buffer
 from cswap.codecs.launch import Launch
 from cswap.codecs.registry import check_backend
 
-__all__ = ["ZVC", "ZvcCodec", "out_buffer"]
+__all__ = ["ZVC", "ZvcCodec"]
 
 _BACKEND_MODULES = {
     "torch": "cswap.codecs.zvc_torch",
@@ -121,34 +121,3 @@ ZVC = ZvcCodec()
 def _takes_out(module: ModuleType) -> bool:
     """Whether the backend's ``compress_bits`` writes into caller buffers itself."""
     return "out" in inspect.signature(module.compress_bits).parameters
-
-
-def out_buffer(
-    name: str, buffer: torch.Tensor, needed: int, dtype: torch.dtype, device: torch.device
-) -> torch.Tensor:
-    """The first ``needed`` elements of a caller's buffer, after checking that it can hold them.
-
-    Args:
-        name: what the error message calls the buffer (``out.values``).
-        buffer: the caller's buffer.
-        needed: elements the result needs.
-        dtype: the dtype the result must have.
-        device: the device the result must be on.
-
-    Example:
-        >>> out_buffer("out.values", torch.empty(8, dtype=torch.int32), 3, torch.int32, torch.device("cpu")).shape
-        torch.Size([3])
-    """
-    if buffer.device != device:
-        raise ValueError(f"{name} is on {buffer.device} but the tensor is on {device}: allocate the buffers there")
-    if buffer.dtype != dtype or buffer.dim() != 1 or not buffer.is_contiguous():
-        raise ValueError(
-            f"{name} must be a contiguous 1-d {dtype} tensor, got {buffer.dtype} of shape {tuple(buffer.shape)}: "
-            "make the buffers with Packed.workspace(shape, dtype)"
-        )
-    if buffer.numel() < needed:
-        raise ValueError(
-            f"{name} holds {buffer.numel()} elements but this tensor needs {needed}: "
-            "make the buffers with Packed.workspace(shape, dtype), which has room for any tensor of that shape"
-        )
-    return buffer[:needed]

@@ -37,22 +37,20 @@ from __future__ import annotations
 import hashlib
 import inspect
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 import numba
 import numpy as np
 import torch
-from llvmlite import ir
-from numba import njit, prange, types
-from numba.core.base import BaseContext
-from numba.core.typing.context import Context
-from numba.core.typing.templates import Signature
-from numba.extending import intrinsic
+from numba import njit, prange
 
-from cswap.codecs.format import Packed, check_chunk_words, n_chunks_for, n_words_for
+from cswap.codecs import intrinsics
+from cswap.codecs.format import Packed, check_chunk_words, n_chunks_for, n_words_for, out_buffer
+from cswap.codecs.intrinsics import low_bit as _low_bit
+from cswap.codecs.intrinsics import nonzero_mask32 as _nonzero_mask32
+from cswap.codecs.intrinsics import popcount as _popcount
 from cswap.codecs.launch import CpuLaunch
-from cswap.codecs.zvc import out_buffer
 
 __all__ = ["available", "check_launch", "compress_bits", "decompress_bits", "kernel_source_hash"]
 
@@ -80,72 +78,26 @@ def check_launch(launch: object) -> CpuLaunch:
 
 
 def kernel_source_hash() -> str:
-    """sha256 hex of this module's source: tuned CPU configs are void once the kernels change.
+    """sha256 hex of the kernels' source (this module and its intrinsics): tuned CPU configs are void
+    once the kernels change.
 
     Example:
         >>> len(kernel_source_hash())
         64
     """
-    return hashlib.sha256(inspect.getsource(sys.modules[__name__]).encode()).hexdigest()
+    sources = (inspect.getsource(sys.modules[__name__]), inspect.getsource(intrinsics))
+    return hashlib.sha256("".join(sources).encode()).hexdigest()
 
 
 # --------------------------------------------------------------------------------------------
 # Kernels. ``x``/``out`` are the element bits (uint8, int16, int32 or int64), ``bitmap`` is uint32.
-#
-# Three LLVM intrinsics do what Numba cannot express: a 32-lane "!= 0" whose <32 x i1> result is
-# the bitmap word itself (one vector compare and mask move on AVX-512/AVX2, where a scalar loop of
-# compare-shift-or does not vectorise), and the popcount and trailing-zero count instructions.
-
-#: What a Numba intrinsic's typing function returns: the signature and the LLVM code generator.
-_Intrinsic = tuple[Signature, Callable[[BaseContext, ir.IRBuilder, Signature, list[ir.Value]], ir.Value]]
+# The bit operations Numba cannot express (a 32-lane "!= 0" as one bitmap word, popcount,
+# trailing-zero count) are LLVM intrinsics in :mod:`cswap.codecs.intrinsics`.
 
 _FULL_WORD = 0xFFFFFFFF
 #: Mixed words with fewer nonzeros than this are compacted by walking their set bits, denser ones
 #: by the branch-free loop (whose cost does not fall with the count).
 _SPARSE_WORD_BITS = 8
-
-
-@intrinsic
-def _nonzero_mask32(typingctx: Context, array: types.Type, start: types.Type) -> _Intrinsic | None:
-    """Bit ``j`` set iff ``array[start + j] != 0``, for ``j < 32``; the caller keeps ``start + 32 <= array.size``."""
-    if not (isinstance(array, types.Array) and isinstance(array.dtype, types.Integer) and array.layout == "C"):
-        return None
-
-    def codegen(context: BaseContext, builder: ir.IRBuilder, signature: Signature, args: list[ir.Value]) -> ir.Value:
-        data = context.make_array(signature.args[0])(context, builder, args[0]).data
-        lanes = ir.VectorType(context.get_value_type(signature.args[0].dtype), 32)
-        pointer = builder.bitcast(builder.gep(data, [args[1]]), lanes.as_pointer())
-        block = builder.load(pointer, align=1)
-        nonzero = builder.icmp_unsigned("!=", block, ir.Constant(lanes, None))
-        return builder.bitcast(nonzero, ir.IntType(32))
-
-    return types.uint32(array, types.intp), codegen
-
-
-@intrinsic
-def _popcount(typingctx: Context, word: types.Type) -> _Intrinsic | None:
-    """Set bits in the low 32 bits of an integer."""
-    if not isinstance(word, types.Integer):
-        return None
-
-    def codegen(context: BaseContext, builder: ir.IRBuilder, signature: Signature, args: list[ir.Value]) -> ir.Value:
-        low = context.cast(builder, args[0], signature.args[0], types.uint32)
-        return builder.zext(builder.ctpop(low), ir.IntType(64))
-
-    return types.int64(word), codegen
-
-
-@intrinsic
-def _low_bit(typingctx: Context, word: types.Type) -> _Intrinsic | None:
-    """Index of the lowest set bit in the low 32 bits of an integer, which must not all be zero."""
-    if not isinstance(word, types.Integer):
-        return None
-
-    def codegen(context: BaseContext, builder: ir.IRBuilder, signature: Signature, args: list[ir.Value]) -> ir.Value:
-        low = context.cast(builder, args[0], signature.args[0], types.uint32)
-        return builder.zext(builder.cttz(low, ir.Constant(ir.IntType(1), 1)), ir.IntType(64))
-
-    return types.int64(word), codegen
 
 
 @njit(cache=True)

@@ -53,9 +53,8 @@ import torch
 from numba import cuda, int64, uint32
 
 from cswap.codecs import cuda_adapter
-from cswap.codecs.format import Packed, n_chunks_for, n_words_for
+from cswap.codecs.format import Packed, n_chunks_for, n_words_for, out_buffer
 from cswap.codecs.launch import CUDA_KERNELS, CudaLaunch, Launch
-from cswap.codecs.zvc import out_buffer
 
 __all__ = [
     "CUDA_KERNELS",

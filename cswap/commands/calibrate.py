@@ -5,9 +5,9 @@ Steps:
 1. micro-benchmark the backend over sizes, sparsities and widths (:func:`cswap.predictors.calibrate`),
    with the tuned launch configs where the store has them;
 2. fit one linear time model per (op, width) and report its MAPE on held-out sizes;
-3. profile a few small CNNs from :mod:`cswap.models` on :func:`cswap.data.digits` with
+3. profile a few small CNNs from :mod:`cswap.models` on :func:`cswap.training.data.digits` with
    ``cswap.Runtime(policy="none")`` to get real saved tensors (size, sparsity, hidden times);
-4. label every tensor with the cost model (:func:`cswap.costmodel.decide`, codec times from step 2)
+4. label every tensor with the cost model (:func:`cswap.planner.costmodel.decide`, codec times from step 2)
    under the measured link, each hardware profile's link and a sweep of slow links, with the
    hidden times scaled around the profiled ones, so both decisions occur;
 5. fit the logistic decider; its accuracy is measured on the tensors of each model with the
@@ -91,17 +91,17 @@ def collect_traces(
     image_size: int = 32,
     on_model: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """One profiled training iteration per model, as ``{model name: cswap.trace.Trace}``.
+    """One profiled training iteration per model, as ``{model name: cswap.profile.trace.Trace}``.
 
     Each model from :mod:`cswap.models` runs forward and backward on a batch of
-    :func:`cswap.data.digits` under ``cswap.Runtime(policy="none")``, which records every saved
+    :func:`cswap.training.data.digits` under ``cswap.Runtime(policy="none")``, which records every saved
     tensor without moving any. ``on_model(name)`` is called before each model is profiled.
     """
     import torch
 
     import cswap
     from cswap import models as zoo
-    from cswap.data import digits
+    from cswap.training.data import digits
 
     split = digits(image_size=image_size, channels=3)
     images, labels = split.train.tensors
@@ -160,13 +160,13 @@ def decision_dataset(
         hidden_scales: factors on each tensor's profiled ``Hidden_f`` and ``Hidden_b``.
 
     Example:
-        >>> from cswap.trace import Trace, TensorRecord
+        >>> from cswap.profile.trace import Trace, TensorRecord
         >>> rec = TensorRecord(key=0, shape=(1 << 20,), dtype="float32", nbytes=4 << 20, sparsity=0.9)
         >>> data = decision_dataset({"m": Trace(tensors=(rec,))}, lambda op, n, d, w: 1e-4, {"slow": (1.0, 1.0)}, [1.0])
         >>> data.labels.tolist()
         [True]
     """
-    from cswap.costmodel import decide
+    from cswap.planner.costmodel import decide
     from cswap.predictors import decision_features
 
     rows: list[tuple[float, ...]] = []

@@ -1,5 +1,5 @@
 """``cswap max-batch``: the largest batch each policy trains on this GPU, or, without one, the
-largest whose plan fits (planned on meta traces, never run: :mod:`cswap.maxbatch_planned`).
+largest whose plan fits (planned on meta traces, never run: :mod:`cswap.training.maxbatch`).
 
 Example:
     $ cswap max-batch --model resnet50 --policies all --memory-limit 16GiB
@@ -34,7 +34,7 @@ def register(app: typer.Typer) -> None:
         """Binary-search the largest batch under each policy: measured on a GPU, planned without one."""
         import torch
 
-        from cswap.maxbatch import max_batch, parse_bytes
+        from cswap.training.maxbatch import max_batch, parse_bytes
 
         console = Console()
         planned = not torch.cuda.is_available()
@@ -43,7 +43,7 @@ def register(app: typer.Typer) -> None:
             limit = parse_bytes(memory_limit) if memory_limit else None
             chosen = [p.strip() for p in policies.split(",") if p.strip()]
             if planned:
-                from cswap.maxbatch_planned import planned_max_batch
+                from cswap.training.maxbatch import planned_max_batch
                 from cswap.planner import POLICY_ACTIONS
 
                 if limit is None:

@@ -57,7 +57,7 @@ def run_simulate(
     from cswap.simulate.engine import DEFAULT_MIN_BYTES
     from cswap.simulate.metatrace import SparsityModel
     from cswap.simulate.policies import resolve_policies
-    from cswap.trace import Trace
+    from cswap.profile.trace import Trace
 
     budgets = _budgets(memory_budget)
     names = _budget_policies(policies) if budgets else resolve_policies(policies)

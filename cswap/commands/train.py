@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 
 from cswap.commands import fail, warnings_as_lines
-from cswap.trainconfig import TrainConfig
+from cswap.training.config import TrainConfig
 
 __all__ = ["register", "train_command"]
 
@@ -67,8 +67,8 @@ def train_command(
     progress: bool = typer.Option(True, help="Show progress bars."),
 ) -> None:
     """Train a model under a policy and write a report with plots."""
-    from cswap.train import OutOfMemoryAdvice, train
-    from cswap.trainconfig import RecipeError, load_config
+    from cswap.training.loop import OutOfMemoryAdvice, train
+    from cswap.training.config import RecipeError, load_config
 
     console = Console()
     overrides = {

@@ -165,7 +165,7 @@ def run_tune(
     import torch
 
     from cswap.device import fingerprint
-    from cswap.kernelconfigs import settle_config
+    from cswap.training.kernelconfigs import settle_config
     from cswap.tuner.kernels import dtype_name, kernel_name
     from cswap.tuner.lookup import CACHED_METHOD
     from cswap.tuner.objective import check_tunable

@@ -1,18 +1,21 @@
-"""Policies as sets of actions: what a policy may do with each saved tensor under a memory budget.
+"""The actions, and the one table of policies: what each policy does with every saved tensor.
 
-Action names are the values of :class:`cswap.advisor.Action` (and of the simulator's actions).
+Action names are the values of :class:`cswap.planner.plan.Action` (and of the simulator's actions).
+:data:`POLICY_TABLE` is the only place a policy is described; the runtime's options, the plan's
+defaults, the budgeted and region planners, the simulator and the command line all read it.
 
-=================  ==================================  =============================
-policy             actions                             system it reproduces
-=================  ==================================  =============================
-``none``           keep                                plain PyTorch
-``swap``           keep, swap                          vDNN
-``compress-swap``  keep, zvc-swap                      cDMA (static compression)
-``compress-keep``  keep, zvc-keep                      FreeLunch
-``recompute``      keep, recompute                     checkpointing (Chen et al., Checkmate, MONeT)
-``capuchin``       keep, swap, recompute               Capuchin (its greedy, not the MILP)
-``cswap``          every action                        CSWAP's cost model, generalised
-=================  ==================================  =============================
+=====================  ======================  ====================================  =========
+policy                 actions under a budget  system it reproduces                  runtime
+=====================  ======================  ====================================  =========
+``none``               keep                    plain PyTorch                         yes
+``swap``               keep, swap              vDNN                                  yes
+``cpu-compress-swap``  (none: static only)     vDNN++ (compression on the host CPU)  simulator
+``compress-swap``      keep, zvc-swap          cDMA (static compression)             yes
+``cswap``              every action            CSWAP's cost model, generalised       yes
+``compress-keep``      keep, zvc-keep          FreeLunch                             yes
+``recompute``          keep, recompute         checkpointing (Chen et al., MONeT)    yes
+``capuchin``           keep, swap, recompute   Capuchin (its greedy, not the MILP)   yes
+=====================  ======================  ====================================  =========
 
 Compression never stores more than the raw bytes, so a tensor ZVC would not shrink (or whose dtype
 it cannot encode) gets no ``zvc`` option; a policy that swaps only compressed (``compress-swap``)
@@ -23,24 +26,33 @@ Example:
     ['keep', 'swap']
     >>> single_mechanism_policies()
     ('swap', 'compress-swap', 'compress-keep', 'recompute')
+    >>> POLICY_TABLE["compress-swap"].system, RUNTIME_POLICIES[-1]
+    ('cDMA', 'capuchin')
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from types import MappingProxyType
 
 __all__ = [
     "ACTIONS",
+    "HOST_ZVC_SWAP",
     "KEEP",
     "POLICY_ACTIONS",
+    "POLICY_TABLE",
     "RECOMPUTE",
+    "RECOMPUTING_POLICIES",
+    "RUNTIME_POLICIES",
     "SWAP",
     "ZVC_KEEP",
     "ZVC_SWAP",
+    "Policy",
     "allowed_actions",
     "single_mechanism_policies",
     "tensor_actions",
+    "uncompressed",
 ]
 
 KEEP = "keep"
@@ -48,22 +60,92 @@ SWAP = "swap"
 ZVC_SWAP = "zvc-swap"
 ZVC_KEEP = "zvc-keep"
 RECOMPUTE = "recompute"
+#: Swap in full, then compress on the host (vDNN++): the simulator's action, not yet the planner's.
+HOST_ZVC_SWAP = "host-zvc-swap"
 
 #: Every action the planner chooses among.
 ACTIONS: tuple[str, ...] = (KEEP, SWAP, ZVC_SWAP, ZVC_KEEP, RECOMPUTE)
 
+
+@dataclass(frozen=True)
+class Policy:
+    """One policy: the system it reproduces and what it does with each saved tensor.
+
+    Attributes:
+        name: what a user passes as ``policy=``.
+        system: the system of the literature it reproduces.
+        static_action: without a budget, what it does with every movable tensor (and with a key the
+            plan does not know); ``cswap`` decides per tensor once profiled, this is before.
+        reason: :attr:`static_action`'s reason, as a plan row prints it.
+        budget_actions: the actions it may use under a memory budget (empty: it is not planned under one).
+        profile_action: under a budget, how the profiling iteration stores each movable tensor: its
+            smallest footprint, so the iteration fits any budget the policy can meet.
+        fallback_action: under a budget, how a tensor that would pass it is moved instead (``None``:
+            the policy has no moving action).
+        region_planner: with recompute regions, the policy that plans the tensors outside them
+            (``None``: it never recomputes regions).
+        recomputes_without_budget: it recomputes even without a budget (so it needs ``model=``).
+        in_runtime: :class:`cswap.Runtime` runs it (otherwise only the simulator does).
+    """
+
+    name: str
+    system: str
+    static_action: str
+    reason: str
+    budget_actions: frozenset[str] = frozenset()
+    profile_action: str = KEEP
+    fallback_action: str | None = None
+    region_planner: str | None = None
+    recomputes_without_budget: bool = False
+    in_runtime: bool = True
+
+
+# Profiling a recomputing policy swaps every tensor (Capuchin's passive mode): it keeps nothing the
+# plan might later drop, and its regions are not enabled yet.
+_PASSIVE = SWAP
+
+#: Every policy, in the order tables list them.
+POLICY_TABLE: Mapping[str, Policy] = MappingProxyType({
+    p.name: p
+    for p in (
+        Policy("none", "plain PyTorch", KEEP, "policy none: plain PyTorch", frozenset({KEEP})),
+        Policy("swap", "vDNN", SWAP, "policy swap: offload every saved activation (vDNN)", frozenset({KEEP, SWAP}),
+               profile_action=SWAP, fallback_action=SWAP),
+        Policy("cpu-compress-swap", "vDNN++", HOST_ZVC_SWAP, "policy cpu-compress-swap: offload, then compress on the host (vDNN++)",
+               in_runtime=False),
+        Policy("compress-swap", "cDMA", ZVC_SWAP, "policy compress-swap: compress, then offload (cDMA)", frozenset({KEEP, ZVC_SWAP}),
+               profile_action=ZVC_SWAP, fallback_action=ZVC_SWAP),
+        Policy("cswap", "CSWAP", SWAP, "policy cswap: not profiled yet, offload", frozenset(ACTIONS),
+               profile_action=SWAP, fallback_action=SWAP, region_planner="cswap"),
+        Policy("compress-keep", "FreeLunch", ZVC_KEEP, "policy compress-keep: compress and keep on the device (FreeLunch)",
+               frozenset({KEEP, ZVC_KEEP}), profile_action=ZVC_KEEP),
+        Policy("recompute", "checkpointing (Chen et al., MONeT)", KEEP, "policy recompute: not profiled yet, keep",
+               frozenset({KEEP, RECOMPUTE}), profile_action=_PASSIVE, region_planner="none", recomputes_without_budget=True),
+        Policy("capuchin", "Capuchin", KEEP, "policy capuchin: not profiled yet, keep", frozenset({KEEP, SWAP, RECOMPUTE}),
+               profile_action=_PASSIVE, fallback_action=SWAP, region_planner="capuchin", recomputes_without_budget=True),
+    )
+})
+
+#: The policies :class:`cswap.Runtime` runs.
+RUNTIME_POLICIES: tuple[str, ...] = tuple(p.name for p in POLICY_TABLE.values() if p.in_runtime)
+
+#: Policies that recompute without a budget (they need ``model=``).
+RECOMPUTING_POLICIES: tuple[str, ...] = tuple(p.name for p in POLICY_TABLE.values() if p.recomputes_without_budget)
+
 #: Policy -> the actions it may use under a budget.
 POLICY_ACTIONS: Mapping[str, frozenset[str]] = MappingProxyType(
-    {
-        "none": frozenset({KEEP}),
-        "swap": frozenset({KEEP, SWAP}),
-        "compress-swap": frozenset({KEEP, ZVC_SWAP}),
-        "compress-keep": frozenset({KEEP, ZVC_KEEP}),
-        "recompute": frozenset({KEEP, RECOMPUTE}),
-        "capuchin": frozenset({KEEP, SWAP, RECOMPUTE}),
-        "cswap": frozenset(ACTIONS),
-    }
+    {p.name: p.budget_actions for p in POLICY_TABLE.values() if p.budget_actions}
 )
+
+
+def uncompressed(action: str) -> str:
+    """What ``action`` becomes for a tensor ZVC cannot encode: the same move, without compression.
+
+    Example:
+        >>> uncompressed(ZVC_SWAP), uncompressed(ZVC_KEEP), uncompressed(HOST_ZVC_SWAP), uncompressed(SWAP)
+        ('swap', 'keep', 'swap', 'swap')
+    """
+    return {ZVC_SWAP: SWAP, HOST_ZVC_SWAP: SWAP, ZVC_KEEP: KEEP}.get(action, action)
 
 
 def allowed_actions(policy: str) -> frozenset[str]:

@@ -1,15 +1,15 @@
-"""The planner's problem from a profiled :class:`~cswap.trace.Trace`, as the runtime plans it.
+"""The planner's problem from a profiled :class:`~cswap.profile.trace.Trace`, as the runtime plans it.
 
-Each offloadable record becomes a :class:`~cswap.planner.options.TensorSpec`: its lifetime from
-:func:`cswap.lifetime.lifetimes_from_trace`, its exact ZVC size from the codecs' encoding
+Each offloadable record becomes a :class:`~cswap.planner.problem.TensorSpec`: its lifetime from
+:func:`cswap.planner.lifetime.lifetimes_from_trace`, its exact ZVC size from the codecs' encoding
 (:class:`cswap.codecs.encoding.Encoding`: an int64 record with a ``narrow_dtype`` is sized and
 timed at that width, as the encoding narrows it first), its codec
-seconds from a :class:`~cswap.costmodel.TimeModel`, and its ``hidden_forward_s``. Events happen at
+seconds from a :class:`~cswap.planner.costmodel.TimeModel`, and its ``hidden_forward_s``. Events happen at
 the records' ``pack_at_s`` and ``unpack_at_s``; records below ``min_bytes`` may only be kept.
 Parameters and buffers are not part of the problem (their bytes are not activations).
 
 Example:
-    >>> from cswap.trace import TensorRecord, Trace
+    >>> from cswap.profile.trace import TensorRecord, Trace
     >>> recs = tuple(TensorRecord(key=k, shape=(1024,), dtype="float32", nbytes=4096, sparsity=0.5,
     ...                           pack_at_s=0.1 * k, unpack_at_s=1.0 - 0.1 * k) for k in range(3))
     >>> trace = Trace(tensors=recs, d2h_gbps=10.0, h2d_gbps=10.0, forward_s=0.5, backward_s=0.6)
@@ -30,10 +30,10 @@ import torch
 
 from cswap.codecs.encoding import Encoding, encodable
 from cswap.codecs.format import DEFAULT_CHUNK_WORDS
-from cswap.costmodel import TimeModel
-from cswap.lifetime import Lifetime, lifetimes_from_trace
-from cswap.planner.options import DEFAULT_PREFETCH_DISTANCES, LinkModel, PlanningProblem, TensorSpec, build_problem
-from cswap.trace import TensorRecord, Trace
+from cswap.planner.costmodel import TimeModel
+from cswap.planner.lifetime import Lifetime, lifetimes_from_trace
+from cswap.planner.problem import DEFAULT_PREFETCH_DISTANCES, LinkModel, PlanningProblem, TensorSpec, build_problem
+from cswap.profile.trace import TensorRecord, Trace
 
 __all__ = ["problem_from_trace"]
 

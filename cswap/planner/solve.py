@@ -1,19 +1,12 @@
-"""Choose one option per saved tensor: least predicted time with the resident bytes within the budget.
+"""The planner's one verb per question: plan a policy within a budget, or find its least budget.
 
-The exact formulation is a 0-1 program solved by SciPy's ``milp`` (HiGHS): a binary ``x[t, o]`` per
-tensor ``t`` and option ``o`` of the policy's actions, ``sum_o x[t, o] = 1`` per tensor, one row per
-timeline event ``sum x[t, o] * held[t, o, e] <= budget``, and the objective ``sum x[t, o] *
-cost[t, o]``. A time limit bounds the solve; a greedy (Capuchin-style: at the peak event, move the
-tensor that frees most bytes per second of added cost, then undo what the budget no longer needs)
-runs alongside, its gap to the solver's objective is reported, and it is the answer when the solver
-finds none in time.
-
-:func:`minimum_bytes` is the least budget a policy can meet: the same program minimising the peak
-instead of time. Its plan meets it, so planning at exactly that budget is feasible.
+A policy is planned by the planner of the system it reproduces: ``capuchin`` by Capuchin's own
+greedy (:mod:`cswap.planner.capuchin`), every other policy by the exact program over its actions
+(:mod:`cswap.planner.milp`: SciPy's ``milp`` with a greedy alongside). This module only chooses.
 
 Example:
-    >>> from cswap.lifetime import lifetimes_from_orders
-    >>> from cswap.planner.options import LinkModel, TensorSpec, build_problem
+    >>> from cswap.planner.lifetime import lifetimes_from_orders
+    >>> from cswap.planner.problem import LinkModel, TensorSpec, build_problem
     >>> events = lifetimes_from_orders([0, 1], [1, 0])
     >>> specs = [TensorSpec(key=k, nbytes=1000, lifetime=lt) for k, lt in enumerate(events.lifetimes)]
     >>> problem = build_problem(specs, events, [0.0, 1.0, 2.0, 3.0], 1.5, LinkModel(1e-6, 1e-6, async_copies=False))
@@ -26,293 +19,22 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
-import os
-import sys
-import tempfile
-import time
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
-from types import MappingProxyType
+from cswap.planner.capuchin import capuchin_minimum_bytes, plan_capuchin_budget
+from cswap.planner.milp import BudgetPlan, least_peak, solve_milp
+from cswap.planner.problem import PlanningProblem
 
-import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
-from scipy.sparse import csr_matrix
-
-from cswap.budget import BudgetError
-from cswap.lifetime import resident_bytes
-from cswap.planner.actions import tensor_actions
-from cswap.planner.options import Option, PlanningProblem, TensorOptions
-
-__all__ = ["BudgetPlan", "PlannedTensor", "minimum_bytes", "plan_budget", "timeline_of"]
-
-# constraint rows in MiB keep HiGHS's coefficients near 1; plans are checked in exact bytes after
-_SCALE = 1.0 / 2**20
-
-
-@dataclass(frozen=True)
-class PlannedTensor:
-    """The plan for one tensor.
-
-    Attributes:
-        key: the tensor's key.
-        action: the chosen action.
-        cost_s: its predicted seconds.
-        nbytes: raw bytes.
-        held_bytes: the most it holds at any event under this action.
-        wait_offload: pack waits for its copy out.
-        prefetch_distance: events ahead of its unpack its copy back is issued (swaps), else ``None``.
-        fetch_with: the key of the tensor at whose unpack its copy back is issued (``None``: at its
-            own unpack, on demand): what the executor's unpack hook carries out.
-    """
-
-    key: int
-    action: str
-    cost_s: float
-    nbytes: int
-    held_bytes: int
-    wait_offload: bool = False
-    prefetch_distance: int | None = None
-    fetch_with: int | None = None
-
-
-@dataclass(frozen=True)
-class BudgetPlan:
-    """A plan that keeps a policy's saved activations within a budget.
-
-    Attributes:
-        policy: the policy.
-        budget_bytes: the budget.
-        tensors: per tensor, in the problem's order.
-        predicted_s: the plan's predicted seconds over keeping everything.
-        peak_bytes: the peak of its resident-bytes timeline.
-        timeline_bytes: resident bytes at each event.
-        binding_event: the event with the least slack (the constraint that binds, if any does).
-        slack_bytes: ``budget_bytes - timeline_bytes[binding_event]``.
-        status: ``optimal``, ``time-limit`` (the solver's best when time ran out) or ``greedy``
-            (the solver found nothing in time, or the greedy was better).
-        solve_s: seconds spent planning (solver and greedy).
-        greedy_s: the greedy plan's predicted seconds (``None``: it found no feasible plan).
-        greedy_gap_s: ``greedy_s`` minus the solver's objective (``None`` without both).
-        bound_s: the solver's lower bound on the predicted seconds.
-        prefetch_window_bytes: the most bytes fetched back ahead of need at any event.
-    """
-
-    policy: str
-    budget_bytes: int
-    tensors: tuple[PlannedTensor, ...]
-    predicted_s: float
-    peak_bytes: int
-    timeline_bytes: tuple[int, ...]
-    binding_event: int
-    slack_bytes: int
-    status: str
-    solve_s: float
-    greedy_s: float | None
-    greedy_gap_s: float | None
-    bound_s: float | None
-    prefetch_window_bytes: int
-
-    @property
-    def actions(self) -> Mapping[int, str]:
-        """Key -> action."""
-        return MappingProxyType({t.key: t.action for t in self.tensors})
-
-    def action_counts(self) -> dict[str, int]:
-        """How many tensors got each action."""
-        counts: dict[str, int] = {}
-        for tensor in self.tensors:
-            counts[tensor.action] = counts.get(tensor.action, 0) + 1
-        return counts
-
-
-@dataclass(frozen=True)
-class _Arrays:
-    options: tuple[Option, ...]
-    owner: np.ndarray  # option -> tensor index
-    cost: np.ndarray
-    held: np.ndarray  # options x events, int64
-    tensor_count: int
-
-
-def _arrays(problem: PlanningProblem, policy: str) -> _Arrays:
-    options, owner = [], []
-    for t, tensor in enumerate(problem.tensors):
-        allowed = tensor_actions(policy, {o.action for o in tensor.options})
-        chosen = [o for o in tensor.options if o.action in allowed]
-        if not chosen:
-            raise ValueError(f"tensor {tensor.key} has no option under policy {policy!r}")
-        options += chosen
-        owner += [t] * len(chosen)
-    held = np.zeros((len(options), problem.event_count), dtype=np.int64)
-    for v, option in enumerate(options):
-        held[v] = problem.holds(option)
-    return _Arrays(
-        tuple(options), np.asarray(owner, dtype=np.int64), np.array([o.cost_s for o in options]), held, len(problem.tensors)
-    )
-
-
-def timeline_of(problem: PlanningProblem, choice: list[Option]) -> np.ndarray:
-    """Resident bytes at each event when each tensor takes the option in ``choice`` (problem order)."""
-    total = np.zeros(problem.event_count, dtype=np.int64)
-    for option in choice:
-        total += problem.holds(option)
-    return total
-
-
-def _milp(arrays: _Arrays, c: np.ndarray, budget_bytes: int | None, peak_variable: bool, time_limit_s: float):  # type: ignore[no-untyped-def]
-    count = len(arrays.options)
-    extra = 1 if peak_variable else 0
-    one = csr_matrix((np.ones(count), (arrays.owner, np.arange(count))), shape=(arrays.tensor_count, count + extra))
-    memory = arrays.held.T.astype(float) * _SCALE
-    if peak_variable:
-        memory = np.hstack([memory, -np.ones((memory.shape[0], 1))])
-        upper = np.zeros(memory.shape[0])
-    else:
-        upper = np.full(memory.shape[0], budget_bytes * _SCALE)
-    constraints = [LinearConstraint(one, 1, 1), LinearConstraint(csr_matrix(memory), -np.inf, upper)]
-    integrality = np.concatenate([np.ones(count), np.zeros(extra)])
-    bounds = Bounds(np.zeros(count + extra), np.concatenate([np.ones(count), np.full(extra, np.inf)]))
-    with stdout_to_stderr():
-        return milp(
-            c,
-            constraints=constraints,
-            integrality=integrality,
-            bounds=bounds,
-            options={"time_limit": time_limit_s, "mip_rel_gap": 1e-6},
-        )
-
-
-#: The start of the debug line HiGHS prints to file descriptor 1 whatever its output options say.
-HIGHS_DEBUG_LINE = b"HighsMipSolverData::"
-
-
-@contextlib.contextmanager
-def stdout_to_stderr(drop_prefix: bytes = HIGHS_DEBUG_LINE) -> Iterator[None]:
-    """Send what native code writes to the process's stdout to stderr instead, for the block,
-    less the lines that start with ``drop_prefix``.
-
-    HiGHS prints a debug line (``HighsMipSolverData::transformNewIntegerFeasibleSolution
-    tmpSolver.run();``) straight to file descriptor 1 whatever its output options say, which would
-    corrupt the JSON that ``--json`` commands and benchmarks print there and clutter a training
-    run's terminal. The block's writes to descriptor 1 are collected and passed to stderr when it
-    ends; only that line is dropped.
-
-    Args:
-        drop_prefix: lines starting with it are dropped (empty: keep every line).
-
-    Example:
-        >>> with stdout_to_stderr():
-        ...     _ = os.write(1, b"")
-    """
-    sys.stdout.flush()
-    try:
-        saved = os.dup(1)
-    except OSError:  # no stdout to protect
-        yield
-        return
-    with tempfile.TemporaryFile() as collected:
-        try:
-            os.dup2(collected.fileno(), 1)
-            yield
-        finally:
-            sys.stdout.flush()
-            os.dup2(saved, 1)
-            os.close(saved)
-            collected.seek(0)
-            kept = [line for line in collected.read().splitlines(keepends=True) if not (drop_prefix and line.startswith(drop_prefix))]
-            if kept:
-                sys.stderr.flush()
-                os.write(2, b"".join(kept))
-
-
-def _choice(arrays: _Arrays, x: np.ndarray) -> np.ndarray:
-    chosen = np.zeros(arrays.tensor_count, dtype=np.int64)
-    best = np.full(arrays.tensor_count, -1.0)
-    for v in range(len(arrays.options)):
-        t = arrays.owner[v]
-        if x[v] > best[t]:
-            best[t], chosen[t] = x[v], v
-    return chosen
-
-
-def _least_peak_choice(arrays: _Arrays) -> np.ndarray:
-    # without the solver: each tensor at its option holding the fewest byte-events
-    chosen = np.zeros(arrays.tensor_count, dtype=np.int64)
-    area = arrays.held.sum(axis=1)
-    for t in range(arrays.tensor_count):
-        mine = np.flatnonzero(arrays.owner == t)
-        chosen[t] = mine[np.lexsort((arrays.cost[mine], area[mine]))[0]]
-    return chosen
+__all__ = ["minimum_bytes", "plan_budget"]
 
 
 def minimum_bytes(problem: PlanningProblem, policy: str, time_limit_s: float = 30.0) -> int:
-    """The least budget ``policy`` can meet on ``problem``: the smallest peak any of its plans has.
+    """The least budget ``policy`` can meet on ``problem``; planning at it succeeds.
 
-    The solver's plan is measured in exact bytes; if it finds none in time the answer is the peak of
-    each tensor at its smallest-footprint option (a budget that plan meets). ``capuchin`` is
-    planned by its greedy, so its least budget is the least the greedy meets
-    (:func:`cswap.planner.capuchin.capuchin_minimum_bytes`).
+    ``capuchin``'s is the least its greedy meets (:func:`cswap.planner.capuchin.capuchin_minimum_bytes`);
+    every other policy's is the least peak of its actions (:func:`cswap.planner.milp.least_peak`).
     """
     if policy == "capuchin":
-        from cswap.planner.capuchin import capuchin_minimum_bytes  # it builds on this module
-
         return capuchin_minimum_bytes(problem, time_limit_s)
-    return _least_peak(problem, policy, time_limit_s)
-
-
-def _least_peak(problem: PlanningProblem, policy: str, time_limit_s: float) -> int:
-    """The smallest peak any plan of ``policy``'s actions has (the solver, or the smallest-footprint fallback)."""
-    if not problem.tensors:
-        return 0
-    arrays = _arrays(problem, policy)
-    c = np.concatenate([np.zeros(len(arrays.options)), [1.0]])
-    result = _milp(arrays, c, None, peak_variable=True, time_limit_s=time_limit_s)
-    chosen = _choice(arrays, result.x[:-1]) if result.x is not None else _least_peak_choice(arrays)
-    return int(arrays.held[chosen].sum(axis=0).max(initial=0))
-
-
-def _greedy(arrays: _Arrays, budget_bytes: int) -> np.ndarray | None:
-    cost, held, owner = arrays.cost, arrays.held, arrays.owner
-    chosen = np.zeros(arrays.tensor_count, dtype=np.int64)
-    for t in range(arrays.tensor_count):
-        mine = np.flatnonzero(owner == t)
-        chosen[t] = mine[np.lexsort((held[mine].sum(axis=1), cost[mine]))[0]]
-    level = held[chosen].sum(axis=0)
-
-    def overflow(line: np.ndarray) -> int:
-        return int(np.maximum(line - budget_bytes, 0).sum())
-
-    while level.max(initial=0) > budget_bytes:
-        peak = int(np.argmax(level))
-        current = chosen[owner]
-        freed = held[current, peak] - held[:, peak]
-        added = cost - cost[current]
-        movable = np.flatnonzero(freed > 0)
-        if movable.size == 0:
-            return None
-        score = freed[movable] / np.maximum(added[movable], 1e-12)
-        before = overflow(level)
-        moved = False
-        for v in movable[np.argsort(-score, kind="stable")]:
-            t = owner[v]
-            line = level - held[chosen[t]] + held[v]
-            if overflow(line) < before:
-                chosen[t], level, moved = v, line, True
-                break
-        if not moved:
-            return None
-    # undo what the budget no longer needs: cheaper options first where they still fit
-    for t in np.argsort(-cost[chosen], kind="stable"):
-        mine = np.flatnonzero(owner == t)
-        for v in mine[np.argsort(cost[mine], kind="stable")]:
-            if cost[v] >= cost[chosen[t]]:
-                break
-            line = level - held[chosen[t]] + held[v]
-            if line.max(initial=0) <= budget_bytes:
-                chosen[t], level = v, line
-                break
-    return chosen
+    return least_peak(problem, policy, time_limit_s)
 
 
 def plan_budget(
@@ -322,110 +44,19 @@ def plan_budget(
     time_limit_s: float = 30.0,
     greedy: bool = True,
 ) -> BudgetPlan:
-    """The least-time plan of ``policy`` whose timeline stays within ``budget_bytes``
-    (``capuchin``: Capuchin's own greedy, :mod:`cswap.planner.capuchin`, not the solver).
+    """The least-time plan of ``policy`` whose timeline stays within ``budget_bytes``.
 
     Args:
         problem: every tensor's options.
         policy: a policy with an action set (:data:`cswap.planner.actions.POLICY_ACTIONS`).
         budget_bytes: the budget.
         time_limit_s: the solver's time limit.
-        greedy: also run the greedy (for its gap, and as the fallback).
+        greedy: also run the solver's greedy (for its gap, and as the fallback); not for ``capuchin``.
 
     Raises:
         BudgetError: the policy cannot meet the budget; it carries :func:`minimum_bytes`.
         ValueError: an unknown policy or a budget that is not positive.
     """
-    if budget_bytes <= 0:
-        raise ValueError(f"budget_bytes must be positive, got {budget_bytes}")
     if policy == "capuchin":
-        from cswap.planner.capuchin import plan_capuchin_budget  # it builds on this module
-
         return plan_capuchin_budget(problem, budget_bytes, time_limit_s)
-    started = time.perf_counter()
-    if not problem.tensors:  # nothing to place (every activation recomputed): the empty plan
-        return _budget_plan(problem, policy, budget_bytes, [], status="optimal", solve_s=time.perf_counter() - started)
-    arrays = _arrays(problem, policy)
-    result = _milp(arrays, arrays.cost, budget_bytes, peak_variable=False, time_limit_s=time_limit_s)
-    solver_choice = _choice(arrays, result.x) if result.x is not None else None
-    if solver_choice is not None and arrays.held[solver_choice].sum(axis=0).max(initial=0) > budget_bytes:
-        solver_choice = None  # the solver's tolerance let a few bytes through: not a plan
-    greedy_choice = _greedy(arrays, budget_bytes) if greedy or solver_choice is None else None
-    if solver_choice is None and greedy_choice is None:
-        raise BudgetError(minimum_bytes(problem, policy, time_limit_s), policy, budget_bytes)
-    solver_s = float(arrays.cost[solver_choice].sum()) if solver_choice is not None else None
-    greedy_s = float(arrays.cost[greedy_choice].sum()) if greedy_choice is not None else None
-    if solver_choice is not None and (greedy_s is None or solver_s <= greedy_s):
-        chosen, status = solver_choice, "optimal" if result.status == 0 else "time-limit"
-    else:
-        chosen, status = greedy_choice, "greedy"
-    bound = getattr(result, "mip_dual_bound", None)
-    return _budget_plan(
-        problem,
-        policy,
-        budget_bytes,
-        [arrays.options[v] for v in chosen],
-        status=status,
-        solve_s=time.perf_counter() - started,
-        greedy_s=greedy_s,
-        greedy_gap_s=None if greedy_s is None or solver_s is None else greedy_s - solver_s,
-        bound_s=None if bound is None or not np.isfinite(bound) else float(bound),
-    )
-
-
-def _budget_plan(
-    problem: PlanningProblem,
-    policy: str,
-    budget_bytes: int,
-    choice: list[Option],
-    status: str,
-    solve_s: float,
-    greedy_s: float | None = None,
-    greedy_gap_s: float | None = None,
-    bound_s: float | None = None,
-) -> BudgetPlan:
-    """The :class:`BudgetPlan` of one option per tensor (problem order)."""
-    held = [problem.holds(option) for option in choice]
-    level = np.sum(held, axis=0) if held else np.zeros(problem.event_count, dtype=np.int64)
-    binding = int(np.argmax(level)) if level.size else 0
-    unpacked_at = {t.lifetime.unpack: t.key for t in problem.tensors if t.lifetime is not None and t.lifetime.unpack is not None}
-    tensors = tuple(
-        PlannedTensor(
-            key=tensor.key,
-            action=option.action,
-            cost_s=float(option.cost_s),
-            nbytes=tensor.nbytes,
-            held_bytes=int(line.max(initial=0)),
-            wait_offload=option.wait_offload,
-            prefetch_distance=option.prefetch_distance,
-            fetch_with=_fetch_with(tensor, option, problem.forward_events, unpacked_at),
-        )
-        for tensor, option, line in zip(problem.tensors, choice, held, strict=True)
-    )
-    return BudgetPlan(
-        policy=policy,
-        budget_bytes=int(budget_bytes),
-        tensors=tensors,
-        predicted_s=float(sum(option.cost_s for option in choice)),
-        peak_bytes=int(level.max(initial=0)),
-        timeline_bytes=tuple(int(b) for b in level),
-        binding_event=binding,
-        slack_bytes=int(budget_bytes - (level[binding] if level.size else 0)),
-        status=status,
-        solve_s=solve_s,
-        greedy_s=greedy_s,
-        greedy_gap_s=greedy_gap_s,
-        bound_s=bound_s,
-        prefetch_window_bytes=_prefetch_window(problem, choice),
-    )
-
-
-def _fetch_with(tensor: TensorOptions, option: Option, forward_events: int, unpacked_at: dict[int, int]) -> int | None:
-    if not option.prefetch_distance or tensor.lifetime is None or tensor.lifetime.unpack is None:
-        return None
-    return unpacked_at.get(max(tensor.lifetime.unpack - option.prefetch_distance, forward_events))
-
-
-def _prefetch_window(problem: PlanningProblem, choice: list[Option]) -> int:
-    ahead = [option.fetched_ahead for option in choice if option.fetched_ahead is not None]
-    return int(resident_bytes(problem.event_count, ahead).max(initial=0))
+    return solve_milp(problem, policy, budget_bytes, time_limit_s, greedy)

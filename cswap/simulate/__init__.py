@@ -3,7 +3,7 @@
 The pieces, bottom up:
 
 * :mod:`~cswap.simulate.hardware`: hardware profiles (``configs/hardware/*.yaml``), validated;
-* :mod:`~cswap.simulate.metatrace`: a :class:`~cswap.trace.Trace` from a model on the ``meta`` device;
+* :mod:`~cswap.simulate.metatrace`: a :class:`~cswap.profile.trace.Trace` from a model on the ``meta`` device;
 * :mod:`~cswap.simulate.timeline`: the compute timeline a trace describes, and the hidden windows;
 * :mod:`~cswap.simulate.policies`: the six policies and the action each takes per tensor;
 * :mod:`~cswap.simulate.formula` and :mod:`~cswap.simulate.queues`: the paper's per-tensor model

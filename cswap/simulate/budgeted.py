@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from cswap.budget import BudgetError, MemoryBudget, parse_budget
-from cswap.lifetime import lifetimes_from_orders
+from cswap.planner.lifetime import lifetimes_from_orders
 from cswap.planner import (
     DEFAULT_PREFETCH_DISTANCES,
     POLICY_ACTIONS,

@@ -8,7 +8,7 @@ tensor's sizes and codec seconds) and then gives, per policy, both models side b
 
 Device (de)compression runs on the compute stream (:mod:`cswap.simulate.queues` says why).
 
-The ``cswap`` policy decides per tensor with :func:`cswap.costmodel.decide` (T < T', the hidden
+The ``cswap`` policy decides per tensor with :func:`cswap.planner.costmodel.decide` (T < T', the hidden
 windows taken over the tensors it moves), then **verifies** the plan in the queue model. The
 per-tensor model cannot see transfers piling up on the link: a tensor whose copy would be hidden
 on an idle link is left uncompressed even when the link is saturated by its neighbours, so the
@@ -37,13 +37,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from cswap.codecs.format import DEFAULT_CHUNK_WORDS
-from cswap.costmodel import TimeModel, decide
+from cswap.planner.costmodel import TimeModel, decide
+from cswap.profile.trace import TensorRecord, Trace
 from cswap.simulate.formula import formula_times
 from cswap.simulate.hardware import HardwareProfile, load_hardware
 from cswap.simulate.policies import Action, POLICIES, candidates, resolve_policies, static_plan, tensor_costs
 from cswap.simulate.queues import QueueParams, run_queues
 from cswap.simulate.timeline import Timeline, hidden_windows
-from cswap.trace import TensorRecord, Trace
 
 __all__ = ["DEFAULT_MIN_BYTES", "Breakdown", "PolicyResult", "SimConfig", "Simulator", "simulate", "simulate_policies"]
 
@@ -173,7 +173,7 @@ class Simulator:
         hardware: profile name, path or object.
         config: simulation settings.
         time_model: (de)compression seconds; default: the profile's codec speeds. A calibrated
-            predictor (any :class:`cswap.costmodel.TimeModel`) fits here.
+            predictor (any :class:`cswap.planner.costmodel.TimeModel`) fits here.
 
     Example:
         >>> from cswap.simulate.metatrace import meta_trace

@@ -1,6 +1,6 @@
 """The paper's per-tensor model: compute plus each offloaded tensor's own exposed cost.
 
-Each tensor is costed alone, with :mod:`cswap.costmodel`: a swapped one adds ``T'``, a compressed
+Each tensor is costed alone, with :mod:`cswap.planner.costmodel`: a swapped one adds ``T'``, a compressed
 and swapped one adds ``T``, a compressed and kept one adds ``Time_c + Time_dc``. A host-compressed
 one (vDNN++) adds ``max(Size/BW_d2h + Time_c_host - Hidden_f, 0) + max(Time_dc_host +
 Size/BW_h2d - Hidden_b, 0)``: the host codec sits in the transfer's path. Nothing carries over from
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from cswap.costmodel import compressed_swap_s, exposed_transfer_s, swap_s
+from cswap.planner.costmodel import compressed_swap_s, exposed_transfer_s, swap_s
 from cswap.simulate.policies import Action, TensorCost
 from cswap.simulate.timeline import Timeline
 

@@ -17,7 +17,7 @@ the tensor and writes the compressed buffers, decompressing reads those and writ
     decompress_s = (compressed_nbytes + nbytes) / decompress_gbps + decompress_overhead_s
 
 with ``*_gbps`` the effective bandwidth the codec reaches on that traffic. A calibrated time model
-(any :class:`cswap.costmodel.TimeModel`) can replace these per simulation.
+(any :class:`cswap.planner.costmodel.TimeModel`) can replace these per simulation.
 
 Profiles are found by name in, in order: ``$CSWAP_HARDWARE_DIR``, then the repository's
 ``configs/hardware`` next to this package, so they load from any working directory.
@@ -42,8 +42,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from cswap.codecs.format import DEFAULT_CHUNK_WORDS
-from cswap.costmodel import zvc_nbytes_for
 from cswap.paths import shipped_configs_dir
+from cswap.planner.costmodel import zvc_nbytes_for
 
 __all__ = [
     "HARDWARE_ENV",
@@ -197,12 +197,12 @@ class HardwareProfile(_Frozen):
         return max(compute, memory) + self.device.op_overhead_s
 
     def time_model(self) -> HardwareTimeModel:
-        """This profile's codec speeds as a :class:`cswap.costmodel.TimeModel`."""
+        """This profile's codec speeds as a :class:`cswap.planner.costmodel.TimeModel`."""
         return HardwareTimeModel(self)
 
 
 class HardwareTimeModel:
-    """A :class:`cswap.costmodel.TimeModel` from a profile's codec speeds.
+    """A :class:`cswap.planner.costmodel.TimeModel` from a profile's codec speeds.
 
     Backend ``cuda`` uses ``device_codec``, ``cpu`` and ``torch`` use ``host_codec``; on a CPU
     profile (``device.kind: cpu``) every backend uses ``device_codec``: it is the same processor.

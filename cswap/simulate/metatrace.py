@@ -36,8 +36,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
+from cswap.profile.trace import Trace, TensorRecord
 from cswap.simulate.hardware import HardwareProfile, load_hardware
-from cswap.trace import Trace, TensorRecord
 
 __all__ = ["SparsityModel", "meta_trace", "with_hidden_times"]
 
@@ -291,7 +291,7 @@ def _module_on_meta(model: str | nn.Module, num_classes: int, width_mult: float,
 def with_hidden_times(trace: Trace) -> Trace:
     """Fill ``hidden_forward_s`` / ``hidden_backward_s`` of every record from its pack and unpack times.
 
-    Uses the definitions in :mod:`cswap.trace` over the offloadable records: forward compute until
+    Uses the definitions in :mod:`cswap.profile.trace` over the offloadable records: forward compute until
     the next offloadable pack (the last: until forward ends), backward compute since the previous
     offloadable unpack (the first: since backward began).
     """

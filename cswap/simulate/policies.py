@@ -33,13 +33,15 @@ from enum import Enum
 import torch
 
 from cswap.codecs.format import DEFAULT_CHUNK_WORDS, SUPPORTED_DTYPES
-from cswap.costmodel import TimeModel, paper_compressed_nbytes, zvc_nbytes_for
-from cswap.trace import Trace
+from cswap.planner.actions import POLICY_TABLE, uncompressed
+from cswap.planner.costmodel import TimeModel, paper_compressed_nbytes, zvc_nbytes_for
+from cswap.profile.trace import Trace
 
 __all__ = ["Action", "POLICIES", "TensorCost", "candidates", "resolve_policies", "static_plan", "tensor_costs"]
 
-#: Every policy the simulator knows, from plain PyTorch to FreeLunch.
-POLICIES: tuple[str, ...] = ("none", "swap", "cpu-compress-swap", "compress-swap", "cswap", "compress-keep")
+#: Every policy the simulator knows, from plain PyTorch to FreeLunch: those of
+#: :data:`cswap.planner.actions.POLICY_TABLE` that move tensors without recompute regions.
+POLICIES: tuple[str, ...] = tuple(name for name, policy in POLICY_TABLE.items() if not policy.recomputes_without_budget)
 
 
 class Action(str, Enum):
@@ -178,13 +180,11 @@ def static_plan(policy: str, count: int, moved: Sequence[int], costs: Sequence[T
     return tuple(actions)
 
 
-# policy -> (action of a tensor ZVC encodes, action of one it does not)
+# policy -> (action of a tensor ZVC encodes, action of one it does not); cswap decides per tensor
 _STATIC: dict[str, tuple[Action, Action]] = {
-    "none": (Action.KEEP, Action.KEEP),
-    "swap": (Action.SWAP, Action.SWAP),
-    "cpu-compress-swap": (Action.HOST_ZVC_SWAP, Action.SWAP),
-    "compress-swap": (Action.ZVC_SWAP, Action.SWAP),
-    "compress-keep": (Action.ZVC_KEEP, Action.KEEP),
+    name: (Action(POLICY_TABLE[name].static_action), Action(uncompressed(POLICY_TABLE[name].static_action)))
+    for name in POLICIES
+    if name != "cswap"
 }
 
 

@@ -2,13 +2,13 @@
 
 A :class:`Timeline` says, in seconds of pure compute, when each saved tensor is produced in forward
 and first needed in backward, and how long forward and backward compute last. It is read from a
-:class:`~cswap.trace.Trace`: the hooks' own time (``pack_s``, ``unpack_s``: profiling overhead, or
+:class:`~cswap.profile.trace.Trace`: the hooks' own time (``pack_s``, ``unpack_s``: profiling overhead, or
 the swaps of a passive profile) is taken out, so the timeline is the compute the policies then
 add their transfers and codec work to. A tensor saved twice (the profiler's ``meta["duplicates"]``)
 is stored once, so its record is needed at the earliest unpack of any of its copies.
 
 Example:
-    >>> from cswap.trace import TensorRecord, Trace
+    >>> from cswap.profile.trace import TensorRecord, Trace
     >>> recs = (TensorRecord(key=0, shape=(4,), dtype="float32", nbytes=16, sparsity=0.0, pack_at_s=0.5, unpack_at_s=2.5),)
     >>> tl = Timeline.from_trace(Trace(tensors=recs, forward_s=1.0, backward_s=2.0))
     >>> tl.produced_s, tl.consumed_s, tl.forward_s, tl.backward_s
@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cswap.trace import Trace
+from cswap.profile.trace import Trace
 
 __all__ = ["Timeline", "hidden_windows"]
 
@@ -109,7 +109,7 @@ def hidden_windows(timeline: Timeline, moved: Sequence[int], prefetch_depth: int
     end of forward). ``Hidden_b``: backward compute from the point its prefetch is issued (the use
     of the moved record ``prefetch_depth`` places earlier in backward order, or the start of
     backward) to its own use. With ``prefetch_depth=1`` these are the definitions of
-    :mod:`cswap.trace` restricted to ``moved``.
+    :mod:`cswap.profile.trace` restricted to ``moved``.
 
     Returns:
         ``(hidden_forward_s, hidden_backward_s)``, dicts keyed by record index.

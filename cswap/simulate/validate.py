@@ -4,7 +4,7 @@
 
 The CPU is the only device every machine has, so validation runs there. :func:`cpu_profile` builds
 the hardware profile of this machine from microbenchmarks that share nothing with the validated
-models: the ``cpu`` codec's speed (:func:`cswap.codec_speed.codec_speed`, the runtime's own fit,
+models: the ``cpu`` codec's speed (:func:`cswap.profile.codec_speed.codec_speed`, the runtime's own fit,
 used as the simulation's time model with the per-call cost added), and the runtime's own costs
 (:func:`measure_runtime_overheads`, on chains of linear and tanh layers): per iteration, per hook
 call, per moved tensor, per codec call, the profiler's unrecorded cost per hook, and the bytes per
@@ -38,10 +38,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from cswap.planner.actions import POLICY_TABLE
+from cswap.profile.trace import Trace
 from cswap.simulate.engine import DEFAULT_MIN_BYTES, SimConfig, Simulator
 from cswap.simulate.hardware import CodecSpec, DeviceSpec, HardwareProfile, LinkSpec
-from cswap.simulate.policies import Action
-from cswap.trace import Trace
+from cswap.simulate.policies import POLICIES, Action
 
 __all__ = [
     "RUNTIME_POLICIES",
@@ -55,8 +56,9 @@ __all__ = [
     "validate",
 ]
 
-#: The policies the runtime implements (``cpu-compress-swap`` exists only in the simulator).
-RUNTIME_POLICIES: tuple[str, ...] = ("none", "swap", "compress-swap", "cswap", "compress-keep")
+#: The policies both the runtime and the simulator run (``cpu-compress-swap`` exists only in the
+#: simulator, the recomputing ones only in the runtime).
+RUNTIME_POLICIES: tuple[str, ...] = tuple(p for p in POLICIES if POLICY_TABLE[p].in_runtime)
 
 
 def _matmul_tflops(size: int = 1024, repeats: int = 3) -> float:
@@ -227,7 +229,7 @@ def cpu_profile(name: str = "cpu-here", measure: bool = False, overheads: Runtim
     Args:
         name: the profile's name.
         measure: measure bandwidth and codec speed now instead of reading the runtime's per-machine
-            caches (:func:`cswap.device.bandwidth`, :func:`cswap.codec_speed.codec_speed`).
+            caches (:func:`cswap.device.bandwidth`, :func:`cswap.profile.codec_speed.codec_speed`).
         overheads: the runtime's overheads (default: none, i.e. zero; :func:`validate` measures them).
 
     The codec entries summarise the fitted codec speed at density 0.5; pass
@@ -271,7 +273,7 @@ def cpu_profile(name: str = "cpu-here", measure: bool = False, overheads: Runtim
         sources=(
             "link: the runtime's own swap copies on 1 MiB activations (measure_runtime_overheads), else "
             "cswap.device bandwidth on 'cpu' (median of 64 MiB copies)",
-            "cswap.codec_speed on ('cpu', 'cpu'): the runtime's fitted cpu codec speed",
+            "cswap.profile.codec_speed on ('cpu', 'cpu'): the runtime's fitted cpu codec speed",
             "peak_tflops: a 1024x1024 float32 matmul timed here (efficiency 1: compute times come from the trace)",
             "hook, iteration and codec-call overheads: measure_runtime_overheads() on tiny linear chains",
         ),
@@ -279,9 +281,9 @@ def cpu_profile(name: str = "cpu-here", measure: bool = False, overheads: Runtim
 
 
 def cpu_time_model(measure: bool = False, call_s: float = 0.0) -> Any:
-    """The runtime's fitted ``cpu`` codec speed (a :class:`cswap.costmodel.TimeModel`), cached or
+    """The runtime's fitted ``cpu`` codec speed (a :class:`cswap.planner.costmodel.TimeModel`), cached or
     measured now, plus ``call_s`` per call."""
-    from cswap.codec_speed import codec_speed, measure_codec_speed
+    from cswap.profile.codec_speed import codec_speed, measure_codec_speed
 
     speed = measure_codec_speed("cpu", "cpu") if measure else codec_speed("cpu", "cpu")
     return _WithCallCost(speed, call_s) if call_s else speed
@@ -403,7 +405,7 @@ def validate(
     """
     import cswap
     from cswap import models as zoo
-    from cswap.data import digits
+    from cswap.training.data import digits
 
     unknown = [p for p in policies if p not in RUNTIME_POLICIES]
     if unknown:

@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cswap.cli import app
-from cswap.trainconfig import shipped_recipes
+from cswap.training.config import shipped_recipes
 
 runner = CliRunner()
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from cswap.device import fingerprint
-from cswap.kernelconfigs import KernelConfigs, prepare_kernel_configs, settle_config
 from cswap.server.app import create_app
 from cswap.server.client import ServiceUnavailableWarning, TuningClient
-from cswap.trainconfig import TrainConfig
+from cswap.training.config import TrainConfig
+from cswap.training.kernelconfigs import KernelConfigs, prepare_kernel_configs, settle_config
 from cswap.tuner.store import ConfigStore
 from tests.cli.nets import tiny_cnn
 from tests.server.helpers import serve_in_thread

@@ -7,7 +7,7 @@ import torch
 from typer.testing import CliRunner
 
 from cswap.cli import app
-from cswap.maxbatch import largest_fitting, parse_bytes
+from cswap.training.maxbatch import largest_fitting, parse_bytes
 
 
 @pytest.mark.parametrize("limit", [1, 2, 3, 37, 64, 100, 1000])
@@ -62,7 +62,7 @@ def test_cli_plans_without_a_gpu() -> None:
 
 @pytest.fixture(scope="module")
 def planned_batches():
-    from cswap.maxbatch_planned import planned_max_batch
+    from cswap.training.maxbatch import planned_max_batch
 
     limits = (128 * 2**20, 144 * 2**20)  # the weights, gradients and momentum take 104 MiB
     return {
@@ -80,7 +80,7 @@ def test_planned_batch_is_monotone_in_the_limit_and_in_the_actions(planned_batch
 
 
 def test_planned_rejects_bad_settings() -> None:
-    from cswap.maxbatch_planned import planned_max_batch
+    from cswap.training.maxbatch import planned_max_batch
 
     with pytest.raises(ValueError, match="memory limit must be positive"):
         planned_max_batch("vgg11", ("none",), 0)

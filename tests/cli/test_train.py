@@ -13,11 +13,11 @@ import torch
 import yaml
 from typer.testing import CliRunner
 
-from cswap.options import POLICIES
 from cswap.cli import app
-from cswap.train import GlobalBatchSampler, OutOfMemoryAdvice, _oom_advice, train
+from cswap.options import POLICIES
 from cswap.paths import shipped_configs_dir
-from cswap.trainconfig import RecipeError, TrainConfig, load_config, shipped_recipes
+from cswap.training.config import RecipeError, TrainConfig, load_config, shipped_recipes
+from cswap.training.loop import GlobalBatchSampler, OutOfMemoryAdvice, _oom_advice, train
 
 REPO = Path(__file__).resolve().parents[2]
 runner = CliRunner()
@@ -190,7 +190,7 @@ def test_tuner_url_is_announced_at_start(tmp_path: Path) -> None:
 
 
 def test_service_down_warning_is_one_plain_stderr_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import cswap.train as train_module
+    import cswap.training.loop as train_module
     from cswap.server.client import ServiceUnavailable, TuningClient
 
     real = train_module.prepare_kernel_configs
@@ -207,7 +207,7 @@ def test_service_down_warning_is_one_plain_stderr_line(tmp_path: Path, monkeypat
 
 def test_plots_go_beside_the_report_named_after_it(tmp_path: Path) -> None:
     """Two reports in one folder keep their own plots; none land in a shared ``../plots``."""
-    from cswap.report import draw_plots
+    from cswap.training.report import draw_plots
 
     report = {"epochs": [], "memory_timeline": {"none": [[0.0, 1 << 20], [1.0, 2 << 20]]}}
     first = TrainConfig(report=tmp_path / "runs" / "a.json")

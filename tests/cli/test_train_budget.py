@@ -9,8 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from cswap.cli import app
-from cswap.train import train
-from cswap.trainconfig import RecipeError, TrainConfig, load_config
+from cswap.training.config import RecipeError, TrainConfig, load_config
+from cswap.training.loop import train
 
 runner = CliRunner()
 

@@ -8,7 +8,7 @@ import typer.main
 from typer.testing import CliRunner
 
 from cswap.cli import app
-from cswap.trainconfig import TrainConfig
+from cswap.training.config import TrainConfig
 
 
 def _help_text() -> str:

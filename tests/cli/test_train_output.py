@@ -12,8 +12,8 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from cswap.cli import app
-from cswap.progress import EpochProgress
-from cswap.report import summarize
+from cswap.training.progress import EpochProgress
+from cswap.training.report import summarize
 
 
 def _epoch(index: int, **figures: float) -> dict:

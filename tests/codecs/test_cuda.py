@@ -206,8 +206,8 @@ def test_unsized_narrowing_is_checked_on_the_device(narrow_to: torch.dtype, high
 @kernels_run_here
 @pytest.mark.parametrize("action", ["zvc-swap", "zvc-keep"])
 def test_the_executor_trains_on_unsized_cuda_encodings(action: str) -> None:
-    from cswap.executor import Executor
-    from cswap.plan import Action, Plan
+    from cswap.execute.executor import Executor
+    from cswap.planner.plan import Action, Plan
 
     x = sparse_tensor(700, torch.float32, seed=11)
     expected = x.clone().requires_grad_()

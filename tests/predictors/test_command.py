@@ -12,11 +12,11 @@ from typer.testing import CliRunner
 
 from cswap.cli import app
 from cswap.commands.calibrate import HIDDEN_SCALES, decision_dataset, evaluate_decider, link_profiles
-from cswap.costmodel import decide
 from cswap.device import fingerprint
-from cswap.trace import TensorRecord, Trace
+from cswap.planner.costmodel import decide
 from cswap.predictors import load_decider, load_time_model
 from cswap.predictors.features import DECISION_FEATURES
+from cswap.profile.trace import TensorRecord, Trace
 
 
 def _codec_s(op: str, nbytes: int, density: float, itemsize: int) -> float:

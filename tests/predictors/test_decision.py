@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import balanced_accuracy_score
 
-from cswap.costmodel import decide
+from cswap.planner.costmodel import decide
 from cswap.predictors.decision import LogisticDecider, fit
 from cswap.predictors.features import DECISION_FEATURES, decision_features
 

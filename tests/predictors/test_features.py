@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from cswap.costmodel import exposed_transfer_s, swap_s
+from cswap.planner.costmodel import exposed_transfer_s, swap_s
 from cswap.predictors.features import (
     DECISION_FEATURES,
     DECISION_KNEES_BYTES,

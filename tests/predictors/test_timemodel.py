@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from cswap.costmodel import TimeModel, decide
+from cswap.planner.costmodel import TimeModel, decide
 from cswap.predictors.calibration import Sample, log_sizes
 from cswap.predictors.features import TIME_FEATURES, time_features
 from cswap.predictors.timemodel import CalibratedTimeModel, LinearTimeModel, fit_linear_time_model, fit_time_models, holdout_sizes, mape

@@ -1,15 +1,10 @@
-"""Shared setup of the runtime tests: one intra-op thread (the tests are many tiny iterations, where
-threads only add contention on a shared 2-core machine)."""
+"""Shared setup of the runtime tests: one intra-op thread (``one_torch_thread`` in ``tests/conftest.py``)."""
 
 from __future__ import annotations
 
 import pytest
-import torch
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread(one_torch_thread):
     yield
-    torch.set_num_threads(previous)

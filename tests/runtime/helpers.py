@@ -8,8 +8,8 @@ from typing import Any
 import torch
 
 import cswap
-from cswap.codec_speed import CodecSpeed, OpSpeed
 from cswap.codecs.launch import CpuLaunch, Launch
+from cswap.profile.codec_speed import CodecSpeed, OpSpeed
 
 #: A codec so fast and a link so slow that the cost model compresses every sparse tensor and swaps
 #: the dense ones: cswap runs exercise both paths.

@@ -1,4 +1,4 @@
-"""The autograd corner cases of DESIGN.md's "facts that bite", under every policy: gradients stay exact."""
+"""The autograd corner cases of docs/architecture.md's "facts that bite", under every policy: gradients stay exact."""
 
 from __future__ import annotations
 

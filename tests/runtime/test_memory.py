@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import cswap
 from cswap import models
-from cswap.data import digits
+import cswap
+from cswap.training.data import digits
 
 BATCH = 16
 

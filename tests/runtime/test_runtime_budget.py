@@ -11,12 +11,13 @@ from typing import Any
 import pytest
 import torch
 
+from cswap import runtime
 import cswap
+from cswap.execute.executor import Executor
 from cswap.models import build
+from cswap.planner import budgeted
+from cswap.planner.plan import Action, Plan
 from cswap.stats import human_bytes
-from cswap import budgetplan, runtime
-from cswap.executor import Executor
-from cswap.plan import Action, Plan
 from tests.runtime.helpers import assert_bit_equal, batches, runtime_for, train
 
 POLICIES = ("none", "swap", "compress-swap", "compress-keep", "cswap")
@@ -161,7 +162,7 @@ def test_without_enforcement_backward_prefetches_past_the_budget(enforced: bool,
     reference, none_peak = cnn_reference
     if not enforced:
         def unenforced(*args: Any, **kwargs: Any) -> Any:
-            plan, budget_bytes, error = budgetplan.budget_plan(*args, **kwargs)
+            plan, budget_bytes, error = budgeted.budget_plan(*args, **kwargs)
             return replace(plan, budget_bytes=None, prefetch_bytes=None), budget_bytes, error
 
         monkeypatch.setattr(runtime, "budget_plan", unenforced)
@@ -223,12 +224,12 @@ class _CopyEvent:
 def test_pack_waits_for_the_oldest_copies_while_resident_bytes_pass_the_budget() -> None:
     executor = Executor(torch.device("cpu"), backend="cpu", prefetch_bytes=0)
     events = [_CopyEvent() for _ in range(3)]
-    executor._inflight = [(event, 100) for event in events]
+    executor.transfers.in_flight = [(event, 100) for event in events]
     executor.counters.add_resident(350)
-    executor._wait_for_budget(200)  # 350 -> 250 -> 150: the two oldest copies are waited for
+    executor.transfers.wait_for_budget(200)  # 350 -> 250 -> 150: the two oldest copies are waited for
     assert [e.waited for e in events] == [True, True, False]
     assert executor.counters.resident_bytes == 150 and executor.counters.budget_waits == 2
-    executor._wait_for_budget(None)  # no budget: never waits
+    executor.transfers.wait_for_budget(None)  # no budget: never waits
     assert not events[2].waited
 
 
@@ -275,7 +276,7 @@ FORCED_REGIONS = [("bert.bert.pooler",), ("bert.bert.encoder.layer.1.output",), 
 def test_transformer_with_forced_regions_holds_its_budget(regions: tuple[str, ...], fraction: float, bert_reference: Any,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     reference, none_peak, data = bert_reference
-    monkeypatch.setattr("cswap.regionplan._choose", lambda planning, budget_bytes, trials: regions)
+    monkeypatch.setattr("cswap.planner.regions._choose", lambda planning, budget_bytes, trials: regions)
     rt = _holds_or_says_least("cswap", _Bert, data, reference, int(fraction * none_peak))
     assert rt.plan().recompute_regions == regions and rt.stats().actions["recompute"] > 0
     if "bert.bert.pooler" in regions:  # the whole last hidden state (4 x 16 x 32 float32) is planned as held

@@ -17,15 +17,15 @@ from torch import nn
 
 import cswap
 from cswap.budget import MemoryBudget
+from cswap.execute.executor import Executor
+from cswap.execute.recompute import RecomputeRegions, nested_pair
 from cswap.models import build as build_model
-from cswap.executor import Executor
-from cswap.plan import Action
-from cswap.recompute import RecomputeRegions, nested_pair
-from cswap.recompute_facts import profile_regions
-from cswap.regionplan import NO_CODEC, plan_regions
-from cswap.trace import TensorRecord, Trace
+from cswap.planner.plan import Action
+from cswap.planner.regions import NO_CODEC, plan_regions
+from cswap.profile.regions import profile_regions
+from cswap.profile.trace import TensorRecord, Trace
 from tests.runtime.helpers import assert_bit_equal, batches, runtime_for, train
-from tests.runtime.test_recompute import IDS, MASK, SmallCNN, bert, gpt2
+from tests.execute.test_recompute import IDS, MASK, SmallCNN, bert, gpt2
 
 #: A link so slow that recomputing a region costs less than moving its bytes.
 CRAWLING_LINK = {"d2h_gbps": 1e-5, "h2d_gbps": 1e-5}
@@ -209,7 +209,7 @@ def test_the_plan_numbers_packs_as_a_run_with_its_regions_makes_them(fraction: f
 
 
 def test_plan_regions_refuses_a_policy_that_does_not_recompute() -> None:
-    with pytest.raises(ValueError, match="does not recompute: choose one of recompute, capuchin, cswap"):
+    with pytest.raises(ValueError, match="does not recompute: choose one of cswap, recompute, capuchin"):
         plan_regions(Trace(tensors=()), None, "swap", None, NO_CODEC, "cpu", 0, epoch=0)  # type: ignore[arg-type]
 
 
@@ -263,7 +263,7 @@ def test_a_run_with_any_region_choice_holds_its_plan(name: str, regions: tuple[s
     _, none = train(build, data[:1], 1, runtime_for("none", memory_budget=1.0), loss_fn=loss_fn)
     budget = int(fraction * none.stats().peak_resident_bytes)
     plain, _ = train(build, data, 1, loss_fn=loss_fn)
-    monkeypatch.setattr("cswap.regionplan._choose", lambda planning, budget_bytes, trials: regions)
+    monkeypatch.setattr("cswap.planner.regions._choose", lambda planning, budget_bytes, trials: regions)
     grads, rt = train(build, data, 1, runtime_for(policy, memory_budget=budget, **link), loss_fn=loss_fn)
     stats = rt.stats()
     assert rt.plan().recompute_regions == tuple(sorted(regions)) and stats.actions["recompute"] > 0
@@ -276,7 +276,7 @@ def test_a_region_choice_the_budget_cannot_hold_gives_way_to_the_least_footprint
     budget = int(0.7 * none.stats().peak_resident_bytes)
     _, least = train(SmallCNN, CNN_BATCHES, 1, runtime_for("recompute", memory_budget=budget))
     plain, _ = train(SmallCNN, CNN_BATCHES, 1)
-    monkeypatch.setattr("cswap.regionplan._choose", lambda planning, budget_bytes, trials: ())  # keeps everything: too much
+    monkeypatch.setattr("cswap.planner.regions._choose", lambda planning, budget_bytes, trials: ())  # keeps everything: too much
     grads, rt = train(SmallCNN, CNN_BATCHES, 1, runtime_for("recompute", memory_budget=budget))
     assert rt.plan().recompute_regions == least.plan().recompute_regions != ()
     assert rt.stats().peak_resident_bytes <= rt.stats().budget_bytes == budget

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 import pytest
 
+from cswap.profile.trace import TensorRecord, Trace
 from cswap.simulate.hardware import CodecSpec, DeviceSpec, HardwareProfile, LinkSpec
-from cswap.trace import TensorRecord, Trace
 
 
 def make_profile(

@@ -1,4 +1,4 @@
-"""The per-tensor formula: it is cswap.costmodel's T and T', and the queue model agrees with it where it should."""
+"""The per-tensor formula: it is cswap.planner.costmodel's T and T', and the queue model agrees with it where it should."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cswap import costmodel
+from cswap.planner import costmodel
+from cswap.profile.trace import TensorRecord, Trace
 from cswap.simulate import SimConfig, Simulator, meta_trace
 from cswap.simulate.policies import Action
-from cswap.trace import TensorRecord, Trace
 from tests.simulate.conftest import make_profile
 
 

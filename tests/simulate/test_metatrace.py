@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 from cswap import models
+from cswap.profile.trace import TensorRecord, Trace
 from cswap.simulate import SparsityModel, meta_trace
 from cswap.simulate.metatrace import with_hidden_times
-from cswap.trace import TensorRecord, Trace
 
 
 def _small_cnn() -> nn.Module:

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cswap.profile.trace import TensorRecord, Trace
 from cswap.simulate import POLICIES, Action, SimConfig, Simulator, SparsityModel, meta_trace, simulate, simulate_policies
 from cswap.simulate.policies import resolve_policies
-from cswap.trace import TensorRecord, Trace
 from tests.simulate.conftest import make_profile, make_trace
 
 

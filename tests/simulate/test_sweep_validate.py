@@ -9,12 +9,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from cswap.simulate.plot import plot_sweep
-from cswap.simulate.sweep import SweepResult, sweep, with_link
+from cswap.profile.trace import TensorRecord, Trace
 from cswap.simulate.hardware import load_hardware
+from cswap.simulate.plot import plot_sweep
 from cswap.simulate.policies import Action
+from cswap.simulate.sweep import SweepResult, sweep, with_link
 from cswap.simulate.validate import RuntimeOverheads, _actions, median_trace, validate
-from cswap.trace import TensorRecord, Trace
 
 
 def test_sweep_finds_where_compression_pays(tmp_path):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from cswap.profile.trace import TensorRecord, Trace
 from cswap.simulate.timeline import Timeline, hidden_windows
-from cswap.trace import TensorRecord, Trace
 
 
 def _record(key, pack_at, unpack_at, pack_s=0.0, unpack_s=0.0, offloadable=True):

@@ -1,0 +1,556 @@
+# Longer than the ~500-line guide on purpose: pack, unpack, prefetch and the release queue share one
+# lock and one set of counters, and the locking discipline is easiest to check when it is in one
+# file; the stream and event work it calls is cswap.execute.streams.
+"""The executor: ``saved_tensors_hooks`` that keep, swap, compress-then-swap or compress-and-keep each tensor.
+
+Every tensor autograd saves inside ``rt.iteration()`` passes through :meth:`Executor.pack`, which
+returns a :class:`Handle`; backward gives the handle back to :meth:`Executor.unpack` for the data.
+How the facts of saved-tensor hooks are handled:
+
+* **Repeated unpack** (``retain_graph``, ``grad_fn._saved_*``) rebuilds the same values each time
+  from what the handle holds; nothing is freed in unpack. Buffers are released when the last
+  handle referring to them dies (Python reference counting), in any order.
+* **The same storage and view packed twice** (``x * x``) is stored once: handles are deduplicated
+  by storage, offset, shape, stride, dtype and version.
+* **Views** (transposes, slices, ``expand`` broadcasts) are stored compactly and rebuilt with the
+  original strides (:class:`cswap.execute.layout.Layout`).
+* **Parameters and buffers** (of ``model=``, leaves that require grad, and their views) and tensors
+  on another device, of a tensor subclass or of a non-strided layout are never moved.
+* **Thread-locality and nesting** come from ``saved_tensors_hooks`` itself: the hooks apply only
+  in the thread that entered the iteration (and autograd's engine threads working for it), and an
+  inner ``saved_tensors_hooks`` (``save_on_cpu``, non-reentrant checkpoint) wins inside it.
+
+Every copy, (de)compression, stream switch and event wait is :class:`~cswap.execute.streams.Transfers`'
+(the stream discipline, deferred compressed sizes and the budget's back-pressure); the host copies
+go to a pinned :class:`~cswap.execute.arena.HostArena` that is grown only between iterations.
+During backward, each unpack prefetches the next offloaded tensors in the profiled unpack order, up
+to ``prefetch_bytes`` fetched ahead. On CPU the same code runs without streams: swapping copies
+into the (unpinned) arena, compression uses the ``cpu`` backend. Profiling iterations, which read
+their trace back anyway, encode with exact sizes.
+
+The executor decides nothing: for every pack it states the facts (key, shape, dtype, compact bytes,
+whether the tensor may move at all, whether its data is already stored) and carries out the
+:class:`~cswap.planner.plan.Decision` that :meth:`cswap.planner.plan.Plan.resolve` returns, launch configs included.
+Compression is the codecs' one encoding step (:func:`cswap.codecs.encode`: exact integer narrowing,
+then ZVC) and its inverse (:func:`cswap.codecs.decode`).
+
+Resident bytes (:attr:`Counters.resident_bytes`) count what the saved-tensor machinery holds on the
+device: kept tensors at their compact size, compress-keep tensors at their compressed size,
+compressions whose size is not read back yet at their workspace plus their source, tensors a
+recompute region's recomputation saved for backward until their storage is freed
+(:meth:`Executor.hold_rebuilt`), sources of device-to-host copies not yet finished (GPU only; CPU
+copies finish inside pack), and tensors rebuilt for backward from the moment they are fetched (or
+prefetched) until their storage is freed. Two kept views of one storage count it once. Parameters
+and buffers are not counted. The counts are updated at every hook call, so the peak is exact at
+the moments memory grows.
+
+Example:
+    >>> import torch
+    >>> from cswap.planner.advisor import Action, Plan
+    >>> executor = Executor(torch.device("cpu"), backend="cpu", prefetch_bytes=0)
+    >>> it = executor.begin(Plan(policy="swap", epoch=0, default_action=Action.SWAP))
+    >>> x = torch.randn(64, requires_grad=True)
+    >>> with torch.autograd.graph.saved_tensors_hooks(*executor.hooks(it)):
+    ...     y = (x.exp() * 2).sum()
+    >>> y.backward(); executor.end(it)
+    >>> torch.equal(x.grad, 2 * x.exp().detach()), executor.counters.actions["swap"]
+    (True, 1)
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from cswap.codecs import value_range
+from cswap.execute.arena import ArenaBlock, HostArena
+from cswap.execute.layout import Layout
+from cswap.execute.stored import Counters, Handle, Stored
+from cswap.execute.streams import Transfers
+from cswap.planner.plan import Action, Decision, Plan
+from cswap.profile.profiler import Profiler
+
+__all__ = ["Counters", "Executor", "IterationState"]
+
+_BITS_BY_ITEMSIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _storage_id(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
+class IterationState:
+    """Per-iteration state of the hooks.
+
+    Args:
+        plan: the plan that decides every pack (:meth:`Plan.resolve`).
+        profiler: records the iteration when it is a profiling one.
+        protected: storage ids of the model's parameters and buffers.
+    """
+
+    def __init__(self, plan: Plan, profiler: Profiler | None, protected: frozenset[int]) -> None:
+        self.plan = plan
+        self.profiler = profiler
+        self.protected = protected
+        self.next_key = 0
+        self.stored_by_key: dict[int, weakref.ref[Stored]] = {}
+        self.unpack_position = {key: i for i, key in enumerate(plan.unpack_order)}
+        self.prefetch_cursor = 0
+
+
+class _RebuiltBytes:
+    """Counts the tensors a region's recomputation saves as resident until they are freed."""
+
+    def __init__(self, executor: Executor, it: IterationState) -> None:
+        self.executor = executor
+        self.it = it
+
+    def rebuilt(self, tensor: torch.Tensor) -> None:
+        self.executor.hold_rebuilt(self.it, tensor)
+
+
+class Executor:
+    """Applies a plan to saved tensors.
+
+    Args:
+        device: the training device (``cuda:N`` with an index, or ``cpu``).
+        backend: the ZVC codec backend.
+        prefetch_bytes: the most bytes of offloaded tensors fetched ahead of their unpack.
+        arena_slack: extra host-arena room over the need, as a fraction.
+        defer_sizes: compress without waiting for the size (:mod:`cswap.execute.streams`); default: on a GPU.
+    """
+
+    def __init__(self, device: torch.device, backend: str, prefetch_bytes: int, arena_slack: float = 0.25,
+                 defer_sizes: bool | None = None) -> None:
+        self.device = device
+        self.backend = backend
+        self.prefetch_bytes = prefetch_bytes
+        self.arena_slack = arena_slack
+        self.cuda = device.type == "cuda"
+        self.arena = HostArena(pin_memory=self.cuda)
+        self.counters = Counters()
+        self.transfers = Transfers(device, backend, self.arena, self.counters, defer_sizes)
+        self._lock = threading.RLock()
+        self._dedupe: weakref.WeakValueDictionary[tuple[Any, ...], Stored] = weakref.WeakValueDictionary()
+        # storage id -> the kept entry counting that storage's bytes
+        self._kept_storages: weakref.WeakValueDictionary[int, Stored] = weakref.WeakValueDictionary()
+        self._released: collections.deque[tuple[int, ArenaBlock | None, int, int]] = collections.deque()
+        self._handed_out: list[tuple[StorageWeakRef, int, int]] = []
+        self._prefetched_bytes = 0
+        self._rebuilt: dict[int, tuple[StorageWeakRef, int]] = {}  # storage id -> (ref, bytes)
+
+    # ------------------------------------------------------------------ iterations
+
+    def begin(
+        self,
+        plan: Plan,
+        profiler: Profiler | None = None,
+        model: torch.nn.Module | None = None,
+    ) -> IterationState:
+        """Prepare an iteration: grow the host arena to the plan's need (never during one), return its state.
+
+        Args:
+            plan: the plan that decides every pack.
+            profiler: set for a profiling iteration.
+            model: the module whose parameters and buffers are protected.
+        """
+        with self._lock:
+            self._drain()
+            observed = self.arena.peak_used_bytes + self.arena.missed_bytes
+            need = max(plan.host_bytes, observed)
+            if need:
+                self.arena.reserve(int(need * (1.0 + self.arena_slack)))
+            self.arena.reset_peak()
+            self.counters.iteration_peak_resident_bytes = self.counters.resident_bytes
+        protected: frozenset[int] = frozenset()
+        if model is not None:
+            protected = frozenset(_storage_id(t) for t in (*model.parameters(), *model.buffers()))
+        return IterationState(plan, profiler, protected)
+
+    def end(self, it: IterationState) -> None:
+        """Finish an iteration (the state stops recording; later unpacks still work)."""
+        with self._lock:
+            self._drain(it.profiler)
+            it.profiler = None
+
+    def hooks(self, it: IterationState) -> tuple[Callable[[torch.Tensor], Handle], Callable[[Handle], torch.Tensor]]:
+        """``(pack, unpack)`` for ``torch.autograd.graph.saved_tensors_hooks``."""
+        return functools.partial(self.pack, it), functools.partial(self.unpack, it)
+
+    def snapshot(self) -> Counters:
+        """A copy of the counters, after applying pending releases."""
+        with self._lock:
+            self.transfers.settle_all_sizes()
+            self._drain()
+            return replace(self.counters, actions=dict(self.counters.actions))
+
+    def hold_rebuilt(self, it: IterationState, tensor: torch.Tensor) -> None:
+        """Count the storage of ``tensor``, which a recompute region's recomputation saved for backward,
+        as resident until it is freed (torch's checkpoint holds it, not these hooks).
+
+        A parameter's or buffer's storage, or one already counted, is not counted again.
+        """
+        storage = tensor.untyped_storage()
+        sid = storage._cdata
+        if sid in it.protected:
+            return
+        with self._lock:
+            known = self._rebuilt.get(sid)
+            if known is not None and not known[0].expired():
+                return
+            nbytes = storage.nbytes()
+            self._rebuilt[sid] = (StorageWeakRef(storage), nbytes)
+            self.counters.add_resident(nbytes)
+
+    def rebuilt_listener(self, it: IterationState) -> _RebuiltBytes:
+        """The :class:`cswap.execute.recompute.RecomputeListener` that counts, in ``it``, what a region's
+        recomputation saves (:meth:`hold_rebuilt`)."""
+        return _RebuiltBytes(self, it)
+
+    def release_rebuilt(self) -> None:
+        """Stop counting the rebuilt storages still alive: the iteration is over, and what holds them
+        now is not its backward."""
+        with self._lock:
+            self.counters.resident_bytes -= sum(nbytes for _, nbytes in self._rebuilt.values())
+            self._rebuilt.clear()
+
+    def count_recomputed(self, tensors: int) -> None:
+        """Count ``tensors`` saved tensors that recompute regions dropped and rebuilt (never packed here)."""
+        with self._lock:
+            self.counters.actions[Action.RECOMPUTE.value] += tensors
+
+    def evict_kept(self, it: IterationState) -> int:
+        """Swap every tensor of ``it`` that is kept on the device and not yet unpacked to host memory.
+
+        Capuchin's passive mode (:class:`cswap.execute.passive.SwapOnOutOfMemory`) calls it when the
+        device ran out of memory. The copies are synchronous: the device is full, and the freed
+        memory is what the op that failed needs next. An evicted tensor is then counted as
+        swapped (``actions``, offloaded and transferred bytes) and in ``evicted_tensors``.
+
+        Returns:
+            how many tensors it moved (their memory is freed unless something else holds them).
+        """
+        moved = 0
+        with self._lock:
+            counters = self.counters
+            for ref in list(it.stored_by_key.values()):
+                stored = ref()
+                if stored is None or stored.action is not Action.KEEP or stored.unpacked or stored.tensor is None:
+                    continue
+                layout = stored.layout
+                try:
+                    flat = layout.compact(stored.tensor)
+                except torch.OutOfMemoryError:  # a strided view needs a gathered copy: no room for it
+                    continue
+                self.transfers.copy_to_host(stored, flat, non_blocking=False)
+                stored.tensor, stored.action = None, Action.SWAP
+                counters.add_resident(-stored.held_bytes)
+                stored.held_bytes = 0
+                counters.kept_bytes -= layout.nbytes
+                counters.offloaded_bytes += layout.nbytes
+                counters.transferred_bytes += layout.nbytes
+                counters.actions[Action.KEEP.value] -= 1
+                counters.actions[Action.SWAP.value] += 1
+                counters.evicted_tensors += 1
+                moved += 1
+        return moved
+
+    def new_epoch(self) -> None:
+        """Start a new per-epoch peak."""
+        with self._lock:
+            self.counters.epoch_peak_resident_bytes = self.counters.resident_bytes
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    def _drain(self, profiler: Profiler | None = None) -> None:
+        """Apply releases posted by dead handles, finished copies and freed rebuilt tensors.
+
+        A profiling iteration's ``profiler`` learns which keys' stored data or rebuilt tensors
+        were seen dead here (their lifetimes end at the last unpack before this hook).
+        """
+        counters = self.counters
+        self.transfers.settle()
+        freed: list[int] = []
+        while self._released:
+            key, block, held, prefetched = self._released.popleft()
+            if block is not None:
+                self.arena.free(block)
+            counters.resident_bytes -= held
+            self._prefetched_bytes -= prefetched
+            freed.append(key)
+        if self._handed_out:
+            alive = []
+            for ref, nbytes, key in self._handed_out:
+                if ref.expired():
+                    counters.resident_bytes -= nbytes
+                    freed.append(key)
+                else:
+                    alive.append((ref, nbytes, key))
+            self._handed_out = alive
+        if self._rebuilt:
+            for sid, (ref, nbytes) in list(self._rebuilt.items()):
+                if ref.expired():
+                    counters.resident_bytes -= nbytes
+                    del self._rebuilt[sid]
+        if profiler is not None and freed:
+            profiler.record_free(freed)
+
+    def _never_move(self, it: IterationState, t: torch.Tensor) -> str | None:
+        """Why ``t`` must stay where it is, or ``None``."""
+        if type(t) not in _PLAIN_TYPES:
+            return f"tensor subclass {type(t).__name__}: kept"
+        if t.layout != torch.strided:
+            return f"layout {t.layout}: kept"
+        if t.device != self.device:
+            return f"on {t.device}, not the runtime's {self.device}: kept"
+        if t.numel() == 0:
+            return "empty tensor: kept"
+        if t.is_leaf and t.requires_grad:
+            return "leaf tensor that requires grad (a parameter): never offloaded"
+        base = t._base
+        if base is not None and base.is_leaf and base.requires_grad:
+            return "view of a leaf tensor that requires grad (a parameter): never offloaded"
+        if it.protected and _storage_id(t) in it.protected:
+            return "parameter or buffer of the model: never offloaded"
+        return None
+
+    # ------------------------------------------------------------------ pack
+
+    def pack(self, it: IterationState, tensor: torch.Tensor) -> Handle:
+        """The pack hook: store ``tensor`` as the plan says and return its handle."""
+        started = time.perf_counter()
+        profiler = it.profiler
+        stamp = profiler.stamp() if profiler is not None else None
+        with self._lock:
+            self._drain(profiler)
+            key = it.next_key
+            it.next_key += 1
+            handle, record = self._pack(it, key, tensor, profiler)
+            counters = self.counters
+            counters.packed_tensors += 1
+            counters.pack_s += time.perf_counter() - started
+        if profiler is not None and record is not None:
+            profiler.record_pack(**record, start=stamp, end=profiler.stamp())
+        return handle
+
+    def _pack(self, it: IterationState, key: int, tensor: torch.Tensor, profiler: Profiler | None) -> tuple[Handle, dict[str, Any] | None]:
+        counters = self.counters
+        plan = it.plan
+        reason = self._never_move(it, tensor)
+        if reason is not None:
+            # The plan's answer to a tensor that may not move is always to keep it where it is,
+            # which is done by holding the tensor itself.
+            nbytes = tensor.numel() * tensor.element_size()
+            plan.resolve(key, tuple(tensor.shape), tensor.dtype, nbytes, never_moved=reason)
+            counters.never_moved_tensors += 1
+            record = None
+            if profiler is not None:
+                record = dict(key=key, shape=tuple(tensor.shape), dtype=_dtype_name(tensor.dtype), nbytes=nbytes, numel=tensor.numel(),
+                              zeros=0, producer=profiler.producer(tensor), offloadable=False, reason=reason, module=profiler.module(tensor))
+            return Handle(key, None, tensor.detach()), record
+        layout = Layout.of(tensor)
+        dedupe_key = (_storage_id(tensor), tensor.storage_offset(), layout.shape, layout.stride, tensor.dtype, tensor._version)
+        stored = self._dedupe.get(dedupe_key)
+        producer = profiler.producer(tensor) if profiler is not None else ""
+        zeros: Any = 0
+        encoding_facts: Any = None
+        if stored is not None:
+            plan.resolve(key, layout.shape, layout.dtype, layout.nbytes, duplicate_of=stored.decision)
+            counters.deduplicated_tensors += 1
+            if profiler is not None:
+                profiler.record_duplicate(key, stored.key)
+        else:
+            owner = self._kept_storages.get(dedupe_key[0])
+            if owner is not None and (owner.action is not Action.KEEP or owner.tensor is None or owner.held_bytes < layout.nbytes):
+                owner = None  # evicted since, or it counts a smaller view of the storage than this one
+            decision = plan.resolve(key, layout.shape, layout.dtype, layout.nbytes, resident_bytes=counters.resident_bytes,
+                                    shares_kept=owner is not None)
+            if decision.budget_fallback:
+                counters.budget_fallbacks += 1
+            elif not decision.planned and plan.decisions:
+                counters.unknown_keys += 1
+            stored, zeros = self._store(key, tensor.detach(), layout, decision, count_zeros=profiler is not None, owner=owner)
+            self.transfers.wait_for_budget(plan.budget_bytes)
+            if profiler is not None:
+                # Deferred like the zero count: what the encoding needs to predict its size.
+                encoding_facts = value_range(tensor.detach())
+            self._dedupe[dedupe_key] = stored
+            counters.actions[stored.action.value] += 1
+        it.stored_by_key[key] = weakref.ref(stored)
+        record = None
+        if profiler is not None:
+            record = dict(key=key, shape=layout.shape, dtype=_dtype_name(layout.dtype), nbytes=layout.nbytes, numel=layout.numel,
+                          zeros=zeros, producer=producer, offloadable=True, reason="", value_range=encoding_facts,
+                          module=profiler.module(tensor))
+        return Handle(key, stored), record
+
+    def _store(
+        self, key: int, tensor: torch.Tensor, layout: Layout, decision: Decision, count_zeros: bool, owner: Stored | None = None
+    ) -> tuple[Stored, Any]:
+        """Carry out ``decision`` on ``tensor``; returns the stored data and its zero count (when asked).
+
+        ``owner`` is a stored entry that already keeps ``tensor``'s storage (another view of it): a
+        kept ``tensor`` then holds no bytes of its own and keeps ``owner`` alive instead, so that
+        the storage is counted once, for as long as either needs it.
+        """
+        counters = self.counters
+        action = decision.action
+        stored = Stored(key, decision, layout, self._released)
+        # Deduplication keys on the storage's address: holding a weak reference to the storage
+        # keeps that address from being reused by a new storage while this entry lives.
+        stored.storage_ref = StorageWeakRef(tensor.untyped_storage())
+        zeros: Any = 0
+        if action is Action.KEEP:
+            stored.tensor = tensor
+            counters.kept_bytes += layout.nbytes
+            if owner is None:
+                stored.held_bytes = layout.nbytes
+                counters.add_resident(layout.nbytes)
+                self._kept_storages[_storage_id(tensor)] = stored
+            else:
+                stored.owner = owner
+            if count_zeros:
+                zeros = self._zeros(layout.compact(tensor), layout)
+            return stored, zeros
+        flat = layout.compact(tensor)
+        if count_zeros and action is Action.SWAP:
+            zeros = self._zeros(flat, layout)
+        compress_launch = decision.compress_launch
+        stored.decompress_launch = decision.decompress_launch
+        if action.compresses and self.transfers.defer_sizes and not count_zeros and not decision.raw_unless_smaller:
+            self.transfers.store_unsized(stored, flat, decision)
+            counters.compressed_input_bytes += layout.nbytes
+            if action.offloads:
+                counters.offloaded_bytes += layout.nbytes
+            return stored, zeros
+        self.transfers.store(stored, flat, action, compress_launch)
+        if action is Action.ZVC_KEEP and decision.raw_unless_smaller and stored.packed.compressed_nbytes >= layout.nbytes:  # type: ignore[union-attr]
+            # The decision stores it compressed only where that holds fewer bytes (known once encoded).
+            if count_zeros:
+                zeros = layout.numel - stored.packed.nnz  # type: ignore[union-attr]
+            stored.packed, stored.ready, stored.action, stored.tensor = None, None, Action.KEEP, tensor
+            stored.held_bytes = layout.nbytes
+            counters.kept_bytes += layout.nbytes
+            counters.add_resident(layout.nbytes)
+            return stored, zeros
+        if action.compresses:
+            packed = stored.packed
+            assert packed is not None
+            counters.compressed_input_bytes += layout.nbytes
+            counters.compressed_bytes += packed.compressed_nbytes
+            if count_zeros:
+                zeros = layout.numel - packed.nnz
+        if action.offloads:
+            counters.offloaded_bytes += layout.nbytes
+            counters.transferred_bytes += layout.nbytes if action is Action.SWAP else stored.packed.compressed_nbytes  # type: ignore[union-attr]
+        else:
+            stored.held_bytes = stored.packed.compressed_nbytes  # type: ignore[union-attr]
+            counters.add_resident(stored.held_bytes)
+        return stored, zeros
+
+    @staticmethod
+    def _zeros(flat: torch.Tensor, layout: Layout) -> Any:
+        """Elements of ``flat`` whose bits are all zero (a 0-d tensor on a GPU, an int on CPU)."""
+        bits_type = _BITS_BY_ITEMSIZE.get(flat.element_size())
+        if bits_type is None:
+            return 0
+        nonzero = torch.count_nonzero(flat.view(bits_type))
+        # On a GPU the count stays on the device (read back with the trace); on CPU an int now.
+        return layout.numel - nonzero if flat.is_cuda else layout.numel - int(nonzero)
+
+    # ------------------------------------------------------------------ unpack
+
+    def unpack(self, it: IterationState, handle: Handle) -> torch.Tensor:
+        """The unpack hook: the saved tensor's values, with its shape, dtype, strides and device."""
+        started = time.perf_counter()
+        profiler = it.profiler
+        stamp = profiler.stamp() if profiler is not None else None
+        with self._lock:
+            self._drain(profiler)
+            stored = handle.stored
+            if stored is None:
+                out = handle.tensor
+            elif stored.action is Action.KEEP:
+                out = stored.tensor
+            else:
+                out = self._materialize(stored)
+                if profiler is not None:
+                    profiler.record_rebuilt(handle.key, out.untyped_storage().nbytes())
+            if stored is not None:
+                stored.unpacked = True
+            # a duplicate read first stands for the key that stored the data (the plan's event)
+            self._prefetch_after(it, stored.key if stored is not None else handle.key)
+            counters = self.counters
+            counters.unpacks += 1
+            counters.unpack_s += time.perf_counter() - started
+        if profiler is not None:
+            profiler.record_unpack(handle.key, stamp, profiler.stamp())
+        assert out is not None
+        return out
+
+    def _materialize(self, stored: Stored) -> torch.Tensor:
+        """The rebuilt tensor of an offloaded or compressed ``stored``, on the device, ready for the compute stream."""
+        counters = self.counters
+        if stored.prefetched is not None:
+            out, event = stored.prefetched
+            stored.prefetched = None
+            nbytes = stored.prefetched_bytes
+            # From here the rebuilt tensor is tracked as handed out, not as held by the stored data.
+            self._prefetched_bytes -= nbytes
+            stored.prefetched_bytes = 0
+            counters.prefetch_hits += 1
+        else:
+            cached = stored.last_out() if stored.last_out is not None else None
+            if cached is not None:
+                return cached
+            out, event = self.transfers.fetch(stored)
+            nbytes = out.untyped_storage().nbytes()
+            counters.add_resident(nbytes)
+        self.transfers.hand_to_compute(out, event)
+        self._handed_out.append((StorageWeakRef(out.untyped_storage()), nbytes, stored.key))
+        stored.last_out = weakref.ref(out)
+        return out
+
+    def _prefetch_after(self, it: IterationState, key: int) -> None:
+        """Fetch the offloaded tensors that follow ``key`` in the profiled unpack order, within the budget."""
+        position = it.unpack_position.get(key)
+        plan = it.plan
+        window = self.prefetch_bytes if plan.prefetch_bytes is None else min(plan.prefetch_bytes, self.prefetch_bytes)
+        if position is None or window <= 0:
+            return
+        order = it.plan.unpack_order
+        i = max(position + 1, it.prefetch_cursor)
+        while i < len(order):
+            ref = it.stored_by_key.get(order[i])
+            stored = ref() if ref is not None else None
+            if stored is None or not stored.action.offloads or stored.unpacked or stored.prefetched is not None:
+                i += 1
+                continue
+            nbytes = stored.layout.nbytes
+            if self._prefetched_bytes + nbytes > window:
+                break
+            if plan.budget_bytes is not None and self.counters.resident_bytes + nbytes > plan.budget_bytes:
+                break
+            out, event = self.transfers.fetch(stored)
+            held = out.untyped_storage().nbytes()
+            stored.prefetched = (out, event)
+            stored.prefetched_bytes = held
+            self._prefetched_bytes += held
+            self.counters.add_resident(held)
+            self.counters.prefetches += 1
+            i += 1
+        it.prefetch_cursor = i

@@ -1,0 +1,329 @@
+"""Recompute regions: drop a module's saved tensors in forward and rebuild them in backward.
+
+Built on PyTorch's own non-reentrant checkpointing in its composable per-module form
+(``torch.distributed._composable.checkpoint``): hooks on the module, so the model's code, its
+structure and its parameter names stay as they are, and keyword arguments (attention masks) work.
+The RNG state is stashed at the region's entry and restored for the recomputation, so dropout
+draws the same mask and gradients are bit-identical.
+
+Granularity: one region is one ``nn.Module`` call. That is the smallest unit torch checkpoints
+cleanly in an eager model the user did not write: a module is the only boundary that exists
+without editing the model's ``forward`` (an op-level policy, selective activation checkpointing,
+still needs a function to wrap, and a per-op cut inside an HF block would need its source).
+Leaf modules (a ``ReLU``, a ``BatchNorm2d``, a ``Linear``) are regions too, so the choice goes down
+to single ops wherever the model is built from modules.
+
+Each region is attached once (disabled); :meth:`RecomputeRegions.enable` turns a set on for the
+next iterations through the composable API's ``enable_hook`` flag. The recomputation runs under a
+context that puts back the batch-norm running statistics the recomputed forward updates a second
+time, and that refuses to recompute from a keyword input modified in place since the forward.
+
+Example:
+    >>> import torch
+    >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    >>> regions = RecomputeRegions(model)
+    >>> regions.enable(["1"])
+    >>> model(torch.randn(3, 4)).sum().backward()
+    >>> regions.enabled
+    ('1',)
+    >>> regions.disable_all(); regions.enabled
+    ()
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+from torch.distributed._composable import checkpoint
+from torch.utils._pytree import tree_leaves
+
+from cswap.profile.regions import nested_pair
+
+__all__ = ["RecomputeListener", "RecomputeRegions", "running_stat_modules"]
+
+
+def running_stat_modules(module: nn.Module) -> list[nn.Module]:
+    """The normalisation modules under ``module`` (itself included) that keep running statistics."""
+    return [
+        m for m in module.modules()
+        if isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats and m.running_mean is not None
+    ]
+
+
+@dataclass
+class _Call:
+    """The tensor inputs of one enabled call and their versions when it began."""
+
+    path: str
+    inputs: list[tuple[str, torch.Tensor, int]]
+
+
+class RecomputeListener(Protocol):
+    """Told of every tensor a region's recomputation saves for backward, except the call's own inputs
+    (positional and keyword, views of them included), so that new memory can be counted while it lives.
+    Parameters and buffers are not filtered out here: the listener knows them."""
+
+    def rebuilt(self, tensor: torch.Tensor) -> None: ...
+
+
+def _storage_key(tensor: torch.Tensor) -> int | None:
+    try:
+        return tensor.untyped_storage()._cdata
+    except (NotImplementedError, RuntimeError):  # a tensor without storage (sparse, some subclasses)
+        return None
+
+
+class _RebuiltWatch:
+    """Sits on top of torch's recomputation hook for one recomputation and tells ``listener`` of each
+    tensor saved in new memory before handing it on.
+
+    torch stores each recomputed tensor until its node unpacks it, then drops it: the listener sees
+    the storage and can follow it to its free. The call's inputs are named by the region's forward
+    pre-hook (:meth:`exclude`) before its forward saves anything.
+    """
+
+    def __init__(self, listener: RecomputeListener) -> None:
+        self.listener = listener
+        self.inputs: set[int] = set()
+        self._inner_pack: Any = None
+        self._pushed = False
+
+    def exclude(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        for leaf in tree_leaves((args, kwargs)):
+            if isinstance(leaf, torch.Tensor):
+                key = _storage_key(leaf)
+                if key is not None:
+                    self.inputs.add(key)
+
+    def _pack(self, tensor: torch.Tensor) -> Any:
+        key = _storage_key(tensor)
+        if key is not None and key not in self.inputs:
+            self.listener.rebuilt(tensor)
+        return self._inner_pack(tensor)
+
+    def __enter__(self) -> None:
+        hooks = torch._C._autograd._top_saved_tensors_default_hooks(False)
+        if hooks is None:  # nothing would be saved: torch recomputes under its own hook
+            return
+        self._inner_pack, inner_unpack = hooks
+        torch._C._autograd._push_saved_tensors_default_hooks(self._pack, inner_unpack)
+        self._pushed = True
+
+    def __exit__(self, *exc: object) -> None:
+        if self._pushed:
+            torch._C._autograd._pop_saved_tensors_default_hooks()
+            self._pushed = False
+
+
+class _RecomputeContext:
+    """The context of one region call's recomputation (re-entrant: a second backward re-enters it).
+
+    On entry it checks that no keyword tensor input changed since the forward (torch checks the
+    positional ones itself; keyword ones are held by reference and would silently give other values) and
+    snapshots the running statistics; on exit it puts them back, so the recomputed forward leaves
+    every buffer as the original forward left it. While it runs, a listener set on the regions is
+    told of each tensor the recomputation saves (:class:`_RebuiltWatch`).
+    """
+
+    def __init__(self, call: _Call, region: _Region, counts: Counter[str], regions: RecomputeRegions) -> None:
+        self.call = call
+        self.region = region
+        self.counts = counts
+        self.regions = regions
+        self._saved: list[list[torch.Tensor]] = []
+        self._watches: list[_RebuiltWatch | None] = []
+
+    def __enter__(self) -> None:
+        self.counts[self.call.path] += 1
+        for name, tensor, version in self.call.inputs:
+            if tensor._version != version:
+                raise RuntimeError(
+                    f"recompute region {self.call.path!r}: its input {name} was modified in place after the forward "
+                    f"(version {version} -> {tensor._version}), so recomputing it would give other values; "
+                    "stop recomputing this region or stop modifying the tensor in place"
+                )
+        self._saved.append([b.detach().clone() for m in self.region.norms for b in m.buffers(recurse=False)])
+        listener = self.regions.listener
+        watch = _RebuiltWatch(listener) if listener is not None else None
+        if watch is not None:
+            watch.__enter__()
+            self.region.watches.append(watch)
+        self._watches.append(watch)
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
+        watch = self._watches.pop()
+        if watch is not None:
+            watch.__exit__()
+            self.region.watches.remove(watch)
+        saved = self._saved.pop()
+        with torch.no_grad():
+            buffers = [b for m in self.region.norms for b in m.buffers(recurse=False)]
+            for buffer, value in zip(buffers, saved, strict=True):
+                buffer.copy_(value)
+
+
+@dataclass
+class _Region:
+    path: str
+    module: nn.Module
+    norms: list[nn.Module]
+    pending: _Call | None = None
+    calls: list[_Call] = field(default_factory=list)
+    watches: list[_RebuiltWatch] = field(default_factory=list)
+
+
+class RecomputeRegions:
+    """Every submodule of ``model`` as a recompute region, attached once and disabled.
+
+    Args:
+        model: the model; its submodules get checkpoint hooks (its code and names are untouched).
+        preserve_rng_state: stash and restore the RNG state so dropout is bit-identical (default).
+
+    Attributes:
+        paths: every module path (``""`` is the model itself), in ``named_modules`` order.
+
+    Raises:
+        ValueError: a module of ``model`` already has composable checkpoint hooks (use :meth:`of`).
+
+    Limits (torch 2.13): a region whose forward modifies its input in place (``ReLU(inplace=True)``)
+    fails in backward ("modified by an inplace operation"): :func:`cswap.profile.regions.profile_regions`
+    marks it ineligible. A second backward through an enabled region (``retain_graph=True``) fails in
+    torch's composable checkpoint (its recompute context cannot be re-entered). Hooks cannot be
+    removed: :meth:`disable_all` leaves only a flag check per module call.
+
+    >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+    >>> RecomputeRegions(model).paths
+    ('', '0', '1')
+    """
+
+    def __init__(self, model: nn.Module, *, preserve_rng_state: bool = True) -> None:
+        self.model = model
+        self._regions: dict[str, _Region] = {}
+        self._ineligible: dict[str, str] = {}
+        self._recomputations: Counter[str] = Counter()
+        #: Told of each tensor a recomputation saves (set per iteration).
+        self.listener: RecomputeListener | None = None
+        for path, module in model.named_modules():
+            if checkpoint.state(module) is not None:
+                raise ValueError(
+                    f"module {path!r} already has torch's composable checkpoint (a RecomputeRegions of this model exists, "
+                    "or the model applies checkpoint itself): make one RecomputeRegions per model and reuse it"
+                )
+        for path, module in model.named_modules():
+            if path in self._regions:
+                continue
+            region = _Region(path, module, running_stat_modules(module))
+            self._regions[path] = region
+            # Registered before checkpoint's own pre-hook, so it runs first and the context
+            # function, called from checkpoint's hook, finds this call's inputs.
+            module.register_forward_pre_hook(self._remember(region), with_kwargs=True)
+            checkpoint(module, preserve_rng_state=preserve_rng_state, context_fn=self._contexts(region))
+            checkpoint.state(module).enable_hook = False
+        self.paths: tuple[str, ...] = tuple(self._regions)
+        # Kept with the model (on torch's checkpoint state of its root), so that every runtime of
+        # this model finds these regions (:meth:`of`) instead of attaching a second set.
+        checkpoint.state(model).cswap_regions = self
+
+    @classmethod
+    def of(cls, model: nn.Module) -> RecomputeRegions:
+        """The regions attached to ``model``, attached now when it has none.
+
+        Several runtimes of one model (a benchmark comparing policies) share them: each enables
+        its own set for its iterations.
+
+        >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+        >>> RecomputeRegions.of(model) is RecomputeRegions.of(model)
+        True
+        """
+        state = checkpoint.state(model)
+        found = getattr(state, "cswap_regions", None) if state is not None else None
+        if isinstance(found, cls) and found.model is model:
+            return found
+        return cls(model)
+
+    # ------------------------------------------------------------------ hooks
+
+    def _remember(self, region: _Region) -> Any:
+        def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            if not checkpoint.state(module).enable_hook:
+                if region.watches:  # the recomputation calls the module again: these are its inputs
+                    region.watches[-1].exclude(args, kwargs)
+                return
+            # Keyword inputs only: checkpoint holds them by reference (so this costs no memory) and
+            # never checks them; positional ones are saved tensors that torch version-checks itself,
+            # and holding them here would keep resident what an outer hook may have swapped out.
+            inputs = [(f"keyword argument {k!r}", v, v._version) for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
+            region.pending = _Call(region.path, inputs)
+
+        return hook
+
+    def _contexts(self, region: _Region) -> Any:
+        def context_fn() -> tuple[Any, Any]:
+            call, region.pending = region.pending, None
+            if call is None:  # a hook ran out of order: no input check, still restore the statistics
+                call = _Call(region.path, [])
+            return nullcontext(), _RecomputeContext(call, region, self._recomputations, self)
+
+        return context_fn
+
+    # ------------------------------------------------------------------ control
+
+    def mark_ineligible(self, reasons: dict[str, str]) -> None:
+        """Refuse to enable these paths from now on (path -> why), e.g. from a profile's findings."""
+        self._ineligible.update(reasons)
+
+    def enable(self, paths: Iterable[str]) -> None:
+        """Recompute exactly ``paths`` from the next forward on (every other region is disabled).
+
+        Raises:
+            ValueError: an unknown path, an ineligible one, or a module together with one of its
+                ancestors (nested regions would recompute the inner one twice).
+        """
+        chosen = sorted(set(paths))
+        unknown = [p for p in chosen if p not in self._regions]
+        if unknown:
+            raise ValueError(f"unknown recompute regions {unknown}: choose module paths of the model (see RecomputeRegions.paths)")
+        refused = {p: self._ineligible[p] for p in chosen if p in self._ineligible}
+        if refused:
+            raise ValueError(f"regions that cannot be recomputed: {refused}")
+        pair = nested_pair(chosen)
+        if pair is not None:
+            outer, inner = pair
+            raise ValueError(
+                f"recompute regions {outer!r} and {inner!r} are nested ({outer!r} contains {inner!r}): "
+                "enable one of them, not both"
+            )
+        self.disable_all()
+        for path in chosen:
+            checkpoint.state(self._regions[path].module).enable_hook = True
+
+    def disable_all(self) -> None:
+        """Recompute nothing from the next forward on."""
+        for region in self._regions.values():
+            checkpoint.state(region.module).enable_hook = False
+            region.pending = None
+
+    def take_recomputations(self) -> dict[str, int]:
+        """Per region path, how many of its calls were recomputed since the last call; resets the counts.
+
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+        >>> regions = RecomputeRegions(model); regions.enable(["1"])
+        >>> model(torch.randn(3, 4)).sum().backward()
+        >>> regions.take_recomputations(), regions.take_recomputations()
+        ({'1': 1}, {})
+        """
+        counts = dict(self._recomputations)
+        self._recomputations.clear()  # in place: contexts made in forward hold this counter
+        return counts
+
+    @property
+    def enabled(self) -> tuple[str, ...]:
+        """The enabled paths, in module order."""
+        return tuple(p for p, r in self._regions.items() if checkpoint.state(r.module).enable_hook)

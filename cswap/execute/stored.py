@@ -1,0 +1,150 @@
+"""What the executor holds: the data behind each saved tensor's handle, and its counters.
+
+A :class:`Handle` is what autograd keeps for one saved slot; several handles share one
+:class:`Stored` entry when the same storage and view is saved twice. A :class:`Stored` entry holds
+the tensor itself (``keep``), its host copy (``swap``), or its compressed buffers (``zvc-swap``,
+``zvc-keep``), and when it dies it posts what it held to the executor's release queue, so that no
+lock is ever taken from a finaliser. :class:`Counters` are the executor's running totals.
+
+Example:
+    >>> import collections
+    >>> from cswap.execute.layout import Layout
+    >>> from cswap.planner.plan import Action, Decision
+    >>> released = collections.deque()
+    >>> decision = Decision(key=7, shape=(4,), dtype="float32", nbytes=16, sparsity=0.0, action=Action.KEEP, reason="kept")
+    >>> entry = Stored(7, decision, Layout.of(torch.zeros(4)), released)
+    >>> entry.held_bytes = 16
+    >>> del entry
+    >>> released.popleft()
+    (7, None, 16, 0)
+"""
+
+from __future__ import annotations
+
+import collections
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from cswap.codecs import Unsized
+from cswap.codecs.format import Packed
+from cswap.execute.arena import ArenaBlock
+from cswap.execute.layout import Layout
+from cswap.planner.plan import Action, Decision
+
+__all__ = ["Counters", "Handle", "Stored"]
+
+
+@dataclass
+class Counters:
+    """What the executor did, cumulative; :class:`cswap.stats.RuntimeStats` is the public snapshot.
+
+    Attributes are documented on :class:`cswap.runtime.RuntimeStats`.
+    """
+
+    packed_tensors: int = 0
+    deduplicated_tensors: int = 0
+    never_moved_tensors: int = 0
+    unknown_keys: int = 0
+    actions: dict[str, int] = field(default_factory=lambda: {a.value: 0 for a in Action})
+    kept_bytes: int = 0
+    offloaded_bytes: int = 0
+    transferred_bytes: int = 0
+    compressed_input_bytes: int = 0
+    compressed_bytes: int = 0
+    resident_bytes: int = 0
+    peak_resident_bytes: int = 0
+    epoch_peak_resident_bytes: int = 0
+    iteration_peak_resident_bytes: int = 0
+    pack_s: float = 0.0
+    unpack_s: float = 0.0
+    unpacks: int = 0
+    prefetches: int = 0
+    prefetch_hits: int = 0
+    budget_fallbacks: int = 0
+    budget_waits: int = 0
+    evicted_tensors: int = 0
+
+    def add_resident(self, nbytes: int) -> None:
+        """Account ``nbytes`` more (or, negative, fewer) resident bytes and track the peaks."""
+        self.resident_bytes += nbytes
+        if self.resident_bytes > self.peak_resident_bytes:
+            self.peak_resident_bytes = self.resident_bytes
+        if self.resident_bytes > self.epoch_peak_resident_bytes:
+            self.epoch_peak_resident_bytes = self.resident_bytes
+        if self.resident_bytes > self.iteration_peak_resident_bytes:
+            self.iteration_peak_resident_bytes = self.resident_bytes
+
+
+class Stored:
+    """The data behind one or more handles (more than one when deduplicated).
+
+    On death it posts its arena block and held bytes to the executor's release queue, which the
+    executor drains at its next hook call (so no lock is ever taken from a finaliser).
+    """
+
+    __slots__ = (
+        "key",
+        "action",
+        "decision",
+        "layout",
+        "tensor",
+        "packed",
+        "host",
+        "block",
+        "held_bytes",
+        "ready",
+        "prefetched",
+        "prefetched_bytes",
+        "last_out",
+        "unpacked",
+        "decompress_launch",
+        "storage_ref",
+        "unsized",
+        "source",
+        "owner",
+        "_sink",
+        "__weakref__",
+    )
+
+    def __init__(self, key: int, decision: Decision, layout: Layout, sink: collections.deque[Any]) -> None:
+        self.key = key
+        self.decision = decision
+        self.action = decision.action
+        self.layout = layout
+        self.tensor: torch.Tensor | None = None
+        self.packed: Packed | None = None
+        self.host: torch.Tensor | None = None
+        self.block: ArenaBlock | None = None
+        self.held_bytes = 0
+        self.ready: Any = None
+        self.prefetched: tuple[torch.Tensor, Any] | None = None
+        self.prefetched_bytes = 0
+        self.last_out: weakref.ref[torch.Tensor] | None = None
+        self.unpacked = False
+        self.decompress_launch: Any = None
+        self.storage_ref: StorageWeakRef | None = None
+        self.unsized: Unsized | None = None  # compressed, its size not read back yet
+        self.source: torch.Tensor | None = None  # what it was compressed from, until then
+        self.owner: Stored | None = None  # the entry counting the storage this one keeps too
+        self._sink = sink
+
+    def __del__(self) -> None:
+        try:
+            self._sink.append((self.key, self.block, self.held_bytes + self.prefetched_bytes, self.prefetched_bytes))
+        except Exception:  # interpreter shutdown
+            pass
+
+
+class Handle:
+    """What autograd holds for one saved slot: the key and the stored data (or, for a tensor never moved, itself)."""
+
+    __slots__ = ("key", "stored", "tensor")
+
+    def __init__(self, key: int, stored: Stored | None, tensor: torch.Tensor | None = None) -> None:
+        self.key = key
+        self.stored = stored
+        self.tensor = tensor

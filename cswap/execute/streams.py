@@ -1,0 +1,333 @@
+"""The executor's stream and event discipline: every copy, (de)compression and wait, in one place.
+
+On a GPU all of a saved tensor's traffic runs on one side stream, so that it overlaps the compute
+stream's kernels; on CPU the same calls run inline, with no stream and no event. The rules:
+
+* **Order.** Work on the side stream first waits for the compute stream's work so far, captured
+  *outside* the side stream's context (inside it ``current_stream()`` is the side stream, and
+  ``wait_stream`` on itself would silently order nothing).
+* **Lifetime.** A device tensor the side stream reads is ``record_stream``-ed to it, so the caching
+  allocator does not hand its memory out before the read has run.
+* **Copies in flight.** A device-to-host copy's source stays counted as resident until the event
+  recorded after it has passed (:meth:`Transfers.settle`); under a budget, pack waits on the
+  *oldest* such event while the resident bytes pass the budget (:meth:`Transfers.wait_for_budget`):
+  an event wait blocks this host thread until that copy is done, never the whole device.
+* **Deferred sizes.** A compression's size is not known on the host until the device has counted
+  it. With ``defer_sizes`` (a GPU's default) pack does not wait for it: the compression is written
+  into a workspace sized by ``numel`` (:func:`cswap.codecs.encode_unsized`), its count is read back
+  asynchronously into a pinned readback slot (:class:`cswap.execute.readback.ReadbackSlots`), and a
+  later hook that finds it arrived cuts a ``zvc-keep`` tensor to its exact bytes or copies exactly
+  the compressed bytes of a ``zvc-swap`` one to the host (:meth:`Transfers.settle`). Only the
+  budget's back-pressure, an unpack that needs the data and a stats call wait for one.
+* **Host copies.** Host memory comes from the pinned :class:`~cswap.execute.arena.HostArena`,
+  never allocated inside an iteration (pinning synchronises the device); a miss falls back to
+  pageable memory and is counted by the arena.
+* **Back to compute.** A rebuilt tensor is produced on the side stream; the compute stream waits on
+  its event and the tensor is ``record_stream``-ed to the compute stream before backward reads it
+  (:meth:`Transfers.hand_to_compute`).
+* **Threads.** Numba's OpenMP layer sets the calling thread's OpenMP thread count, which is also
+  torch's: every codec call restores torch's count afterwards, so torch's reductions keep their
+  order and gradients stay bit-identical.
+
+Everything here runs under the executor's lock; this module decides nothing about *what* to store.
+
+Example:
+    >>> import collections
+    >>> from cswap.execute.arena import HostArena
+    >>> from cswap.execute.layout import Layout
+    >>> from cswap.execute.stored import Counters, Stored
+    >>> from cswap.planner.plan import Action, Decision
+    >>> x = torch.randn(8)
+    >>> decision = Decision(key=0, shape=(8,), dtype="float32", nbytes=32, sparsity=0.0, action=Action.SWAP, reason="swap")
+    >>> entry = Stored(0, decision, Layout.of(x), collections.deque())
+    >>> transfers = Transfers(torch.device("cpu"), "cpu", HostArena(pin_memory=False), Counters())
+    >>> transfers.store(entry, x, Action.SWAP, None)
+    >>> out, event = transfers.fetch(entry)
+    >>> torch.equal(out, x), event is None
+    (True, True)
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from cswap.codecs import NarrowingMissed, decode, encode, encode_unsized
+from cswap.codecs.format import Packed
+from cswap.execute.arena import ArenaBlock, HostArena, aligned
+from cswap.execute.readback import ReadbackSlots
+from cswap.execute.stored import Counters, Stored
+from cswap.planner.plan import Action, Decision
+
+__all__ = ["Transfers", "torch_threads_kept"]
+
+
+@contextmanager
+def torch_threads_kept() -> Iterator[None]:
+    """Restore torch's intra-op thread count after a codec call (see the module docstring)."""
+    threads = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+
+
+class Transfers:
+    """Copies, (de)compressions and their events for one executor.
+
+    Args:
+        device: the training device.
+        backend: the ZVC codec backend.
+        arena: the host arena copies go to.
+        counters: the executor's counters (resident bytes, compressed and transferred bytes, waits).
+        defer_sizes: compress without waiting for the size; default: on a GPU.
+
+    Attributes:
+        side_stream: the stream all traffic runs on (``None`` on CPU).
+        in_flight: ``(event, bytes)`` of device-to-host copies whose sources are still counted, oldest first.
+        unsized: stored entries whose compressed size is not read back yet, oldest first.
+    """
+
+    def __init__(self, device: torch.device, backend: str, arena: HostArena, counters: Counters,
+                 defer_sizes: bool | None = None) -> None:
+        self.device = device
+        self.backend = backend
+        self.arena = arena
+        self.counters = counters
+        self.cuda = device.type == "cuda"
+        self.side_stream = torch.cuda.Stream(device) if self.cuda else None
+        self.defer_sizes = self.cuda if defer_sizes is None else defer_sizes
+        self.in_flight: list[tuple[Any, int]] = []
+        self.unsized: collections.deque[Stored] = collections.deque()
+        self._slots = ReadbackSlots(pin_memory=self.cuda) if self.defer_sizes else None
+
+    # ------------------------------------------------------------------ settling
+
+    def settle(self) -> None:
+        """Finish the compressions whose size has arrived and stop counting the sources of finished copies."""
+        while self.unsized and self.unsized[0].unsized.ready():  # type: ignore[union-attr]
+            self._finish_unsized(self.unsized.popleft())
+        if self.in_flight:
+            pending = []
+            for event, nbytes in self.in_flight:
+                if event.query():
+                    self.counters.resident_bytes -= nbytes
+                else:
+                    pending.append((event, nbytes))
+            self.in_flight = pending
+
+    def settle_all_sizes(self) -> None:
+        """Read back every compressed size now (exact counts; waiting is fine outside the hooks)."""
+        while self.unsized:
+            self._finish_unsized(self.unsized.popleft())
+
+    def wait_for_budget(self, budget_bytes: int | None) -> None:
+        """Under a budget, wait for the oldest device-to-host copies while resident bytes pass it.
+
+        Only sources of copies in flight, and compressions whose size is not read back yet, can
+        be released by waiting (GPU); an event wait blocks this thread until that copy or
+        compression finished, never the whole device.
+        """
+        if budget_bytes is None:
+            return
+        counters = self.counters
+        while counters.resident_bytes > budget_bytes:
+            if self.in_flight:
+                event, nbytes = self.in_flight.pop(0)
+                event.synchronize()
+                counters.resident_bytes -= nbytes
+            elif self.unsized:
+                self._finish_unsized(self.unsized.popleft())  # its bytes join the copies in flight
+            else:
+                return
+            counters.budget_waits += 1
+
+    # ------------------------------------------------------------------ storing
+
+    def store(self, stored: Stored, flat: torch.Tensor, action: Action, launch: Any) -> None:
+        """Copy ``flat`` to the host (``swap``), or compress it and keep or copy the result, on the side stream.
+
+        A copy's source stays counted as resident until its event passes; a compression kept on
+        the device is ready for a rebuild once ``stored.ready`` has passed.
+        """
+        with self._on_side_stream(flat):
+            self._store_on_stream(stored, flat, action, launch)
+            event = self._side_event()
+        if event is None:
+            return
+        if action.offloads:
+            self.counters.add_resident(stored.layout.nbytes)
+            self.in_flight.append((event, stored.layout.nbytes))
+        else:
+            stored.ready = event
+
+    def store_unsized(self, stored: Stored, flat: torch.Tensor, decision: Decision) -> None:
+        """Compress ``flat`` without the host waiting for its size (:func:`cswap.codecs.encode_unsized`).
+
+        The workspace and the source stay resident until the size is read back (:meth:`settle`,
+        or the budget, an unpack or a stats call needing it).
+        """
+        assert self._slots is not None
+        slot = self._slots.take()
+        while slot is None:  # every readback slot in flight: finish the oldest compression
+            self._finish_unsized(self.unsized.popleft())
+            slot = self._slots.take()
+        narrow = getattr(torch, decision.encoded_dtype) if decision.encoded_dtype else None
+        with self._on_side_stream(flat):
+            with torch_threads_kept():
+                stored.unsized = encode_unsized(flat, self.backend, decision.compress_launch, narrow, slot)
+        stored.source = flat
+        stored.held_bytes = stored.unsized.workspace_nbytes + stored.layout.nbytes
+        self.counters.add_resident(stored.held_bytes)
+        self.unsized.append(stored)
+
+    def copy_to_host(self, stored: Stored, flat: torch.Tensor, non_blocking: bool) -> None:
+        """Copy the compact ``flat`` into a host block of ``stored`` (on the current stream)."""
+        host, stored.block = self._host(stored.layout.nbytes)
+        stored.host = host.view(stored.layout.dtype)
+        stored.host.copy_(flat, non_blocking=non_blocking)
+
+    # ------------------------------------------------------------------ fetching
+
+    def fetch(self, stored: Stored) -> tuple[torch.Tensor, Any]:
+        """Issue the rebuild of ``stored`` (on the side stream on a GPU); returns it and its ready event."""
+        if stored.unsized is not None:  # wanted back before its size was read: read it now
+            self.unsized.remove(stored)
+            self._finish_unsized(stored)
+        side = self.side_stream
+        if side is None:
+            return self._rebuild(stored), None
+        with torch.cuda.stream(side):
+            if stored.ready is not None:
+                side.wait_event(stored.ready)
+            out = self._rebuild(stored)
+            event = torch.cuda.Event()
+            event.record(side)
+        return out, event
+
+    def hand_to_compute(self, out: torch.Tensor, event: Any) -> None:
+        """Make the compute stream wait for ``out``'s rebuild (its ``event``) and keep its memory until it has read it."""
+        if event is None:
+            return
+        compute = torch.cuda.current_stream(self.device)
+        compute.wait_event(event)
+        out.record_stream(compute)
+
+    # ------------------------------------------------------------------ on the side stream
+
+    @contextmanager
+    def _on_side_stream(self, source: torch.Tensor | None = None) -> Iterator[None]:
+        """Run the block on the side stream after the compute stream's work so far (GPU); ``source``
+        is then protected until the side stream is done with it. On CPU the block just runs."""
+        side = self.side_stream
+        if side is None:
+            yield
+            return
+        # Captured here, outside the side stream's context: inside it, current_stream() is the side stream.
+        compute = torch.cuda.current_stream(self.device)
+        with torch.cuda.stream(side):
+            side.wait_stream(compute)
+            yield
+        if source is not None:
+            source.record_stream(side)
+
+    def _side_event(self) -> Any:
+        """An event recorded on the side stream now (GPU), marking the work queued there so far; ``None`` on CPU."""
+        if self.side_stream is None:
+            return None
+        event = torch.cuda.Event()
+        event.record(self.side_stream)
+        return event
+
+    def _store_on_stream(self, stored: Stored, flat: torch.Tensor, action: Action, launch: Any) -> None:
+        """The copies and compression of one tensor, on the current stream."""
+        if action is Action.SWAP:
+            self.copy_to_host(stored, flat, non_blocking=self.cuda)
+            return
+        with torch_threads_kept():
+            packed = encode(flat, backend=self.backend, launch=launch)
+        if action is Action.ZVC_KEEP:
+            stored.packed = packed
+            return
+        self._copy_packed_to_host(stored, packed)
+
+    def _finish_unsized(self, stored: Stored) -> None:
+        """Read back the size of ``stored``'s compression, then cut it to its exact bytes (``zvc-keep``)
+        or copy exactly those bytes to the host (``zvc-swap``)."""
+        unsized, source = stored.unsized, stored.source
+        assert unsized is not None and source is not None and self._slots is not None
+        stored.unsized = stored.source = None
+        counters = self.counters
+        side = self.side_stream
+        with contextlib.ExitStack() as stack:
+            if side is not None:
+                stack.enter_context(torch.cuda.stream(side))  # after the compression, in stream order
+            try:
+                packed = unsized.resolve(exact=stored.action is Action.ZVC_KEEP)
+            except NarrowingMissed:  # the profile's narrow width no longer holds: encode exactly
+                with torch_threads_kept():
+                    packed = encode(source, backend=self.backend, launch=stored.decision.compress_launch)
+            self._slots.give(unsized.counts)
+            counters.compressed_bytes += packed.compressed_nbytes
+            if stored.action is Action.ZVC_SWAP:
+                self._copy_packed_to_host(stored, packed)
+                counters.transferred_bytes += packed.compressed_nbytes
+            else:
+                stored.packed = packed
+            event = self._side_event()
+        if stored.action is Action.ZVC_KEEP:
+            stored.ready = event
+            counters.add_resident(packed.compressed_nbytes - stored.held_bytes)
+            stored.held_bytes = packed.compressed_nbytes
+            return
+        # The workspace and the source are released once the copy to the host has finished.
+        if event is not None:
+            self.in_flight.append((event, stored.held_bytes))
+        else:
+            counters.resident_bytes -= stored.held_bytes
+        stored.held_bytes = 0
+
+    def _host(self, nbytes: int) -> tuple[torch.Tensor, ArenaBlock | None]:
+        """``nbytes`` of host memory: an arena block, or fresh pageable memory when the arena is full."""
+        block = self.arena.alloc(nbytes)
+        if block is not None:
+            return block.view, block
+        return torch.empty(nbytes, dtype=torch.uint8), None
+
+    def _copy_packed_to_host(self, stored: Stored, packed: Packed) -> None:
+        """Copy the three buffers of ``packed`` into one host block (on the current stream)."""
+        parts = (packed.bitmap, packed.offsets, packed.values)
+        sizes = [p.numel() * p.element_size() for p in parts]
+        starts = [0, aligned(sizes[0]), aligned(sizes[0]) + aligned(sizes[1])]
+        host, stored.block = self._host(starts[2] + sizes[2])
+        views = []
+        for part, start, size in zip(parts, starts, sizes):
+            view = host[start : start + size].view(part.dtype)
+            view.copy_(part, non_blocking=self.cuda)
+            views.append(view)
+        stored.packed = replace(packed, bitmap=views[0], offsets=views[1], values=views[2])
+
+    def _rebuild(self, stored: Stored) -> torch.Tensor:
+        layout = stored.layout
+        flat, result = layout.allocate(self.device)
+        if stored.action is Action.SWAP:
+            assert stored.host is not None
+            flat.copy_(stored.host, non_blocking=self.cuda)
+        else:
+            packed = stored.packed
+            assert packed is not None
+            if stored.action is Action.ZVC_SWAP and self.cuda:
+                packed = packed.to(self.device, non_blocking=True)
+            launch = stored.decompress_launch
+            if launch is not None and getattr(launch, "chunk_words", packed.chunk_words) != packed.chunk_words:
+                launch = replace(launch, chunk_words=packed.chunk_words)
+            with torch_threads_kept():
+                decode(packed, flat, backend=self.backend, launch=launch, validate=False)
+        return result if result is not None else layout.rebuild_from(flat)

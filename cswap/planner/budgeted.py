@@ -1,0 +1,222 @@
+"""The runtime's plan under a memory budget: profile at the smallest footprint, then plan within the budget.
+
+Under a budget, a profiling iteration stores every movable tensor with its policy's
+smallest-footprint action (:data:`PROFILE_ACTIONS`), so it stays within any budget the policy can
+meet. From its trace, :func:`budget_plan` builds the planner's problem
+(:func:`cswap.planner.problem_from_trace`), resolves a fractional budget against policy ``none``'s
+peak, checks the policy's least budget (:func:`cswap.planner.minimum_bytes`) and turns the
+planner's :class:`~cswap.planner.BudgetPlan` into the executor's :class:`~cswap.planner.plan.Plan`: an
+action per key, the prefetch window, and per row the predicted seconds and the budget slack.
+
+Example:
+    >>> from cswap.profile.trace import TensorRecord, Trace
+    >>> recs = tuple(TensorRecord(key=k, shape=(1024,), dtype="float32", nbytes=4096, sparsity=0.5,
+    ...                           pack_at_s=0.1 * k, unpack_at_s=1.0 - 0.1 * k) for k in range(3))
+    >>> trace = Trace(tensors=recs, d2h_gbps=10.0, h2d_gbps=10.0, forward_s=0.5, backward_s=0.6)
+    >>> plan, budget_bytes, _ = budget_plan(trace, "swap", MemoryBudget(fraction=0.5), NO_CODEC, "cpu", 0, epoch=0)
+    >>> budget_bytes, plan.counts()["swap"] >= 1, plan.prefetch_bytes
+    (6144, True, 0)
+    >>> budget_plan(trace, "none", MemoryBudget(fraction=0.5), NO_CODEC, "cpu", 0, epoch=0)[2].minimum_bytes
+    12288
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from types import MappingProxyType
+from typing import Any
+
+from cswap.budget import BudgetError, MemoryBudget
+from cswap.planner import BudgetPlan, PlannedTensor, PlanningProblem, TensorOptions, minimum_bytes, plan_budget, problem_from_trace
+from cswap.planner.actions import POLICY_TABLE
+from cswap.planner.costmodel import TimeModel
+from cswap.planner.plan import Action, Decision, LaunchCache, Plan
+from cswap.profile.trace import Trace
+
+__all__ = ["FALLBACK_ACTIONS", "NO_CODEC", "PASSIVE_ACTION", "PROFILE_ACTIONS", "SPARSITY_MARGIN", "budget_plan", "plan_from_budget"]
+
+#: Compressed sizes are planned at the profiled sparsity less this: later batches' activations are
+#: a little denser or sparser than the profiled one's, and a plan must hold for them too.
+SPARSITY_MARGIN = 0.02
+
+#: What a profiling iteration of a recomputing policy under a budget does with every tensor:
+#: Capuchin's passive mode, which swaps while it profiles so that profiling works wherever the
+#: final plan fits (regions cannot be recomputed before they are profiled, and a tensor kept while
+#: it fits can pass the budget later, when backward rebuilds the swapped ones beside it).
+PASSIVE_ACTION = Action(POLICY_TABLE["recompute"].profile_action)
+
+#: Per policy, the action of least device footprint: what a profiling iteration under a budget does.
+PROFILE_ACTIONS: Mapping[str, Action] = MappingProxyType(
+    {name: Action(policy.profile_action) for name, policy in POLICY_TABLE.items() if policy.budget_actions}
+)
+
+#: Per policy, what a keep that would pass the budget at pack becomes (``None``: nothing smaller
+#: is certain: compressing a dense tensor would hold more, not less).
+FALLBACK_ACTIONS: Mapping[str, Action | None] = MappingProxyType(
+    {name: None if policy.fallback_action is None else Action(policy.fallback_action)
+     for name, policy in POLICY_TABLE.items() if policy.budget_actions}
+)
+
+
+class _NoCodec:
+    """The time model of policies that never compress: codec seconds are never asked for in earnest."""
+
+    def compress_s(self, nbytes: int, density: float, itemsize: int, backend: str) -> float:
+        return 0.0
+
+    def decompress_s(self, nbytes: int, density: float, itemsize: int, backend: str) -> float:
+        return 0.0
+
+
+#: A :class:`~cswap.planner.costmodel.TimeModel` that prices no codec time (for ``none`` and ``swap``).
+NO_CODEC: TimeModel = _NoCodec()
+
+
+def _event_names(problem: PlanningProblem) -> dict[int, str]:
+    names: dict[int, str] = {}
+    rebuilt: dict[int, str] = {}
+    for tensor in problem.tensors:
+        if tensor.lifetime is None:
+            continue
+        if tensor.lifetime.pack >= problem.forward_events:  # held from a recomputation in backward, not packed there
+            what = f"key {tensor.key}" if tensor.key >= 0 else "a second copy"
+            rebuilt.setdefault(tensor.lifetime.pack, f"recomputation rebuilding {what}")
+            continue
+        names[tensor.lifetime.pack] = f"pack of key {tensor.key}"
+        if tensor.lifetime.unpack is not None:
+            names[tensor.lifetime.unpack] = f"unpack of key {tensor.key}"
+    return {**rebuilt, **names}
+
+
+def _own_hold_at_pack(tensor: TensorOptions, planned: PlannedTensor, problem: PlanningProblem) -> int:
+    for option in tensor.options:
+        if (option.action, option.wait_offload, option.prefetch_distance) == (planned.action, planned.wait_offload, planned.prefetch_distance):
+            return int(problem.holds(option)[tensor.lifetime.pack]) if tensor.lifetime is not None else 0
+    return planned.nbytes
+
+
+def _decisions(
+    trace: Trace, problem: PlanningProblem, planned: BudgetPlan, launches: LaunchCache
+) -> tuple[dict[int, Decision], int, dict[int, int]]:
+    """Per record its decision, the host bytes the offloaded ones need, and per planned key the
+    resident bytes the plan expects just before its pack."""
+    chosen = {t.key: t for t in planned.tensors}
+    expected = {
+        t.key: planned.timeline_bytes[t.lifetime.pack] - _own_hold_at_pack(t, chosen[t.key], problem)
+        for t in problem.tensors
+        if t.lifetime is not None
+    }
+    lifetimes = {t.key: t.lifetime for t in problem.tensors}
+    timeline = planned.timeline_bytes
+    kept_reasons: Mapping[str, str] = trace.meta.get("not_offloadable", {})
+    duplicates: Mapping[str, int] = trace.meta.get("duplicates", {})
+    decisions: dict[int, Decision] = {}
+    host_bytes = 0
+    for record in trace.tensors:
+        base: dict[str, Any] = dict(key=record.key, shape=tuple(record.shape), dtype=record.dtype, nbytes=record.nbytes,
+                                    sparsity=record.sparsity, module=record.module, encoded_dtype=record.narrow_dtype)
+        first = duplicates.get(str(record.key))
+        tensor = chosen.get(record.key)
+        if first is not None and first in decisions:
+            decisions[record.key] = replace(decisions[first], **base, reason=f"duplicate of key {first}: stored once")
+            continue
+        if tensor is None:
+            decisions[record.key] = Decision(**base, action=Action.KEEP, reason=kept_reasons.get(str(record.key), "not offloadable"))
+            continue
+        action = Action(tensor.action)
+        life = lifetimes[record.key]
+        slack = planned.budget_bytes - max(timeline[life.pack : life.free + 1], default=0) if life is not None else None
+        extra: dict[str, Any] = launches.launches(record.dtype, record.nbytes) if action.compresses else {}
+        if action is Action.ZVC_KEEP:
+            extra["compressed_nbytes"] = float(tensor.held_bytes - record.nbytes)  # it holds raw + compressed at pack
+        decisions[record.key] = Decision(
+            **base,
+            action=action,
+            reason=f"budget plan ({planned.status}): {action.value} at {tensor.cost_s * 1e3:.3f} ms predicted",
+            predicted_s=tensor.cost_s,
+            slack_bytes=slack,
+            **extra,
+        )
+        if action.offloads:
+            host_bytes += record.nbytes
+    return decisions, host_bytes, expected
+
+
+def plan_from_budget(
+    trace: Trace, problem: PlanningProblem, planned: BudgetPlan, rules: Mapping[str, Any], default_action: Action, least_bytes: int
+) -> Plan:
+    """The executor's :class:`~cswap.planner.plan.Plan` from the planner's ``planned`` solution of ``problem``.
+
+    Args:
+        trace: the profile ``problem`` was built from.
+        problem: the planner's problem.
+        planned: its solution within the budget.
+        rules: the :class:`~cswap.planner.plan.Plan` fields that do not come from the solution (``policy``,
+            ``epoch``, ``min_bytes``, ``launches``, ``budget_bytes``, ``fallback_action``, bandwidths).
+        default_action: the action of a key the plan does not know.
+        least_bytes: the policy's least budget, reported in the planner summary.
+    """
+    launches = rules["launches"]
+    unpacked = sorted((r for r in trace.tensors if r.unpack_order is not None), key=lambda r: r.unpack_order)
+    decisions, host_bytes, expected = _decisions(trace, problem, planned, launches)
+    event = _event_names(problem).get(planned.binding_event, f"event {planned.binding_event}")
+    binding = (f"{event} (event {planned.binding_event}): {planned.timeline_bytes[planned.binding_event] if planned.timeline_bytes else 0:,d} B "
+               f"planned, slack {planned.slack_bytes:,d} B")
+    summary = dict(status=planned.status, predicted_s=planned.predicted_s, peak_bytes=planned.peak_bytes, slack_bytes=planned.slack_bytes,
+                   minimum_bytes=least_bytes, greedy_gap_s=planned.greedy_gap_s, solve_s=planned.solve_s,
+                   prefetch_window_bytes=planned.prefetch_window_bytes)
+    return Plan(**rules, default_action=default_action, decisions=decisions, unpack_order=tuple(r.key for r in unpacked),
+                host_bytes=host_bytes, default_reason=f"policy {rules['policy']} under a budget: not in the plan, smallest footprint",
+                prefetch_bytes=planned.prefetch_window_bytes, binding=binding, expected_bytes=expected, planner=MappingProxyType(summary))
+
+
+def budget_plan(
+    trace: Trace,
+    policy: str,
+    budget: MemoryBudget,
+    time_model: TimeModel,
+    backend: str,
+    min_bytes: int,
+    epoch: int,
+    launches: LaunchCache | None = None,
+    profiled_peak_bytes: int = 0,
+) -> tuple[Plan, int, BudgetError | None]:
+    """The plan of ``policy`` within ``budget`` from a profiling iteration's ``trace``.
+
+    Args:
+        trace: the profile (taken with :data:`PROFILE_ACTIONS`).
+        policy: the runtime's policy.
+        budget: the memory budget (a fraction resolves against policy ``none``'s peak).
+        time_model: predicts codec seconds (:data:`NO_CODEC` for policies that never compress).
+        backend: the codec backend.
+        min_bytes: tensors below this are only kept.
+        epoch: the epoch the plan is for.
+        launches: the codec launch configs.
+        profiled_peak_bytes: the resident peak the profiling iteration itself reached; a run at
+            the budget profiles first, so the least budget is at least this (``compress-keep``'s
+            profile keeps compressed tensors beside their rebuilt ones in backward, which a plan
+            may avoid).
+
+    Returns:
+        ``(plan, budget_bytes, error)``: ``error`` is the :class:`~cswap.budget.BudgetError` to
+        raise when the policy cannot meet the budget (then ``plan`` is the smallest-footprint one).
+    """
+    launches = launches if launches is not None else LaunchCache(backend, None)
+    problem = problem_from_trace(trace, time_model, backend, min_bytes=min_bytes, sparsity_margin=SPARSITY_MARGIN)
+    budget_bytes = budget.resolve(max(minimum_bytes(problem, "none"), 1)) if budget.relative else budget.resolve()
+    fallback = FALLBACK_ACTIONS[policy]
+    rules: dict[str, Any] = dict(policy=policy, epoch=epoch, min_bytes=min_bytes, launches=launches, budget_bytes=budget_bytes,
+                                 fallback_action=fallback, d2h_gbps=trace.d2h_gbps, h2d_gbps=trace.h2d_gbps)
+    unpacked = sorted((r for r in trace.tensors if r.unpack_order is not None), key=lambda r: r.unpack_order)
+    unpack_order = tuple(r.key for r in unpacked)
+    least = max(minimum_bytes(problem, policy), profiled_peak_bytes)
+    if budget_bytes < least:
+        action = PROFILE_ACTIONS[policy]
+        error = BudgetError(least, policy, budget_bytes)
+        plan = Plan(**rules, default_action=action, unpack_order=unpack_order, prefetch_bytes=0,
+                    default_reason=f"budget {budget_bytes:,d} B below this policy's least {least:,d} B: {action.value}")
+        return plan, budget_bytes, error
+    planned = plan_budget(problem, policy, budget_bytes)
+    plan = plan_from_budget(trace, problem, planned, rules, PROFILE_ACTIONS[policy], least)
+    return plan, budget_bytes, None

@@ -1,0 +1,426 @@
+"""The plan: the one place that decides what happens to each saved tensor.
+
+The advisor (:mod:`cswap.planner.advisor`) fills a :class:`Plan` with one :class:`Decision` per profiled
+key; at run time the executor asks :meth:`Plan.resolve` for every pack and carries the answer out,
+deciding nothing itself. :meth:`Plan.resolve` covers every case: a planned key whose guard holds,
+a key the plan does not know (a changed graph), a tensor below ``min_bytes``, a dtype the encoding
+cannot compress, a tensor that must never move (parameters, buffers, other devices, subclasses,
+non-strided layouts: the executor states the fact, the plan turns it into a decision), a second
+pack of data already stored, and the codec launch configs. Decisions made at run time for keys the
+profile did not plan are recorded on the plan, so :meth:`Plan.rows` (and ``rt.plan()``'s printout
+and ``to_dict``) say exactly what the executor last did with each key.
+
+Example:
+    >>> plan = Plan(policy="swap", epoch=0, default_action=Action.SWAP, min_bytes=1024)
+    >>> plan.resolve(0, (8,), "float32", 32).reason
+    'below min_bytes (32 < 1,024 B)'
+    >>> plan.resolve(1, (4096,), "complex64", 32768).action
+    <Action.SWAP: 'swap'>
+    >>> [(d.key, d.action.value) for d in plan.rows().values()]
+    [(0, 'keep'), (1, 'swap')]
+"""
+
+from __future__ import annotations
+
+import enum
+import warnings
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any
+
+import torch
+
+from cswap.codecs.encoding import dtype_named, encodable
+from cswap.codecs.launch import Launch, LaunchLookup
+from cswap.planner.actions import POLICY_TABLE, RUNTIME_POLICIES
+
+__all__ = ["DEFAULT_ACTIONS", "POLICY_REASONS", "Action", "Decision", "LaunchCache", "Plan", "constrained"]
+
+
+class Action(str, enum.Enum):
+    """What happens to one saved tensor.
+
+    The executor carries out every action but ``recompute``: a recomputed tensor is never packed
+    (its module runs as a recompute region, :mod:`cswap.execute.recompute`, and rebuilds it in backward).
+    """
+
+    KEEP = "keep"
+    SWAP = "swap"
+    ZVC_SWAP = "zvc-swap"
+    ZVC_KEEP = "zvc-keep"
+    RECOMPUTE = "recompute"
+
+    @property
+    def offloads(self) -> bool:
+        """Moves the tensor to host memory."""
+        return self in (Action.SWAP, Action.ZVC_SWAP)
+
+    @property
+    def compresses(self) -> bool:
+        """ZVC-compresses the tensor."""
+        return self in (Action.ZVC_SWAP, Action.ZVC_KEEP)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+#: The action of each runtime policy for a tensor the plan does not know (:data:`POLICY_TABLE`).
+DEFAULT_ACTIONS: Mapping[str, Action] = MappingProxyType(
+    {name: Action(POLICY_TABLE[name].static_action) for name in RUNTIME_POLICIES}
+)
+
+#: Why each policy's default action is taken, in words.
+POLICY_REASONS: Mapping[str, str] = MappingProxyType({name: POLICY_TABLE[name].reason for name in RUNTIME_POLICIES})
+
+
+def _dtype_name(dtype: torch.dtype | str) -> str:
+    return dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
+
+
+def constrained(action: Action, nbytes: int, dtype: torch.dtype | str, min_bytes: int) -> tuple[Action, str | None]:
+    """The rules every policy's choice obeys: a tensor below ``min_bytes`` stays, and a dtype the
+    encoding cannot compress is moved (or kept) uncompressed. Returns the action and, when a rule
+    changed it, why.
+
+    Example:
+        >>> constrained(Action.ZVC_KEEP, 4096, "complex64", 0)
+        (<Action.KEEP: 'keep'>, 'dtype complex64 has no ZVC encoding: keep uncompressed')
+    """
+    if nbytes < min_bytes:
+        return Action.KEEP, f"below min_bytes ({nbytes:,d} < {min_bytes:,d} B)"
+    if action.compresses and not encodable(dtype):
+        action = Action.SWAP if action is Action.ZVC_SWAP else Action.KEEP
+        return action, f"dtype {_dtype_name(dtype)} has no ZVC encoding: {action.value} uncompressed"
+    return action, None
+
+
+class LaunchCache:
+    """The codec launch configs of compressed tensors, looked up once per ``(op, dtype, nbytes)``.
+
+    Args:
+        backend: the codec backend.
+        lookup: ``(backend, op, dtype, nbytes) -> Launch | None``, or ``None`` for the backend defaults.
+
+    Example:
+        >>> LaunchCache("cpu", None).launches("float32", 4096)
+        {'compress_launch': None, 'decompress_launch': None}
+    """
+
+    def __init__(self, backend: str, lookup: LaunchLookup | None) -> None:
+        self.backend = backend
+        self.lookup = lookup
+        self._memo: dict[tuple[str, str, int], Launch | None] = {}
+
+    def launches(self, dtype: str, nbytes: int) -> dict[str, Launch | None]:
+        """``{"compress_launch": ..., "decompress_launch": ...}`` for a tensor of ``dtype`` and ``nbytes``.
+
+        A failing lookup (a store or service down) warns and falls back to the backend's default.
+        """
+        found: dict[str, Launch | None] = {}
+        for op in ("compress", "decompress"):
+            memo_key = (op, dtype, nbytes)
+            if memo_key not in self._memo:
+                self._memo[memo_key] = self._look_up(op, dtype, nbytes)
+            found[f"{op}_launch"] = self._memo[memo_key]
+        return found
+
+    def _look_up(self, op: str, dtype: str, nbytes: int) -> Launch | None:
+        if self.lookup is None:
+            return None
+        torch_dtype = dtype_named(dtype)
+        try:
+            return self.lookup(self.backend, op, torch_dtype, nbytes)
+        except Exception as error:  # a failing store or service must not stop training
+            warnings.warn(
+                f"launch_lookup({self.backend!r}, {op!r}, {torch_dtype}, {nbytes}) failed: {error}; "
+                "using the backend's default launch",
+                stacklevel=4,
+            )
+            return None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What happens to one saved-tensor key.
+
+    Attributes:
+        key: ordinal in the pack sequence.
+        shape, dtype: the guard: a tensor with this key but another shape or dtype gets the default.
+        nbytes: compact bytes of the tensor (also part of the guard).
+        sparsity: its fraction of zero elements when profiled (0 for a decision made at run time).
+        action: what the executor does.
+        reason: why, in words.
+        swap_s: T', exposed seconds of a plain swap (``cswap`` decisions only).
+        compressed_swap_s: T, seconds of compress-then-swap (``cswap`` decisions only).
+        compress_s, decompress_s: the predicted codec seconds behind T.
+        compressed_nbytes: the compressed size T was costed at.
+        compress_launch, decompress_launch: the codec launch configs (``None``: the backend default).
+        module: the module that produced the tensor (``features.3 (ReLU)``), when known.
+        planned: made from the profile; False for a decision :meth:`Plan.resolve` made at run time.
+        predicted_s: the seconds the memory-budget planner predicts this action adds (budget plans only).
+        slack_bytes: the budget minus the planned resident bytes at the fullest event of this
+            tensor's lifetime (budget plans only).
+        budget_fallback: the planned action would have passed the budget at pack, so the policy's
+            smallest-footprint action was taken instead.
+        raw_unless_smaller: a ``zvc-keep`` that keeps the tensor raw when its encoding turns out no
+            smaller (profiling under a budget, before sizes are known).
+        encoded_dtype: the narrower dtype the profile found an int64 tensor fits (``"int16"``), so
+            an encoding that does not wait for the device can narrow it the same way; ``None``
+            otherwise.
+    """
+
+    key: int
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+    sparsity: float
+    action: Action
+    reason: str
+    swap_s: float | None = None
+    compressed_swap_s: float | None = None
+    compress_s: float | None = None
+    decompress_s: float | None = None
+    compressed_nbytes: float | None = None
+    compress_launch: Launch | None = None
+    decompress_launch: Launch | None = None
+    module: str = ""
+    planned: bool = True
+    predicted_s: float | None = None
+    slack_bytes: int | None = None
+    budget_fallback: bool = False
+    raw_unless_smaller: bool = False
+    encoded_dtype: str | None = None
+
+    def matches(self, shape: tuple[int, ...], dtype: str, nbytes: int | None = None) -> bool:
+        """Whether a tensor of ``shape``, ``dtype`` (and ``nbytes``, when given) passes this decision's guard."""
+        return self.shape == shape and self.dtype == dtype and (nbytes is None or self.nbytes == nbytes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (launch configs as their parameters)."""
+        return {
+            "key": self.key,
+            "module": self.module,
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+            "nbytes": self.nbytes,
+            "sparsity": self.sparsity,
+            "action": self.action.value,
+            "reason": self.reason,
+            "planned": self.planned,
+            "predicted_s": self.predicted_s,
+            "slack_bytes": self.slack_bytes,
+            "budget_fallback": self.budget_fallback,
+            "swap_s": self.swap_s,
+            "compressed_swap_s": self.compressed_swap_s,
+            "compress_s": self.compress_s,
+            "decompress_s": self.decompress_s,
+            "compressed_nbytes": self.compressed_nbytes,
+            "compress_launch": self.compress_launch.to_params() if self.compress_launch else None,
+            "decompress_launch": self.decompress_launch.to_params() if self.decompress_launch else None,
+        }
+
+
+@dataclass(frozen=True)
+class Plan:
+    """An action per saved-tensor key, for the iterations of one epoch, and the rules for the rest.
+
+    Attributes:
+        policy: the policy that made it.
+        epoch: the epoch it was made for.
+        default_action: the policy's action for a key the plan does not know.
+        decisions: per key, in pack order, as planned from the profile.
+        unpack_order: keys in the order backward first asked for them when profiled (for prefetch).
+        host_bytes: host memory the offloaded tensors need at once (compressed sizes estimated from
+            the profiled sparsity), for sizing the host arena.
+        d2h_gbps, h2d_gbps: the bandwidths the cost model used (0 when it was not used).
+        min_bytes: tensors below this stay, whatever the action.
+        default_reason: the reason given with ``default_action`` (``""``: "not in the plan").
+        launches: the launch configs of compressed tensors the plan did not know.
+        budget_bytes: the memory budget in bytes (``None``: no budget).
+        fallback_action: the policy's smallest-footprint action, taken instead of a keep or
+            zvc-keep that would pass the budget at pack (``None``: no fallback).
+        prefetch_bytes: the most bytes backward may fetch ahead of need under this plan
+            (``None``: the runtime's ``prefetch_bytes``).
+        binding: which constraint binds, in words (budget plans).
+        planner: the budget planner's summary: status, predicted seconds, peak and slack bytes,
+            the greedy's gap (budget plans).
+        raw_unless_smaller: decisions made here for ``zvc-keep`` keep a tensor raw when its
+            encoding is no smaller (profiling under a budget).
+        expected_bytes: per planned key, the resident bytes the budget plan expects just before
+            its pack; more than that by over the decision's ``slack_bytes`` means a kept tensor
+            would pass the budget later in its lifetime, so it falls back (budget plans).
+        recompute_regions: module paths run as recompute regions in the plan's iterations; with
+            any, ``decisions`` are keyed by the ordinals the packs get with those regions enabled.
+        recomputed: per profiled key, the decision of a tensor the regions drop and rebuild (never
+            packed, so not among ``decisions``).
+    """
+
+    policy: str
+    epoch: int
+    default_action: Action
+    decisions: Mapping[int, Decision] = field(default_factory=dict)
+    unpack_order: tuple[int, ...] = ()
+    host_bytes: int = 0
+    d2h_gbps: float = 0.0
+    h2d_gbps: float = 0.0
+    min_bytes: int = 0
+    default_reason: str = ""
+    launches: LaunchCache | None = field(default=None, compare=False, repr=False)
+    budget_bytes: int | None = None
+    fallback_action: Action | None = None
+    prefetch_bytes: int | None = None
+    binding: str = ""
+    planner: Mapping[str, Any] = field(default_factory=dict)
+    expected_bytes: Mapping[int, int] = field(default_factory=dict)
+    raw_unless_smaller: bool = False
+    recompute_regions: tuple[str, ...] = ()
+    recomputed: Mapping[int, Decision] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "decisions", MappingProxyType(dict(self.decisions)))
+        object.__setattr__(self, "recomputed", MappingProxyType(dict(self.recomputed)))
+        # Run-time decisions that differ from the planned ones, latest per key (see rows()).
+        object.__setattr__(self, "_resolved", {})
+
+    def lookup(self, key: int, shape: tuple[int, ...], dtype: str) -> Decision | None:
+        """The planned decision for ``key`` if its guard matches ``shape`` and ``dtype``, else ``None``."""
+        decision = self.decisions.get(key)
+        if decision is None or not decision.matches(shape, dtype):
+            return None
+        return decision
+
+    def resolve(
+        self,
+        key: int,
+        shape: tuple[int, ...],
+        dtype: torch.dtype | str,
+        nbytes: int,
+        *,
+        never_moved: str | None = None,
+        duplicate_of: Decision | None = None,
+        resident_bytes: int = 0,
+        shares_kept: bool = False,
+    ) -> Decision:
+        """The complete decision for one pack; the executor carries it out as it is.
+
+        Args:
+            key: the pack's ordinal in the iteration.
+            shape, dtype, nbytes: the tensor's shape, dtype and compact bytes.
+            never_moved: why the tensor must stay where it is (a parameter, another device...), if so.
+            duplicate_of: the decision of the pack whose data this one shares (stored once).
+            resident_bytes: what the executor holds on the device now; under a budget, a keep or
+                zvc-keep that would take it past ``budget_bytes`` becomes ``fallback_action``.
+            shares_kept: another pack already keeps this tensor's storage (another view of it), so
+                keeping this one too adds nothing and the budget does not make it fall back.
+
+        Returns:
+            The planned :class:`Decision` when its guard holds and the facts agree with it; else a
+            decision made now from the policy's default and the rules (:func:`constrained`), with
+            its launch configs. Either way it is recorded, so :meth:`rows` shows it.
+        """
+        name = _dtype_name(dtype)
+        planned = self.decisions.get(key)
+        if planned is not None and not planned.matches(shape, name, nbytes):
+            planned = None
+        module = planned.module if planned is not None else ""
+        facts: dict[str, Any] = dict(key=key, shape=shape, dtype=name, nbytes=nbytes, sparsity=0.0, module=module, planned=False)
+        if never_moved is not None:
+            if planned is not None and planned.action is Action.KEEP and planned.reason == never_moved:
+                decision = planned
+            else:
+                decision = Decision(**facts, action=Action.KEEP, reason=never_moved)
+        elif duplicate_of is not None:
+            if planned is not None and planned.action is duplicate_of.action:
+                decision = planned
+            else:
+                decision = Decision(**facts, action=duplicate_of.action, reason=f"duplicate of key {duplicate_of.key}: stored once")
+        elif planned is not None:
+            decision = planned
+        else:
+            action, why = constrained(self.default_action, nbytes, name, self.min_bytes)
+            reason = why or self.default_reason or f"key {key} ({name} {list(shape)}) not in the plan: policy {self.policy}'s default"
+            launches = self.launches.launches(name, nbytes) if action.compresses and self.launches is not None else {}
+            decision = Decision(**facts, action=action, reason=reason, raw_unless_smaller=self.raw_unless_smaller, **launches)
+        if never_moved is None and duplicate_of is None and not (shares_kept and decision.action is Action.KEEP):
+            decision = self._within_budget(decision, resident_bytes)
+        resolved: dict[int, Decision] = self._resolved  # type: ignore[attr-defined]
+        if decision is planned:
+            resolved.pop(key, None)
+        else:
+            resolved[key] = decision
+        return decision
+
+    def _within_budget(self, decision: Decision, resident_bytes: int) -> Decision:
+        """``decision``, or the fallback action when keeping it would pass the budget now."""
+        fallback = self.fallback_action
+        if self.budget_bytes is None or fallback is None or decision.action.offloads or decision.action is fallback:
+            return decision
+        held = decision.nbytes
+        if decision.action is Action.ZVC_KEEP and decision.compressed_nbytes is not None:
+            held = min(held, int(decision.compressed_nbytes))
+        expected = self.expected_bytes.get(decision.key) if decision.planned else None
+        drift = resident_bytes - expected if expected is not None else 0
+        within_slack = decision.slack_bytes is None or drift <= decision.slack_bytes
+        if resident_bytes + held <= self.budget_bytes and within_slack:
+            return decision
+        action, why = constrained(fallback, decision.nbytes, decision.dtype, self.min_bytes)
+        if action is decision.action or (why is not None and not action.offloads):
+            return decision  # the rules leave nothing smaller (below min_bytes, or nothing to fall back to)
+        launches = self.launches.launches(decision.dtype, decision.nbytes) if action.compresses and self.launches is not None else {}
+        reason = (f"budget fallback: {resident_bytes:,d} B resident at pack ({drift:+,d} B over the plan), "
+                  f"{decision.action.value} of {held:,d} B would pass the {self.budget_bytes:,d} B budget; {action.value} instead")
+        return replace(decision, action=action, reason=reason, planned=False, budget_fallback=True, **launches)
+
+    def rows(self) -> Mapping[int, Decision]:
+        """Per key, in key order, what the executor last did: the planned decision, or the one
+        :meth:`resolve` made instead at run time (a changed graph, a key never profiled)."""
+        merged = {**self.decisions, **dict(self._resolved)}  # type: ignore[attr-defined]
+        return MappingProxyType(dict(sorted(merged.items())))
+
+    def counts(self) -> dict[str, int]:
+        """Rows per action name (recomputed tensors included)."""
+        counted = Counter(d.action.value for d in (*self.rows().values(), *self.recomputed.values()))
+        return {action.value: counted.get(action.value, 0) for action in Action}
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (``decisions`` are the :meth:`rows`)."""
+        return {
+            "policy": self.policy,
+            "epoch": self.epoch,
+            "default_action": self.default_action.value,
+            "min_bytes": self.min_bytes,
+            "decisions": [d.to_dict() for d in self.rows().values()],
+            "unpack_order": list(self.unpack_order),
+            "host_bytes": self.host_bytes,
+            "d2h_gbps": self.d2h_gbps,
+            "h2d_gbps": self.h2d_gbps,
+            "budget_bytes": self.budget_bytes,
+            "prefetch_bytes": self.prefetch_bytes,
+            "binding": self.binding,
+            "planner": dict(self.planner),
+            "recompute_regions": list(self.recompute_regions),
+            "recomputed": [d.to_dict() for d in self.recomputed.values()],
+        }
+
+    def __str__(self) -> str:
+        lines = [f"Plan(policy={self.policy}, epoch={self.epoch}, default={self.default_action.value}, {self.counts()})"]
+        if self.budget_bytes is not None:
+            lines.append(f"  budget {self.budget_bytes:,d} B" + (f"; binds: {self.binding}" if self.binding else ""))
+        if self.recompute_regions:
+            lines.append(f"  recompute regions: {', '.join(repr(p) for p in self.recompute_regions)}; "
+                         "packs are numbered as they run with them (recomputed tensors last, by profiled key)")
+        rows = [*self.rows().values(), *self.recomputed.values()]
+        width = max((len(d.module) for d in rows), default=0)
+        for d in rows:
+            cost = ""
+            if d.swap_s is not None and d.compressed_swap_s is not None:
+                cost = f"  T={d.compressed_swap_s * 1e3:.3f} ms  T'={d.swap_s * 1e3:.3f} ms"
+            if d.predicted_s is not None:
+                cost += f"  predicted {d.predicted_s * 1e3:.3f} ms"
+            if d.slack_bytes is not None:
+                cost += f"  slack {d.slack_bytes:,d} B"
+            module = f"  {d.module:<{width}}" if width else ""
+            lines.append(f"  {d.key:4d}{module} {d.dtype:>8} {list(d.shape)!s:>20} {d.nbytes:>11,d} B  {d.action.value:8}{cost}  {d.reason}")
+        return "\n".join(lines)

@@ -1,0 +1,413 @@
+"""The runtime's plan with recompute regions: which modules to recompute, and the rest within the budget.
+
+The planner (:mod:`cswap.planner`) prices ``recompute`` per tensor, but the runtime can only
+recompute what torch's checkpointing can cut out of an eager model: a module call
+(:mod:`cswap.execute.recompute`). Enabling a region drops every tensor saved inside it and holds its
+positional inputs instead, which shifts the ordinals of the packs after it. So the runtime plans
+in two parts:
+
+1. **Regions.** The candidates are the regions that free memory on their own
+   (:class:`~cswap.profile.regions.RegionFacts` ``freed_bytes > 0``), ranked by bytes freed per
+   second of forward they run again (Capuchin's memory saving per second, MSPS). Regions are
+   added in that order, skipping a region nested in (or around) one already chosen, while the
+   rest of the policy cannot meet the budget, each only when it lowers the least budget: a
+   region's tensors are resident again from the start of its recomputation in backward to their
+   own free, so a region rebuilt at the peak of backward (the last block, the whole model) saves
+   nothing there. ``capuchin`` and ``cswap`` then try the next
+   :data:`TIME_TRIALS` candidates and keep one when the predicted time (the plan of the rest plus
+   the regions' forward seconds) drops: a cheap layer recomputed beats its bytes crossing a slow link.
+2. **The rest.** The tensors the regions do not free are planned by the policy's other actions
+   (:data:`BASE_POLICIES`: ``recompute`` keeps them, ``capuchin`` swaps by Capuchin's own greedy,
+   ``cswap`` solves the MILP) on the profile with the freed tensors taken out.
+
+The :class:`~cswap.planner.plan.Plan` it returns is keyed by the ordinals the packs get with the regions
+enabled (:meth:`~cswap.profile.regions.RegionProfile.sequence`): a region's input takes the
+decision of the profiled tensor it shares memory with, and ``plan.recomputed`` lists the dropped
+tensors by their profiled keys.
+
+Without a budget, ``recompute`` and ``capuchin`` plan at their least footprint: every candidate
+region that frees memory, the rest at the least peak their actions reach.
+
+Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> from cswap.budget import MemoryBudget
+    >>> from cswap.profile.trace import TensorRecord, Trace
+    >>> from cswap.profile.regions import profile_regions
+    >>> def block(): return nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 64))
+    >>> model = nn.Sequential(nn.Linear(8, 64), block(), block(), nn.Linear(64, 2))
+    >>> x = torch.randn(4, 8)
+    >>> profile = profile_regions(model, lambda: model(x).sum().backward())
+    >>> recs = tuple(TensorRecord(key=s.key, shape=s.shape, dtype=s.dtype, nbytes=s.storage_bytes, sparsity=0.0,
+    ...              offloadable=s.movable, pack_at_s=0.1 * s.key, unpack_at_s=5.0 - 0.1 * s.key) for s in profile.saves)
+    >>> trace = Trace(tensors=recs, d2h_gbps=10.0, h2d_gbps=10.0, forward_s=3.0, backward_s=1.0)
+    >>> chosen = plan_regions(trace, profile, "recompute", MemoryBudget(fraction=0.7), NO_CODEC, "cpu", 0, epoch=0)
+    >>> chosen.plan.recompute_regions, sorted(chosen.plan.recomputed), chosen.error
+    (('1',), [3, 4, 6, 7], None)
+
+The first block is recomputed: its interior is not held through the second block's backward, and
+it is rebuilt only once that has freed its own. Recomputing the second block would not lower the
+peak (it is rebuilt at the very start of backward), nor would the whole model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any
+
+import torch
+
+from cswap.budget import BudgetError, MemoryBudget
+from cswap.planner import BudgetPlan, PlanningProblem, minimum_bytes, plan_budget, problem_from_trace, timeline_of
+from cswap.planner.actions import POLICY_TABLE
+from cswap.planner.budgeted import FALLBACK_ACTIONS, NO_CODEC, PASSIVE_ACTION, SPARSITY_MARGIN, plan_from_budget
+from cswap.planner.costmodel import TimeModel
+from cswap.planner.plan import Action, Decision, LaunchCache, Plan
+from cswap.profile.regions import InputRecord, RegionProfile
+from cswap.profile.regions import nested_pair
+from cswap.profile.trace import Trace
+
+__all__ = ["BASE_POLICIES", "GROW_WIDTH", "NO_CODEC", "TIME_TRIALS", "RegionPlan", "plan_regions"]
+
+#: Per recomputing policy, the policy whose actions plan the tensors no region frees.
+BASE_POLICIES: Mapping[str, str] = MappingProxyType(
+    {name: policy.region_planner for name, policy in POLICY_TABLE.items() if policy.region_planner is not None}
+)
+
+#: How many more candidate regions ``capuchin`` and ``cswap`` try for time once the budget is met.
+TIME_TRIALS = 4
+
+#: How many addable candidates (in their ranked order) each step of the region choice prices by
+#: the least budget they give; the one that lowers it most per forward second is added.
+GROW_WIDTH = 16
+
+
+@dataclass(frozen=True)
+class RegionPlan:
+    """The runtime's plan with recompute regions.
+
+    Attributes:
+        plan: the executor's plan (keyed by the ordinals with ``plan.recompute_regions`` enabled).
+        budget_bytes: the budget in bytes (without a budget: the least footprint planned at).
+        error: the :class:`~cswap.budget.BudgetError` to raise when the budget cannot be met.
+        region_keys: per enabled region, the profiled keys it drops and rebuilds.
+    """
+
+    plan: Plan
+    budget_bytes: int
+    error: BudgetError | None = None
+    region_keys: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+
+
+class _Planning:
+    """Problems and least budgets per set of enabled regions, each built once."""
+
+    def __init__(self, trace: Trace, profile: RegionProfile, base: str, time_model: TimeModel, backend: str, min_bytes: int) -> None:
+        self.trace = trace
+        self.profile = profile
+        self.base = base
+        self.time_model = time_model
+        self.backend = backend
+        self.min_bytes = min_bytes
+        self._storages = {s.key: s.storage for s in profile.saves}
+        self._memo: dict[tuple[str, ...], tuple[PlanningProblem, int]] = {}
+
+    def freed(self, regions: tuple[str, ...]) -> frozenset[int]:
+        return frozenset(self.profile.freed_keys(regions)) if regions else frozenset()
+
+    def _input_keys(self, path: str, freed: frozenset[int]) -> tuple[int, ...]:
+        """The kept keys whose data is a positional input of ``path``'s calls."""
+        storages = self._input_storages(path, keyword=False)
+        return tuple(k for k, storage in self._storages.items() if storage in storages and k not in freed)
+
+    def _input_storages(self, path: str, keyword: bool) -> set[int]:
+        """Storages of the tensor inputs of ``path``'s calls (positional only unless ``keyword``)."""
+        return {i.storage for c in self.profile.calls if c.path == path for i in c.inputs if keyword or not i.keyword}
+
+    def _copy_bytes(self, path: str, freed: frozenset[int]) -> int:
+        """Bytes ``path``'s recomputation saves again while the original stays held by a save
+        outside it (a block's output, saved by its last ReLU and by the next block): a second copy."""
+        inputs = self._input_storages(path, keyword=True)
+        copies: dict[int, int] = {}
+        for key in self.profile.regions[path].keys:
+            save = self.profile.saves[key]
+            if key not in freed and save.movable and save.storage not in inputs:
+                copies[save.storage] = save.storage_bytes
+        return sum(copies.values())
+
+    def extra_bytes(self, regions: tuple[str, ...]) -> int:
+        """Bytes of region inputs that no kept profiled tensor covers: held for the whole iteration."""
+        sharers = _sharers(self.profile, self.freed(regions))
+        extra: dict[int, int] = {}
+        for pack in self.profile.sequence(regions):
+            if pack.key is None:
+                for inp in self.profile.calls[pack.call].inputs:  # type: ignore[index]
+                    if inp.name == pack.input and not inp.keyword and inp.movable and _covering(sharers, inp) is None:
+                        extra[inp.storage] = inp.storage_bytes
+        return sum(extra.values())
+
+    def problem(self, regions: tuple[str, ...]) -> tuple[PlanningProblem, int]:
+        """The problem with ``regions`` enabled, and the extra held bytes.
+
+        The tensors a region frees are not held between forward and backward; they are held again
+        from the start of the region's recomputation in backward to their own free (the whole
+        recomputed region is resident while its backward runs), and may only be kept then.
+        """
+        if regions not in self._memo:
+            freed = self.freed(regions)
+            groups = [tuple(k for k in self.profile.regions[p].keys if k in freed) for p in regions]
+            problem = problem_from_trace(self.trace, self.time_model, self.backend, min_bytes=self.min_bytes,
+                                         sparsity_margin=SPARSITY_MARGIN, rebuilt_together=groups,
+                                         rebuilt_from=[self._input_keys(p, freed) for p in regions], storage_of=self._storages,
+                                         rebuilt_copies=[self._copy_bytes(p, freed) for p in regions])
+            self._memo[regions] = (problem, self.extra_bytes(regions))
+        return self._memo[regions]
+
+    def least(self, regions: tuple[str, ...]) -> int:
+        problem, extra = self.problem(regions)
+        if self.base == "none":  # one option per tensor: the peak of keeping them all, no solver needed
+            keeps = [next(o for o in t.options if o.action == "keep") for t in problem.tensors]
+            return int(timeline_of(problem, keeps).max(initial=0)) + extra
+        return minimum_bytes(problem, self.base) + extra
+
+    def solve(self, regions: tuple[str, ...], budget_bytes: int) -> BudgetPlan | None:
+        problem, extra = self.problem(regions)
+        if budget_bytes - extra <= 0:
+            return None
+        try:
+            return plan_budget(problem, self.base, budget_bytes - extra)
+        except BudgetError:
+            return None
+
+    def seconds(self, regions: tuple[str, ...], planned: BudgetPlan) -> float:
+        return planned.predicted_s + sum(self.profile.regions[p].forward_s for p in regions)
+
+
+def _candidates(profile: RegionProfile, by_time: bool = True) -> list[str]:
+    """Regions that free memory alone: best bytes per forward second first (``by_time``), or most
+    bytes first (an order no timing noise changes)."""
+    grad_paths = {c.path for c in profile.calls if c.grad_enabled}
+    chosen = [p for p in profile.candidates if p in grad_paths and profile.regions[p].freed_bytes > 0]
+
+    def rank(path: str) -> tuple[float, int, str]:
+        facts = profile.regions[path]
+        per_second = facts.freed_bytes / facts.forward_s if facts.forward_s > 0 else float("inf")
+        return (-per_second if by_time else 0.0, -facts.freed_bytes, path)
+
+    return sorted(chosen, key=rank)
+
+
+def _addable(planning: _Planning, regions: tuple[str, ...], path: str) -> tuple[str, ...] | None:
+    """``regions`` with ``path`` added, or ``None`` when it nests with one or frees nothing more."""
+    if nested_pair((*regions, path)) is not None:
+        return None
+    grown = tuple(sorted((*regions, path)))
+    profile = planning.profile
+    if regions and profile.freed_bytes(grown) <= profile.freed_bytes(regions):
+        return None
+    return grown
+
+
+def _grow(planning: _Planning, order: list[str], target: int, by_time: bool) -> tuple[tuple[str, ...], list[str]]:
+    """Regions added one at a time while the rest cannot meet ``target``: at each step, among the
+    first :data:`GROW_WIDTH` addable candidates of ``order``, the one that lowers the least budget
+    most per second of forward it runs again (``by_time``) or most (bytes alone). A region that
+    lowers nothing is never added (one rebuilt whole at the peak of backward). Returns the regions
+    and the candidates left, in ``order``."""
+    regions: tuple[str, ...] = ()
+    least = planning.least(regions)
+    left = list(order)
+    while least > target:
+        best: tuple[float, str, tuple[str, ...], int] | None = None
+        tried = 0
+        for path in left:
+            grown = _addable(planning, regions, path)
+            if grown is None:
+                continue
+            tried += 1
+            gain = least - planning.least(grown)
+            if gain > 0:
+                seconds = planning.profile.regions[path].forward_s
+                if not by_time:
+                    rate = float(gain)
+                else:
+                    rate = gain / seconds if seconds > 0 else float("inf")
+                if best is None or rate > best[0]:
+                    best = (rate, path, grown, least - gain)
+            if tried >= GROW_WIDTH:
+                break
+        if best is None:
+            break
+        _, path, regions, least = best
+        left = [p for p in left if p != path and nested_pair((*regions, p)) is None]
+    return regions, left
+
+
+def _least_footprint(planning: _Planning) -> tuple[str, ...]:
+    """The regions of the policy's least footprint, chosen by bytes alone (no timing noise moves it),
+    so that a run at the budget it gives chooses the same. A policy that swaps reaches about its
+    least without any region (swapping empties the device but for the tensors in use), so only
+    ``recompute`` searches; ``capuchin`` and ``cswap`` choose regions for time (:func:`_choose`)."""
+    if planning.base != "none":
+        return ()
+    return _grow(planning, _candidates(planning.profile, by_time=False), 0, by_time=False)[0]
+
+
+def _choose(planning: _Planning, budget_bytes: int, time_trials: int) -> tuple[str, ...]:
+    """The regions to enable within ``budget_bytes`` (module docstring, part 1)."""
+    regions, rest = _grow(planning, _candidates(planning.profile), budget_bytes, by_time=True)
+    if planning.least(regions) > budget_bytes:
+        return _least_footprint(planning)  # another nesting choice fits where this one did not
+    best = planning.solve(regions, budget_bytes)
+    if best is None:
+        return regions
+    best_s = planning.seconds(regions, best)
+    for path in rest:
+        if time_trials <= 0:
+            break
+        grown = _addable(planning, regions, path)
+        if grown is None:
+            continue
+        time_trials -= 1
+        trial = planning.solve(grown, budget_bytes)
+        if trial is not None and planning.seconds(grown, trial) < best_s:
+            regions, best_s = grown, planning.seconds(grown, trial)
+    return regions
+
+
+def _compact_bytes(shape: tuple[int, ...], dtype: str) -> int:
+    itemsize = getattr(torch, dtype).itemsize
+    return math.prod(shape) * itemsize
+
+
+def _sharers(profile: RegionProfile, freed: frozenset[int]) -> dict[int, tuple[int, int]]:
+    """Per storage, the first profiled key still saved that shares it, and that save's bytes."""
+    sharers: dict[int, tuple[int, int]] = {}
+    for s in profile.saves:
+        if s.key not in freed:
+            sharers.setdefault(s.storage, (s.key, _compact_bytes(s.shape, s.dtype)))
+    return sharers
+
+
+def _covering(sharers: dict[int, tuple[int, int]], inp: InputRecord) -> int | None:
+    """The profiled key whose plan a region input follows: one sharing its storage that is at least
+    as large (a smaller view, such as a pooler's first token, leaves the rest unplanned)."""
+    found = sharers.get(inp.storage)
+    if found is None or found[1] < _compact_bytes(inp.shape, inp.dtype):
+        return None
+    return found[0]
+
+
+def _rekeyed(plan: Plan, profile: RegionProfile, regions: tuple[str, ...], freed: frozenset[int]) -> tuple[Plan, dict[str, tuple[int, ...]]]:
+    """``plan`` (keyed by profiled keys) keyed by the pack ordinals with ``regions`` enabled."""
+    sharers = _sharers(profile, freed)
+    decisions: dict[int, Decision] = {}
+    expected: dict[int, int] = {}
+    ordinal_of: dict[int, int] = {}
+    for ordinal, pack in enumerate(profile.sequence(regions)):
+        source = pack.key
+        if source is not None:
+            decision = replace(plan.decisions[source], key=ordinal)
+        else:
+            inp = next(i for i in profile.calls[pack.call].inputs if i.name == pack.input and not i.keyword)  # type: ignore[index]
+            shape_facts = dict(key=ordinal, shape=inp.shape, dtype=inp.dtype, nbytes=_compact_bytes(inp.shape, inp.dtype), module=f"{pack.region or 'model'} (input)")
+            source = _covering(sharers, inp)
+            if source is not None and source in plan.decisions:
+                decision = replace(plan.decisions[source], **shape_facts,
+                                   reason=f"input {pack.input} of recompute region {pack.region!r}, as key {source}: {plan.decisions[source].reason}")
+            else:
+                decision = Decision(**shape_facts, sparsity=0.0, action=Action.KEEP,
+                                    reason=f"input {pack.input} of recompute region {pack.region!r}: held for its recomputation")
+        decisions[ordinal] = decision
+        if source is not None:
+            ordinal_of.setdefault(source, ordinal)
+            # a region input's pack comes later than its source's: the bytes expected there are not its own
+            if pack.key is not None and source in plan.expected_bytes:
+                expected[ordinal] = plan.expected_bytes[source]
+    region_keys: dict[str, tuple[int, ...]] = {}
+    recomputed: dict[int, Decision] = {}
+    for path in regions:
+        facts = profile.regions[path]
+        mine = tuple(k for k in facts.keys if k in freed)
+        region_keys[path] = mine
+        for key in mine:
+            base = plan.decisions[key]
+            recomputed[key] = replace(base, action=Action.RECOMPUTE, predicted_s=None, slack_bytes=None, compress_launch=None,
+                                      decompress_launch=None, compressed_nbytes=None,
+                                      reason=f"recomputed by region {path!r} ({facts.forward_s * 1e3:.3f} ms of forward again)")
+    unpack_order = tuple(dict.fromkeys(ordinal_of[k] for k in plan.unpack_order if k in ordinal_of))
+    rekeyed = replace(plan, decisions=decisions, expected_bytes=expected, unpack_order=unpack_order,
+                      recompute_regions=regions, recomputed=recomputed)
+    return rekeyed, region_keys
+
+
+def plan_regions(
+    trace: Trace,
+    profile: RegionProfile,
+    policy: str,
+    budget: MemoryBudget | None,
+    time_model: TimeModel,
+    backend: str,
+    min_bytes: int,
+    epoch: int,
+    launches: LaunchCache | None = None,
+    profiled_peak_bytes: int = 0,
+    time_trials: int = TIME_TRIALS,
+) -> RegionPlan:
+    """The plan of recomputing ``policy`` from a profiling iteration (module docstring).
+
+    Args:
+        trace: the profile of saved tensors (keys are the outer pack ordinals, as in ``profile``).
+        profile: the same iteration's recompute regions (:class:`~cswap.profile.regions.RegionTracer`).
+        policy: ``recompute``, ``capuchin`` or ``cswap``.
+        budget: the memory budget (a fraction resolves against policy ``none``'s peak), or ``None``.
+        time_model: predicts codec seconds.
+        backend: the codec backend.
+        min_bytes: tensors below this are only kept.
+        epoch: the epoch the plan is for.
+        launches: the codec launch configs.
+        profiled_peak_bytes: the resident peak of the profiling iteration (the least budget is at least this).
+        time_trials: candidate regions tried for time once the budget is met (``capuchin``, ``cswap``).
+
+    Raises:
+        ValueError: ``policy`` does not recompute.
+    """
+    if policy not in BASE_POLICIES:
+        raise ValueError(f"policy {policy!r} does not recompute: choose one of {', '.join(BASE_POLICIES)}")
+    launches = launches if launches is not None else LaunchCache(backend, None)
+    planning = _Planning(trace, profile, BASE_POLICIES[policy], time_model, backend, min_bytes)
+    full, _ = planning.problem(())
+    budget_bytes: int | None = None
+    if budget is not None:
+        budget_bytes = budget.resolve(max(minimum_bytes(full, "none"), 1)) if budget.relative else budget.resolve()
+    smallest = _least_footprint(planning)
+    smallest_bytes = max(planning.least(smallest), 1)
+    least = max(smallest_bytes, profiled_peak_bytes)  # a run at a budget profiles first, within it
+    if budget_bytes is None:
+        regions, target, least = smallest, smallest_bytes, smallest_bytes
+    elif budget_bytes < least:
+        regions, target = smallest, budget_bytes
+    else:
+        regions, target = _choose(planning, budget_bytes, time_trials if policy != "recompute" else 0), budget_bytes
+    planned = planning.solve(regions, target)
+    if planned is None and target >= least and regions != smallest:
+        regions = smallest  # its least is the policy's least, which the budget meets
+        planned = planning.solve(regions, target)
+    problem, extra = planning.problem(regions)
+    rules: dict[str, Any] = dict(policy=policy, epoch=epoch, min_bytes=min_bytes, launches=launches, budget_bytes=target,
+                                 fallback_action=FALLBACK_ACTIONS[policy], d2h_gbps=trace.d2h_gbps, h2d_gbps=trace.h2d_gbps)
+    if target < least or planned is None:
+        reason = f"budget {target:,d} B below this policy's least {least:,d} B: {PASSIVE_ACTION.value} (passive)"
+        plan = Plan(**rules, default_action=PASSIVE_ACTION, prefetch_bytes=0, default_reason=reason)
+        return RegionPlan(plan, target, BudgetError(least, policy, target))
+    plan = plan_from_budget(trace, problem, planned, rules, PASSIVE_ACTION if rules["fallback_action"] else Action.KEEP, least)
+    if extra:
+        plan = replace(plan, planner=MappingProxyType({**plan.planner, "region_input_bytes": extra}))
+    if not regions:
+        return RegionPlan(plan, target)
+    plan, region_keys = _rekeyed(plan, profile, regions, planning.freed(regions))
+    return RegionPlan(plan, target, None, MappingProxyType(region_keys))
+

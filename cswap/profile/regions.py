@@ -1,0 +1,414 @@
+"""What recomputing a region saves and costs, from one sample forward+backward with nothing enabled.
+
+Keys are ordinals in the OUTER pack sequence (the one an outer ``saved_tensors_hooks`` pair, such
+as the runtime's, sees) of the iteration with no region enabled. Inside an enabled region
+checkpoint's own hooks are the innermost, so the outer hooks stop seeing the region's saves;
+instead, at the region's entry, checkpoint saves each positional tensor input once through the
+outer hooks (so the runtime may keep or swap them), and holds keyword tensor inputs by reference.
+:meth:`RegionProfile.sequence` gives the outer sequence for any set of enabled regions, mapping
+each new ordinal to a profiled key or to a region input.
+
+Bytes are those of distinct storages (a view shares its base's memory), counting only tensors a
+runtime may move: parameters, buffers and leaves that require grad are resident anyway.
+
+Example:
+    >>> import torch
+    >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    >>> x = torch.randn(3, 4)
+    >>> profile = profile_regions(model, lambda: model(x).sum().backward())
+    >>> facts = profile.regions["1"]
+    >>> facts.keys, facts.freed_bytes, facts.input_bytes  # Tanh's output stays (the next Linear saves it)
+    ((1,), -96, 96)
+    >>> [p.key if p.key is not None else f"input of {p.region!r}" for p in profile.sequence(["1"])]
+    [0, "input of '1'", 2, 3]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from types import MappingProxyType
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+from torch.distributed._composable import checkpoint
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from cswap.profile.profiler import Clock
+from cswap.profile.trace import Trace
+
+__all__ = ["CallRecord", "InputRecord", "OuterPack", "RegionFacts", "RegionProfile", "RegionTracer", "SavedRecord", "Stamps", "nested_pair", "profile_regions"]
+
+
+def nested_pair(paths: Iterable[str]) -> tuple[str, str] | None:
+    """The first (ancestor, descendant) pair among module ``paths``, or ``None``.
+
+    ``""`` is the root module, an ancestor of every other path.
+
+    >>> nested_pair(["layer1", "layer1.0.conv1"]), nested_pair(["a.1", "a.10"])
+    (('layer1', 'layer1.0.conv1'), None)
+    """
+    ordered = sorted(set(paths))
+    for i, outer in enumerate(ordered):
+        for inner in ordered[i + 1:]:
+            if outer == "" or inner.startswith(outer + "."):
+                return outer, inner
+    return None
+
+
+class Stamps(Protocol):
+    """A clock as :class:`cswap.profile.profiler.Clock` is one: ``start``, ``stamp``, ``synchronize``, ``seconds``."""
+
+    def start(self) -> None: ...
+    def stamp(self) -> Any: ...
+    def synchronize(self) -> None: ...
+    def seconds(self, stamp: Any) -> float: ...
+
+
+@dataclass(frozen=True)
+class SavedRecord:
+    """One pack through the outer hooks with nothing enabled.
+
+    Attributes:
+        key: its ordinal.
+        shape, dtype: the saved tensor's.
+        storage: an id of its storage, equal for tensors sharing memory.
+        storage_bytes: that storage's bytes.
+        movable: not a parameter, buffer or leaf that requires grad.
+        calls: indices of the module calls running when it was saved, outermost first.
+    """
+
+    key: int
+    shape: tuple[int, ...]
+    dtype: str
+    storage: int
+    storage_bytes: int
+    movable: bool
+    calls: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class InputRecord:
+    """A tensor input of a module call.
+
+    Attributes:
+        name: the position (``"0"``) or the keyword.
+        keyword: passed by keyword (checkpoint holds it by reference, unseen by outer hooks).
+        shape, dtype, storage, storage_bytes, movable: as in :class:`SavedRecord`.
+    """
+
+    name: str
+    keyword: bool
+    shape: tuple[int, ...]
+    dtype: str
+    storage: int
+    storage_bytes: int
+    movable: bool
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """One call of a module's forward.
+
+    Attributes:
+        index: its order of entry in the iteration.
+        path: the module's path (``""`` for the model).
+        first_key: the ordinal the next pack got when it began.
+        grad_enabled: grad mode at entry (without it checkpoint saves nothing).
+        forward_s: seconds from its entry to its exit (the forward it would run again).
+        inputs: its tensor inputs, positional first.
+        modifies_input: an input's version changed during the call (e.g. ``ReLU(inplace=True)``).
+        reentrant: the module was already running when it was called.
+    """
+
+    index: int
+    path: str
+    first_key: int
+    grad_enabled: bool
+    forward_s: float
+    inputs: tuple[InputRecord, ...]
+    modifies_input: bool
+    reentrant: bool
+
+
+@dataclass(frozen=True)
+class OuterPack:
+    """One ordinal of the outer pack sequence with some regions enabled.
+
+    Attributes:
+        key: the profiled key it is, or ``None`` for a region's input.
+        region: for a region's input, the region's path.
+        call: for a region's input, the :class:`CallRecord` index.
+        input: for a region's input, its position (``"0"``).
+    """
+
+    key: int | None
+    region: str | None = None
+    call: int | None = None
+    input: str | None = None
+
+
+@dataclass(frozen=True)
+class RegionFacts:
+    """What recomputing one region (all its calls) does, alone.
+
+    Attributes:
+        path: the module path.
+        keys: profiled keys of the tensors saved inside it.
+        freed_bytes: bytes no longer held between its forward and its backward; negative when the
+            input it keeps was not saved before and its saves stay held by others (a lone ``Tanh``).
+        input_bytes: bytes of its positional tensor inputs (held through the outer hooks).
+        closure_bytes: bytes of its keyword tensor inputs (held by reference, resident).
+        recompute_bytes: bytes its recomputation allocates and holds until its backward is done
+            (its saved tensors other than its inputs, parameters and buffers).
+        forward_s: the forward seconds it runs again in backward (the recompute cost).
+        calls: forward calls in the iteration.
+        ineligible: why it cannot be recomputed, or ``None``.
+    """
+
+    path: str
+    keys: tuple[int, ...]
+    freed_bytes: int
+    input_bytes: int
+    closure_bytes: int
+    recompute_bytes: int
+    forward_s: float
+    calls: int
+    ineligible: str | None
+
+
+def _distinct_bytes(items: Iterable[SavedRecord | InputRecord]) -> int:
+    sizes = {item.storage: item.storage_bytes for item in items if item.movable}
+    return sum(sizes.values())
+
+
+@dataclass(frozen=True)
+class RegionProfile:
+    """The outer saves and module calls of one iteration, and the facts per region.
+
+    Attributes:
+        saves: every outer pack, by key.
+        calls: every module call, in order of entry.
+        regions: per module path that ran, its :class:`RegionFacts`.
+    """
+
+    saves: tuple[SavedRecord, ...]
+    calls: tuple[CallRecord, ...]
+    regions: Mapping[str, RegionFacts]
+
+    @property
+    def candidates(self) -> tuple[str, ...]:
+        """Paths worth recomputing: they save tensors and can be recomputed."""
+        return tuple(p for p, f in self.regions.items() if f.keys and f.ineligible is None)
+
+    @property
+    def ineligible(self) -> dict[str, str]:
+        """Paths that save tensors but cannot be recomputed, with the reason."""
+        return {p: f.ineligible for p, f in self.regions.items() if f.keys and f.ineligible is not None}
+
+    def with_recompute_seconds(self, trace: Trace) -> Trace:
+        """``trace`` with each record's ``recompute_s``: the forward seconds of the innermost module call
+        that saved it (what recomputing its producer costs; the simulator and planner price it)."""
+        innermost = {s.key: self.calls[s.calls[-1]].forward_s for s in self.saves if s.calls}
+        return replace(trace, tensors=tuple(replace(r, recompute_s=innermost.get(r.key, r.recompute_s)) for r in trace.tensors))
+
+    def sequence(self, enabled: Iterable[str]) -> tuple[OuterPack, ...]:
+        """The outer pack sequence when ``enabled`` regions are recomputed (index = new ordinal).
+
+        Raises:
+            ValueError: nested regions, or a path that did not run.
+        """
+        paths = set(enabled)
+        missing = sorted(paths - set(self.regions))
+        if missing:
+            raise ValueError(f"regions {missing} did not run in the profiled iteration: choose among RegionProfile.regions")
+        pair = nested_pair(paths)
+        if pair is not None:
+            raise ValueError(f"recompute regions {pair[0]!r} and {pair[1]!r} are nested: enable one of them, not both")
+        active = {c.index for c in self.calls if c.path in paths and c.grad_enabled}
+        events: list[tuple[int, int, int, OuterPack]] = []
+        for c in self.calls:
+            if c.index in active:
+                for inp in c.inputs:
+                    if not inp.keyword:
+                        events.append((c.first_key, 0, c.index, OuterPack(None, c.path, c.index, inp.name)))
+        for s in self.saves:
+            if not active.intersection(s.calls):
+                events.append((s.key, 1, 0, OuterPack(s.key)))
+        events.sort(key=lambda e: e[:3])
+        return tuple(e[3] for e in events)
+
+    def held_bytes(self, enabled: Iterable[str] = ()) -> int:
+        """Bytes of movable tensors the outer hooks hold over the iteration with ``enabled`` regions."""
+        items: list[SavedRecord | InputRecord] = []
+        for pack in self.sequence(enabled):
+            if pack.key is not None:
+                items.append(self.saves[pack.key])
+            else:
+                call = self.calls[pack.call]  # type: ignore[index]
+                items.extend(i for i in call.inputs if i.name == pack.input and not i.keyword)
+        return _distinct_bytes(items)
+
+    def freed_keys(self, enabled: Iterable[str]) -> tuple[int, ...]:
+        """Movable profiled keys whose memory is no longer held when ``enabled`` regions are recomputed.
+
+        Keys that share a storage (a tensor saved twice, a view and its base) come together and
+        free that storage's bytes once.
+        """
+        sequence = self.sequence(enabled)
+        held = {self.saves[p.key].storage for p in sequence if p.key is not None}
+        held |= {i.storage for p in sequence if p.key is None for i in self.calls[p.call].inputs if i.name == p.input and not i.keyword}  # type: ignore[index]
+        return tuple(s.key for s in self.saves if s.movable and s.storage not in held)
+
+    def freed_bytes(self, enabled: Iterable[str]) -> int:
+        """Bytes the outer hooks no longer hold when ``enabled`` regions are recomputed."""
+        return self.held_bytes(()) - self.held_bytes(enabled)
+
+
+class RegionTracer:
+    """Records module calls and outer packs; the pack hook of the caller calls :meth:`record`.
+
+    Use it as a context manager around one forward+backward with nothing enabled, either with its
+    own identity hooks (:meth:`pack`, :meth:`unpack`, as :func:`profile_regions` does) or from
+    another pack hook (the runtime's profiling iteration), then read :meth:`profile`.
+
+    Args:
+        model: the model whose submodules are the regions.
+        clock: the timestamps (default a :class:`cswap.profile.profiler.Clock` of the model's device).
+    """
+
+    def __init__(self, model: nn.Module, clock: Stamps | None = None) -> None:
+        self.model = model
+        first = next(model.parameters(), None)
+        self.clock: Stamps = clock if clock is not None else Clock(first.device if first is not None else torch.device("cpu"))
+        self._protected = {StorageWeakRef(t.untyped_storage()).cdata for t in [*model.parameters(), *model.buffers()]}
+        self._refs: list[StorageWeakRef] = []  # keep storage ids unique while the profile is built
+        self._saves: list[SavedRecord] = []
+        self._calls: list[dict[str, Any]] = []
+        self._stack: list[int] = []
+        self._handles: list[Any] = []
+
+    def __enter__(self) -> RegionTracer:
+        for path, module in self.model.named_modules():
+            self._handles.append(module.register_forward_pre_hook(self._enter(path), with_kwargs=True))
+            self._handles.append(module.register_forward_hook(self._leave, always_call=True))
+        self.clock.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def _storage(self, t: torch.Tensor) -> tuple[int, int]:
+        ref = StorageWeakRef(t.untyped_storage())
+        self._refs.append(ref)
+        return ref.cdata, t.untyped_storage().nbytes()
+
+    def _movable(self, t: torch.Tensor, storage: int) -> bool:
+        base = t._base
+        return not ((t.is_leaf and t.requires_grad) or (base is not None and base.is_leaf and base.requires_grad) or storage in self._protected)
+
+    def _input(self, name: str, keyword: bool, t: torch.Tensor) -> tuple[InputRecord, torch.Tensor, int]:
+        storage, nbytes = self._storage(t)
+        record = InputRecord(name, keyword, tuple(t.shape), str(t.dtype).removeprefix("torch."), storage, nbytes, self._movable(t, storage))
+        return record, t, t._version
+
+    def _enter(self, path: str) -> Any:
+        def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            inputs = [self._input(str(i), False, a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+            inputs += [self._input(k, True, v) for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
+            reentrant = any(self._calls[i]["path"] == path for i in self._stack)
+            self._stack.append(len(self._calls))
+            self._calls.append(dict(path=path, first_key=len(self._saves), grad_enabled=torch.is_grad_enabled(),
+                                    inputs=inputs, reentrant=reentrant, start=self.clock.stamp(), end=None))
+
+        return hook
+
+    def _leave(self, module: nn.Module, args: Any, output: Any) -> None:
+        if self._stack:
+            call = self._calls[self._stack.pop()]
+            call["end"] = self.clock.stamp()
+            # Decide now and drop the tensors: holding every module's inputs to the end of the
+            # iteration would keep all activations alive.
+            call["modifies_input"] = any(t._version != v for _, t, v in call["inputs"])
+            call["inputs"] = [(record, None, v) for record, _, v in call["inputs"]]
+
+    def record(self, t: torch.Tensor) -> None:
+        """Record the next outer pack (call from a pack hook, once per pack)."""
+        storage, nbytes = self._storage(t)
+        self._saves.append(SavedRecord(len(self._saves), tuple(t.shape), str(t.dtype).removeprefix("torch."), storage, nbytes,
+                                       self._movable(t, storage), tuple(self._stack)))
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        """An identity pack hook that records."""
+        self.record(t)
+        return t
+
+    @staticmethod
+    def unpack(t: torch.Tensor) -> torch.Tensor:
+        """The identity unpack hook."""
+        return t
+
+    def profile(self) -> RegionProfile:
+        """The :class:`RegionProfile` of what was recorded."""
+        self.clock.synchronize()
+        seconds = self.clock.seconds
+        calls = tuple(
+            CallRecord(
+                index=i, path=c["path"], first_key=c["first_key"], grad_enabled=c["grad_enabled"],
+                forward_s=(seconds(c["end"]) - seconds(c["start"])) if c["end"] is not None else 0.0,
+                inputs=tuple(r for r, _, _ in c["inputs"]),
+                modifies_input=c.get("modifies_input", False),
+                reentrant=c["reentrant"],
+            )
+            for i, c in enumerate(self._calls)
+        )
+        saves = tuple(self._saves)
+        partial = RegionProfile(saves, calls, MappingProxyType({c.path: None for c in calls}))  # type: ignore[dict-item]
+        regions: dict[str, RegionFacts] = {}
+        for path in partial.regions:
+            mine = [c for c in calls if c.path == path]
+            indices = {c.index for c in mine}
+            inside = [s for s in saves if indices.intersection(s.calls)]
+            inputs = [i for c in mine for i in c.inputs]
+            input_storages = {i.storage for i in inputs}
+            reason = None
+            if any(c.reentrant for c in mine):
+                reason = "its forward calls itself: one checkpoint state per module cannot hold two open calls"
+            elif any(c.modifies_input for c in mine):
+                reason = ("its forward modifies an input in place (e.g. ReLU(inplace=True)): the input checkpoint "
+                          "saved would fail torch's version check in backward")
+            regions[path] = RegionFacts(
+                path=path,
+                keys=tuple(s.key for s in inside),
+                freed_bytes=0 if reason else partial.freed_bytes([path]),
+                input_bytes=_distinct_bytes(i for i in inputs if not i.keyword),
+                closure_bytes=_distinct_bytes(i for i in inputs if i.keyword),
+                recompute_bytes=_distinct_bytes(s for s in inside if s.storage not in input_storages),
+                forward_s=sum(c.forward_s for c in mine),
+                calls=len(mine),
+                ineligible=reason,
+            )
+        return RegionProfile(saves, calls, MappingProxyType(regions))
+
+
+def profile_regions(model: nn.Module, step: Callable[[], Any], *, clock: Stamps | None = None) -> RegionProfile:
+    """Run ``step`` (one forward+backward of ``model``) once, recording every region's facts.
+
+    Args:
+        model: the model.
+        step: runs one forward and backward; it is a real training step (buffers update).
+        clock: the timestamps (inject one for deterministic tests).
+
+    Raises:
+        ValueError: a region of ``model`` is enabled (profile with nothing enabled).
+    """
+    for path, module in model.named_modules():
+        state = checkpoint.state(module)  # None when checkpoint was never applied
+        if state is not None and state.enable_hook:
+            raise ValueError(f"recompute region {path!r} is enabled: profile with nothing enabled (RecomputeRegions.disable_all())")
+    with RegionTracer(model, clock) as tracer, torch.autograd.graph.saved_tensors_hooks(tracer.pack, tracer.unpack):
+        step()
+    return tracer.profile()

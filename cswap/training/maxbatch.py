@@ -1,0 +1,265 @@
+"""The largest batch that trains under each policy: measured on this GPU, or planned without one.
+
+**Measured** (:func:`max_batch`): a batch "trains" when two iterations (the profiling one and a
+planned one) of forward, backward and an SGD step finish without running out of device memory.
+``torch.cuda.set_per_process_memory_fraction`` caps the allocator so a large GPU can stand in for
+a smaller one (``memory_limit_bytes``).
+
+**Planned** (:func:`planned_max_batch`): nothing is run. For each batch size a meta trace of the
+model (:func:`cswap.simulate.meta_trace`) is read into the planner's problem (:func:`cswap.simulate.budgeted.planning_problem`), and the
+batch fits a policy when the least activation budget the policy can meet
+(:func:`cswap.planner.minimum_bytes`, honest: its plan meets it) fits in what the limit leaves:
+
+    limit - weights - gradients - optimizer state - input batch - workspace
+
+with the optimizer SGD with momentum (one state tensor per parameter: ``optimizer_states=1``;
+Adam has 2) and a workspace allowance (``workspace_fraction`` of the limit, for convolution
+workspaces, the allocator's fragmentation and the CUDA context).
+
+Both search the same way (:func:`largest_fitting`): double the batch until it fails, then bisect
+between the last success and the first failure.
+
+Example:
+    >>> largest_fitting(lambda batch: batch <= 37, start=1, ceiling=1024)
+    37
+    >>> result = planned_max_batch("vgg11", ("none", "swap"), 64 * 2**20, resolution=32, width_mult=0.125)
+    >>> result.batches["none"] <= result.batches["swap"], result.method
+    (True, 'planned')
+"""
+
+from __future__ import annotations
+
+import gc
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from cswap import models
+from cswap.runtime import Runtime
+
+__all__ = ["DEFAULT_WORKSPACE_FRACTION", "PlannedMaxBatch", "batch_fits", "largest_fitting", "max_batch", "parse_bytes", "planned_max_batch"]
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_bytes(text: str) -> int:
+    """``"16GiB"`` -> 17179869184; decimal (GB) and binary (GiB) units.
+
+    Example:
+        >>> parse_bytes("1.5 MiB")
+        1572864
+    """
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    if not match or match.group(2).lower() not in _UNITS:
+        raise ValueError(f"cannot read {text!r} as a size: write e.g. 16GiB, 12GB or 500MiB")
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def largest_fitting(fits: Callable[[int], bool], start: int = 1, ceiling: int = 1 << 16) -> int:
+    """The largest batch in ``[start, ceiling]`` for which ``fits`` holds (0 if ``start`` fails).
+
+    Assumes ``fits`` is monotone: a batch that fails means every larger one fails.
+    """
+    if not fits(start):
+        return 0
+    good, bad = start, None
+    while bad is None:
+        trial = min(good * 2, ceiling)
+        if trial == good:
+            return good
+        if fits(trial):
+            good = trial
+        else:
+            bad = trial
+    while bad - good > 1:
+        middle = (good + bad) // 2
+        if fits(middle):
+            good = middle
+        else:
+            bad = middle
+    return good
+
+
+def batch_fits(model: nn.Module, policy: str, batch_size: int, resolution: int, device: torch.device) -> bool:
+    """Whether two training iterations at ``batch_size`` finish without a CUDA out-of-memory error.
+
+    Every policy but ``none`` profiles swapping every tensor (Capuchin's passive mode), so the
+    profiling iteration fits wherever the plan it leads to does.
+    """
+    runtime = Runtime(policy=policy, model=model, device=str(device), passive_profile=policy != "none")
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    try:
+        images = torch.randn(batch_size, 3, resolution, resolution, device=device)
+        labels = torch.randint(0, 1000, (batch_size,), device=device)
+        for _ in range(2):
+            with runtime.iteration():
+                loss_fn(model(images), labels).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        torch.cuda.synchronize(device)
+        return True
+    except torch.OutOfMemoryError:
+        return False
+    finally:
+        optimizer.zero_grad(set_to_none=True)
+        del optimizer, runtime
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def max_batch(
+    model_name: str,
+    policies: Sequence[str],
+    memory_limit_bytes: int | None = None,
+    resolution: int | None = None,
+    ceiling: int = 4096,
+    device: str = "cuda",
+) -> dict[str, int]:
+    """Largest batch per policy for ``model_name`` on the GPU.
+
+    Args:
+        model_name: a name from ``cswap.models.MODEL_NAMES``.
+        policies: runtime policies to compare.
+        memory_limit_bytes: emulate a GPU with this much memory (``None``: the whole device).
+        resolution: input size (default: the model's, 224).
+        ceiling: the largest batch tried.
+        device: the CUDA device.
+
+    Raises:
+        RuntimeError: no GPU (the search measures real device memory).
+    """
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            "cswap max-batch measures device memory and needs a GPU; torch sees none here "
+            "(torch.cuda.is_available() is False). Use `cswap simulate` to estimate peak memory without one."
+        )
+    cuda = torch.device(device)
+    total = torch.cuda.get_device_properties(cuda).total_memory
+    if memory_limit_bytes is not None:
+        if memory_limit_bytes > total:
+            raise ValueError(f"--memory-limit {memory_limit_bytes} B exceeds the GPU's {total} B")
+        torch.cuda.set_per_process_memory_fraction(memory_limit_bytes / total, cuda)
+    resolution = resolution or models.input_size(model_name)
+    model = models.build(model_name, num_classes=1000).to(cuda).train()
+    try:
+        return {
+            policy: largest_fitting(lambda b, p=policy: batch_fits(model, p, b, resolution, cuda), ceiling=ceiling)
+            for policy in policies
+        }
+    finally:
+        if memory_limit_bytes is not None:
+            torch.cuda.set_per_process_memory_fraction(1.0, cuda)
+
+
+#: Share of the memory limit set aside for workspaces, fragmentation and the CUDA context.
+DEFAULT_WORKSPACE_FRACTION = 0.1
+
+
+@dataclass(frozen=True)
+class PlannedMaxBatch:
+    """The planned largest batch per policy.
+
+    Attributes:
+        model: the model.
+        memory_limit_bytes: the limit.
+        batches: policy -> the largest batch whose plan fits (0: not even ``start``).
+        state_bytes: weights + gradients + optimizer state.
+        workspace_bytes: the workspace allowance.
+        optimizer: what the optimizer state assumes.
+        method: ``"planned"`` (never run).
+    """
+
+    model: str
+    memory_limit_bytes: int
+    batches: dict[str, int]
+    state_bytes: int
+    workspace_bytes: int
+    optimizer: str
+    method: str = "planned"
+    minimum_bytes: dict[str, dict[int, int]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready."""
+        return {
+            "model": self.model,
+            "memory_limit_bytes": self.memory_limit_bytes,
+            "method": self.method,
+            "max_batch": dict(self.batches),
+            "state_bytes": self.state_bytes,
+            "workspace_bytes": self.workspace_bytes,
+            "optimizer": self.optimizer,
+        }
+
+
+def planned_max_batch(
+    model: str,
+    policies: Sequence[str],
+    memory_limit_bytes: int,
+    resolution: int = 224,
+    hardware: str = "v100-pcie3",
+    optimizer_states: int = 1,
+    workspace_fraction: float = DEFAULT_WORKSPACE_FRACTION,
+    width_mult: float = 1.0,
+    ceiling: int = 4096,
+    time_limit_s: float = 30.0,
+) -> PlannedMaxBatch:
+    """The largest batch per policy whose plan fits ``memory_limit_bytes`` (see the module docstring).
+
+    Args:
+        model: a name from ``cswap.models.MODEL_NAMES``.
+        policies: policies with an action set (:data:`cswap.planner.POLICY_ACTIONS`).
+        memory_limit_bytes: the device memory.
+        resolution: input size.
+        hardware: the profile the trace's times (and so the planner's costs) come from.
+        optimizer_states: optimizer tensors per parameter (SGD momentum: 1, Adam: 2, plain SGD: 0).
+        workspace_fraction: share of the limit set aside as workspace, in [0, 1).
+        width_mult: passed to the model builder (small models for tests).
+        ceiling: the largest batch tried.
+        time_limit_s: the solver's time limit per least-budget solve.
+
+    Raises:
+        ValueError: a limit that is not positive, a bad fraction or count, or an unknown policy.
+    """
+    from cswap.planner import POLICY_ACTIONS, minimum_bytes
+    from cswap.simulate import SimConfig, Simulator, meta_trace
+    from cswap.simulate.budgeted import planning_problem
+
+    if memory_limit_bytes <= 0:
+        raise ValueError(f"memory limit must be positive, got {memory_limit_bytes} bytes")
+    if not 0 <= workspace_fraction < 1:
+        raise ValueError(f"workspace_fraction must be in [0, 1), got {workspace_fraction}")
+    if optimizer_states < 0:
+        raise ValueError(f"optimizer_states must be >= 0 (SGD momentum: 1, Adam: 2), got {optimizer_states}")
+    unknown = [p for p in policies if p not in POLICY_ACTIONS]
+    if unknown:
+        raise ValueError(f"policies {unknown} cannot be planned: choose from {', '.join(POLICY_ACTIONS)}")
+    network = models.build(model, num_classes=1000, width_mult=width_mult)
+    weight_bytes = sum(p.numel() * p.element_size() for p in network.parameters())
+    state_bytes = weight_bytes * (2 + optimizer_states)  # weights, gradients, optimizer state
+    workspace_bytes = int(workspace_fraction * memory_limit_bytes)
+    problems: dict[int, object] = {}
+    minimums: dict[str, dict[int, int]] = {p: {} for p in policies}
+
+    def least(policy: str, batch: int) -> int:
+        if batch not in minimums[policy]:
+            if batch not in problems:
+                trace = meta_trace(model, batch, resolution, hardware, width_mult=width_mult)
+                problems[batch] = planning_problem(Simulator(trace, hardware, SimConfig()))[0]
+            minimums[policy][batch] = minimum_bytes(problems[batch], policy, time_limit_s)  # type: ignore[arg-type]
+        return minimums[policy][batch]
+
+    def fits(policy: str) -> Callable[[int], bool]:
+        def check(batch: int) -> bool:
+            input_bytes = batch * 3 * resolution * resolution * 4
+            left = memory_limit_bytes - state_bytes - workspace_bytes - input_bytes
+            return left > 0 and least(policy, batch) <= left
+
+        return check
+
+    batches = {policy: largest_fitting(fits(policy), ceiling=ceiling) for policy in policies}
+    optimizer = {0: "SGD without momentum", 1: "SGD with momentum", 2: "Adam"}.get(optimizer_states, f"{optimizer_states} states per parameter")
+    return PlannedMaxBatch(model, int(memory_limit_bytes), batches, state_bytes, workspace_bytes, optimizer, minimum_bytes=minimums)

@@ -1,0 +1,389 @@
+"""The executor in detail: exact deduplication counts, every kind of view rebuilt with its strides,
+compact broadcasts, integer/bool/complex saves, reordered unpacks, inner hooks and no_grad regions,
+min_bytes, parameters and buffers, runtimes in threads, nesting and failed iterations.
+
+``test_corner_cases.py`` checks the same facts for gradient equality under every policy."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import cswap
+from cswap.codecs import zvc_compressed_nbytes
+from cswap.execute.executor import Executor
+from cswap.planner.plan import Action, Plan
+from tests.runtime.helpers import assert_bit_equal, one_thread_below_1mib
+
+MOVING_POLICIES = ("swap", "compress-swap", "cswap", "compress-keep")
+ALL_POLICIES = ("none", *MOVING_POLICIES)
+
+
+def make_runtime(policy: str, **options) -> cswap.Runtime:
+    defaults = {"device": "cpu", "min_bytes": 0, "d2h_gbps": 0.01, "h2d_gbps": 0.01, "launch_lookup": one_thread_below_1mib}
+    if policy == "cswap":
+        from tests.runtime.helpers import FAST_CODEC
+
+        defaults["time_model"] = FAST_CODEC
+    return cswap.Runtime(policy, **{**defaults, **options})
+
+
+def leaves(*shapes: tuple[int, ...], seed: int = 0) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(*shape, generator=g).requires_grad_() for shape in shapes]
+
+
+def grads(fn: Callable[..., torch.Tensor], inputs: list[torch.Tensor], rt: cswap.Runtime | None, iterations: int = 2) -> list[torch.Tensor]:
+    """Gradients of ``fn(*inputs).backward()`` accumulated over ``iterations`` (the first one profiles)."""
+    inputs = [t.detach().clone().requires_grad_() for t in inputs]
+    for _ in range(iterations):
+        if rt is None:
+            fn(*inputs).backward()
+        else:
+            with rt.iteration():
+                fn(*inputs).backward()
+    return [t.grad for t in inputs]
+
+
+def check_same_as_plain(fn: Callable[..., torch.Tensor], inputs: list[torch.Tensor], policy: str, **options) -> cswap.Runtime:
+    rt = make_runtime(policy, **options)
+    assert_bit_equal(grads(fn, inputs, None), grads(fn, inputs, rt), what=f"{policy} gradient")
+    return rt
+
+
+# ---------------------------------------------------------------------------------- duplicates
+
+
+@pytest.mark.parametrize("policy", MOVING_POLICIES)
+def test_same_tensor_saved_three_times_is_stored_once(policy: str) -> None:
+    def fn(x):
+        y = x.exp()  # exp saves its result y; y * y saves y twice more
+        return (y * y).sum()
+
+    rt = check_same_as_plain(fn, leaves((64, 64)), policy, prefetch_bytes=0)
+    stats = rt.stats()
+    assert stats.packed_tensors == 6  # 3 per iteration
+    assert stats.deduplicated_tensors == 4  # 2 per iteration
+    assert sum(stats.actions.values()) == 2
+    assert rt.trace().meta["duplicates"] == {"1": 0, "2": 0}
+
+
+def test_duplicate_keys_follow_their_first_key_in_the_plan() -> None:
+    rt = make_runtime("compress-swap")
+    x = leaves((32, 32))[0]
+    with rt.iteration():
+        y = x.exp()
+        (y * y).sum().backward()
+    plan = rt.plan()
+    assert plan.decisions[1].action is plan.decisions[0].action
+    assert plan.decisions[1].reason == "duplicate of key 0: stored once"
+
+
+# ---------------------------------------------------------------------------------- views
+
+
+def _transpose(a, b):
+    return (a.t() @ b).sum()
+
+
+def _strided_slice(a, b):
+    return (a[:, ::2] * b[:, :32]).sum()
+
+
+def _broadcast(a, b):
+    return (a[:1].expand(64, 64) * b).sum()
+
+
+def _channels_last(a, b):
+    x = a.view(4, 4, 16, 16).contiguous(memory_format=torch.channels_last)
+    w = b[:8, :36].reshape(8, 4, 3, 3)
+    return F.conv2d(x, w, padding=1).relu().sum()
+
+
+def _overlapping(a, b):
+    windows = a.reshape(-1)[:640].unfold(0, 64, 32)  # rows overlap by half
+    return (windows * b[: windows.shape[0]]).sum()
+
+
+VIEWS = {"transpose": _transpose, "strided-slice": _strided_slice, "broadcast": _broadcast, "channels-last": _channels_last, "overlapping": _overlapping}
+
+
+@pytest.mark.parametrize("policy", MOVING_POLICIES)
+@pytest.mark.parametrize("view", VIEWS)
+def test_views_give_plain_gradients(view: str, policy: str) -> None:
+    check_same_as_plain(VIEWS[view], leaves((64, 64), (64, 64)), policy)
+
+
+@pytest.mark.parametrize("policy", ("swap", "compress-swap", "compress-keep"))
+def test_unpacked_views_keep_shape_strides_and_values(policy: str) -> None:
+    rt = make_runtime(policy)
+    base = leaves((64, 96))[0] * 1.0  # not a leaf: its views are activations, not parameters
+    cases = {
+        "transpose": base.t(),
+        "strided-slice": base[:, ::3],
+        "offset-slice": base[3:, 5:],
+        "broadcast": base[:1].expand(64, 96),
+        "permuted": base.view(8, 8, 96).permute(2, 0, 1),
+    }
+    with rt.iteration():
+        for name, view in cases.items():
+            other = torch.ones_like(view, requires_grad=True)
+            unpacked = (view * other).grad_fn._saved_self
+            assert unpacked.shape == view.shape and unpacked.dtype == view.dtype, name
+            assert unpacked.stride() == view.stride(), name
+            assert torch.equal(unpacked, view), name
+    stats = rt.stats()
+    assert stats.packed_tensors == 2 * len(cases)
+    assert stats.never_moved_tensors == len(cases)  # the leaves ``other``
+    assert sum(stats.actions.values()) == len(cases)
+
+
+def test_broadcast_is_stored_compactly() -> None:
+    rt = make_runtime("swap")
+    row = torch.randn(1, 1024)
+    weight = torch.randn(256, 1024, requires_grad=True)
+    with rt.iteration():
+        (row.expand(256, 1024) * weight).sum().backward()
+    assert rt.stats().offloaded_bytes == 1024 * 4  # the row, not 256 copies of it
+    assert rt.trace().tensors[0].nbytes == 1024 * 4
+
+
+# ---------------------------------------------------------------------------------- dtypes
+
+
+def _integer_and_bool_saves(x, w):
+    index = (x.detach().abs() * 10).long() % 64  # int64 index saved by gather
+    picked = torch.gather(w, 1, index)
+    mask = x > 0  # bool mask saved by where
+    kept = torch.where(mask, picked * x, torch.zeros(()))
+    pooled = F.max_pool2d(kept.view(1, 1, 64, 64), 2)  # int64 indices saved by max_pool2d
+    return pooled.sum() + F.embedding(index[:4, :4], w).sum()
+
+
+@pytest.mark.parametrize("policy", ("compress-swap", "compress-keep", "swap"))
+def test_int_and_bool_tensors_round_trip(policy: str) -> None:
+    rt = check_same_as_plain(_integer_and_bool_saves, leaves((64, 64), (64, 64)), policy)
+    dtypes = {record.dtype for record in rt.trace().tensors}
+    assert {"int64", "bool", "float32"} <= dtypes
+    if policy != "swap":
+        assert rt.stats().compressed_bytes > 0
+
+
+def test_dtype_without_zvc_encoding_is_swapped_uncompressed() -> None:
+    rt = make_runtime("compress-swap")
+    z = torch.randn(64, 64, dtype=torch.complex64, requires_grad=True)
+    plain = torch.randn(64, 64, dtype=torch.complex64)
+    with rt.iteration():
+        (z * plain).abs().sum().backward()
+    expected = torch.autograd.grad((z * plain).abs().sum(), z)[0]
+    assert torch.equal(z.grad, expected)
+    assert rt.stats().actions["swap"] > 0
+    decisions = [d for d in rt.plan().decisions.values() if d.dtype == "complex64"]
+    assert decisions and all("no ZVC encoding" in d.reason for d in decisions)
+
+
+class _SavesInt64(torch.autograd.Function):
+    """Saves an int64 tensor for backward and returns, as the gradient, the values it got back."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(codes)
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (codes,) = ctx.saved_tensors
+        return grad * codes.to(grad.dtype), None
+
+
+@pytest.mark.parametrize("policy", ("compress-swap", "compress-keep"))
+@pytest.mark.parametrize(
+    ("largest", "itemsize"),
+    [(100, 1), (2**15 - 1, 2), (-(2**15) - 1, 4), (2**31 - 1, 4), (2**31, 8), (-(2**40), 8)],
+    ids=("int8", "int16", "int32-below", "int32", "needs-int64", "needs-int64-negative"),
+)
+def test_int64_narrowed_only_when_exact(policy: str, largest: int, itemsize: int) -> None:
+    codes = torch.arange(-48, 48, dtype=torch.int64).repeat(4096 // 96 + 1)[:4096]
+    codes[::2] = 0
+    codes[5] = largest  # the one value that decides the width
+    rt = make_runtime(policy)
+    x = leaves((4096,))[0]
+    with rt.iteration():
+        _SavesInt64.apply(x * 1.0, codes).sum().backward()
+    assert torch.equal(x.grad, codes.to(torch.float32))
+    nnz = int((codes != 0).sum())
+    stats = rt.stats()
+    assert stats.compressed_input_bytes == 4096 * 8
+    assert stats.compressed_bytes == zvc_compressed_nbytes(4096, nnz, itemsize)
+
+
+# ---------------------------------------------------------------------------------- unpacks
+
+
+@pytest.mark.parametrize("policy", MOVING_POLICIES)
+def test_unpack_order_is_free(policy: str) -> None:
+    def fn(x, w):
+        a = torch.sigmoid(x @ w)
+        b = torch.tanh(x * 3.0)
+        # Backward through b's branch first, then a's: the reverse of the pack order.
+        (gx_b,) = torch.autograd.grad(b.sum(), x, retain_graph=True)
+        return a.sum() + (gx_b.detach() * b).sum()
+
+    check_same_as_plain(fn, leaves((32, 32), (32, 32)), policy)
+
+
+# ---------------------------------------------------------------------------------- nesting and regions
+
+
+@pytest.mark.parametrize("policy", MOVING_POLICIES)
+def test_inner_save_on_cpu_wins(policy: str) -> None:
+    def fn(x, w):
+        h = torch.tanh(x)
+        with torch.autograd.graph.save_on_cpu():
+            h = torch.sigmoid(h @ w)
+        return h.sum()
+
+    rt = check_same_as_plain(fn, leaves((32, 64), (64, 64)), policy)
+    assert rt.stats().packed_tensors == 2  # only tanh's result, once per iteration
+
+
+def test_no_grad_region_packs_nothing() -> None:
+    rt = make_runtime("swap")
+    x = leaves((64, 64))[0]
+    with rt.iteration():
+        with torch.no_grad():
+            y = torch.tanh(x) @ x
+        (y * x).sum().backward()
+    assert rt.stats().packed_tensors == 1  # y, saved by the multiplication
+
+
+# ---------------------------------------------------------------------------------- what never moves
+
+
+def test_tensors_below_min_bytes_stay() -> None:
+    rt = make_runtime("swap", min_bytes=16 * 1024)
+    small, large = leaves((8, 8), (64, 64))
+    with rt.iteration():
+        (small.exp().sum() + large.exp().sum()).backward()
+    stats = rt.stats()
+    assert stats.actions == {"keep": 1, "swap": 1, "zvc-swap": 0, "zvc-keep": 0, "recompute": 0}
+    assert stats.kept_bytes == 8 * 8 * 4 and stats.offloaded_bytes == 64 * 64 * 4
+    reasons = [d.reason for d in rt.plan().decisions.values()]
+    assert any(reason.startswith("below min_bytes") for reason in reasons)
+
+
+@pytest.mark.parametrize("with_model", (True, False))
+def test_parameters_and_buffers_never_offloaded(with_model: bool) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 4))
+    rt = make_runtime("swap", model=model if with_model else None)
+    x = torch.randn(2, 3, 8, 8)
+    with rt.iteration():
+        model(x).sum().backward()
+    parameter_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    buffer_storages = {b.untyped_storage().data_ptr() for b in model.buffers()}
+    trace = rt.trace()
+    reasons = trace.meta["not_offloadable"]
+    assert any("parameter" in reason for reason in reasons.values())
+    if with_model:
+        assert any("parameter or buffer of the model" in reason for reason in reasons.values())
+        assert "Sequential" == trace.meta["model"]
+        assert any(record.producer.startswith("4:") for record in trace.tensors)  # the Linear's input
+    assert parameter_storages and buffer_storages
+    assert rt.stats().never_moved_tensors >= 3  # conv weight, bn weight, linear weight (its transposed view)
+
+
+# ---------------------------------------------------------------------------------- threads
+
+
+def test_two_runtimes_in_two_threads() -> None:
+    inputs = leaves((32, 64), (64, 64))
+
+    def fn(x, w):
+        return torch.tanh(torch.relu(x @ w) @ w).sum()
+
+    expected = grads(fn, inputs, None, iterations=3)
+    results: dict[str, list[torch.Tensor]] = {}
+    errors: list[BaseException] = []
+
+    def worker(policy: str) -> None:
+        try:
+            results[policy] = grads(fn, inputs, make_runtime(policy), iterations=3)
+        except BaseException as error:  # re-raised in the main thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=worker, args=(policy,)) for policy in ("swap", "compress-keep")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    for policy, got in results.items():
+        assert_bit_equal(expected, got, what=f"{policy} gradient")
+
+
+def test_iterations_cannot_nest_or_overlap() -> None:
+    rt = make_runtime("swap")
+    with rt.iteration():
+        with pytest.raises(RuntimeError, match="cannot nest or overlap"):
+            with rt.iteration():
+                pass
+    with rt.iteration():  # the runtime is usable afterwards
+        leaves((4, 4))[0].exp().sum().backward()
+
+
+def test_failed_iteration_keeps_profiling_armed() -> None:
+    rt = make_runtime("cswap")
+    with pytest.raises(ZeroDivisionError):
+        with rt.iteration():
+            leaves((4, 4))[0].exp().sum()
+            raise ZeroDivisionError
+    with pytest.raises(RuntimeError, match="no iteration has been profiled"):
+        rt.trace()
+    with rt.iteration():
+        leaves((64, 64))[0].exp().sum().backward()
+    assert rt.trace().epoch == 0
+
+
+def _keeping_executor(budget_bytes: int | None = None) -> tuple[Executor, Callable[[torch.Tensor], Any]]:
+    executor = Executor(torch.device("cpu"), backend="cpu", prefetch_bytes=0)
+    plan = Plan(policy="swap", epoch=0, default_action=Action.KEEP, budget_bytes=budget_bytes,
+                fallback_action=Action.SWAP if budget_bytes is not None else None)
+    pack, _ = executor.hooks(executor.begin(plan))
+    return executor, pack
+
+
+def test_two_views_of_one_kept_storage_count_once_while_either_lives() -> None:
+    executor, pack = _keeping_executor()
+    base = torch.randn(4, 16, 32)  # 8192 B, saved as a Linear's 2-D input and as a region's input
+    first = pack(base.view(64, 32))
+    second = pack(base)
+    assert executor.snapshot().resident_bytes == 8192 and executor.snapshot().actions["keep"] == 2
+    del first  # the storage lives on in the second view: still counted
+    assert executor.snapshot().resident_bytes == 8192
+    del second
+    assert executor.snapshot().resident_bytes == 0
+
+
+def test_a_view_larger_than_the_one_kept_first_counts_on_its_own() -> None:
+    executor, pack = _keeping_executor()
+    base = torch.randn(4, 16, 32)
+    handles = [pack(base[:, 0]), pack(base)]  # a pooler's first token (512 B compact), then the whole
+    assert executor.snapshot().resident_bytes == 512 + 8192
+    del handles
+    assert executor.snapshot().resident_bytes == 0
+
+
+def test_keeping_a_second_view_of_a_kept_storage_never_falls_back_under_a_budget() -> None:
+    executor, pack = _keeping_executor(budget_bytes=8192 + 100)
+    base = torch.randn(4, 16, 32)
+    handles = [pack(base.view(64, 32)), pack(base)]
+    assert executor.snapshot().actions["keep"] == 2 and executor.snapshot().budget_fallbacks == 0
+    handles.append(pack(torch.randn(4, 16, 32)))  # new memory: it would pass the budget
+    counters = executor.snapshot()
+    assert counters.actions["swap"] == 1 and counters.budget_fallbacks == 1 and counters.resident_bytes == 8192

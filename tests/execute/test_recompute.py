@@ -1,0 +1,374 @@
+"""Recompute regions: gradients, parameters and buffers bit-identical to plain PyTorch after SGD steps.
+
+Each case trains a freshly seeded model for a few steps twice, once plainly and once with some
+regions recomputed (optionally under an outer ``save_on_cpu`` hook pair), and compares every
+step's gradients and the final ``state_dict`` (batch-norm statistics included) with ``torch.equal``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.distributed._composable import checkpoint
+
+from cswap.execute.recompute import RecomputeRegions, running_stat_modules
+from cswap.profile.regions import nested_pair
+
+STEPS = 3
+
+
+class SmallCNN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Dropout(0.3)),
+            nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2)),
+        )
+        self.head = nn.Sequential(nn.Flatten(), nn.Dropout(0.2), nn.Linear(8 * 4 * 4, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
+def train(
+    build: Callable[[], nn.Module], loss: Callable[[nn.Module], torch.Tensor], enabled: Iterable[str] | None,
+    outer: Callable[[], AbstractContextManager[Any]] = nullcontext,
+) -> tuple[list[list[torch.Tensor]], dict[str, torch.Tensor]]:
+    """Gradients per step and the final state of ``STEPS`` SGD steps, with ``enabled`` regions recomputed."""
+    torch.manual_seed(0)
+    model = build()
+    model.train()
+    if enabled is not None:
+        RecomputeRegions(model).enable(enabled)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    torch.manual_seed(1)
+    grads = []
+    for _ in range(STEPS):
+        with outer():
+            loss(model).backward()
+        grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+        opt.step()
+        opt.zero_grad()
+    return grads, {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def assert_same_training(plain: Any, recomputed: Any) -> None:
+    (plain_grads, plain_state), (grads, state) = plain, recomputed
+    for step, (expected, actual) in enumerate(zip(plain_grads, grads, strict=True)):
+        assert len(expected) == len(actual)
+        for i, (e, a) in enumerate(zip(expected, actual, strict=True)):
+            assert torch.equal(e, a), f"step {step}: gradient {i} differs from plain PyTorch"
+    assert list(plain_state) == list(state)
+    for name in plain_state:
+        assert torch.equal(plain_state[name], state[name]), f"{name} differs from plain PyTorch"
+
+
+OUTERS = {"no outer hooks": nullcontext, "save_on_cpu": torch.autograd.graph.save_on_cpu}
+
+CNN_X = torch.randn(4, 3, 8, 8)
+CNN_Y = torch.randint(0, 10, (4,))
+
+
+def cnn_loss(model: nn.Module) -> torch.Tensor:
+    return nn.functional.cross_entropy(model(CNN_X), CNN_Y)
+
+
+CNN_REGIONS = [
+    [""], ["features"], ["features.0"], ["features.0", "features.1"], ["features.0.1"], ["features.0.3", "features.1.1"],
+    ["features.1.3", "head"], ["head.1"], ["features.0.0", "features.0.2", "features.1.0"],
+]
+
+
+@pytest.mark.parametrize("outer", sorted(OUTERS))
+@pytest.mark.parametrize("enabled", CNN_REGIONS, ids=lambda e: "+".join(p or "<model>" for p in e))
+def test_cnn_with_dropout_and_batch_norm_trains_bit_identically(enabled: list[str], outer: str) -> None:
+    plain = train(SmallCNN, cnn_loss, None)
+    assert_same_training(plain, train(SmallCNN, cnn_loss, enabled, OUTERS[outer]))
+
+
+def test_without_restoring_the_statistics_batch_norm_would_count_twice() -> None:
+    """What the recompute context prevents: torch's checkpoint alone updates running stats again."""
+    def bare() -> nn.Module:
+        model = SmallCNN()
+        checkpoint(model.features[0], preserve_rng_state=True)
+        return model
+
+    plain_state = train(SmallCNN, cnn_loss, None)[1]
+    bare_state = train(bare, cnn_loss, None)[1]
+    assert not torch.equal(plain_state["features.0.1.running_mean"], bare_state["features.0.1.running_mean"])
+    assert int(bare_state["features.0.1.num_batches_tracked"]) == 2 * STEPS
+
+
+# ---------------------------------------------------------------------------------------------- HF
+
+
+def gpt2() -> nn.Module:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=32)
+    return transformers.GPT2LMHeadModel(config)
+
+
+def bert() -> nn.Module:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, vocab_size=100)
+    return transformers.BertForMaskedLM(config)
+
+
+IDS = torch.randint(0, 100, (2, 12))
+MASK = torch.ones(2, 12, dtype=torch.long)
+MASK[1, 8:] = 0
+
+
+def hf_loss(model: nn.Module) -> torch.Tensor:
+    # No KV cache: recomputing a block runs its forward again with the same cache object, which
+    # would append the keys twice (as for HF's own gradient checkpointing, training uses no cache).
+    return model(IDS, attention_mask=MASK, labels=IDS, use_cache=False).loss
+
+
+HF_REGIONS = {
+    "gpt2": [["transformer.h.0"], ["transformer.h.0", "transformer.h.1"], ["transformer.h.1.attn", "transformer.h.0.mlp"],
+             ["transformer.h.0.ln_1", "transformer.h.1.mlp.act"], ["transformer"]],
+    "bert": [["bert.encoder.layer.0"], ["bert.encoder.layer.1.attention", "bert.encoder.layer.0.output"],
+             ["bert.embeddings"], ["bert.encoder"], ["bert.encoder.layer.0.intermediate", "cls"]],
+}
+HF_CASES = [(name, enabled, outer) for name, sets in HF_REGIONS.items() for enabled in sets for outer in sorted(OUTERS)]
+
+
+@pytest.mark.parametrize(("name", "enabled", "outer"), HF_CASES, ids=lambda v: "+".join(v) if isinstance(v, list) else v)
+def test_hf_models_with_dropout_and_masks_train_bit_identically(name: str, enabled: list[str], outer: str) -> None:
+    build = gpt2 if name == "gpt2" else bert
+    model = build()
+    assert model.config.hidden_dropout_prob if name == "bert" else model.config.resid_pdrop  # dropout is on
+    plain = train(build, hf_loss, None)
+    assert_same_training(plain, train(build, hf_loss, enabled, OUTERS[outer]))
+
+
+# ------------------------------------------------------------------------------------- the controls
+
+
+def test_enable_refuses_a_module_with_its_ancestor() -> None:
+    regions = RecomputeRegions(SmallCNN())
+    with pytest.raises(ValueError, match=r"'features\.0' and 'features\.0\.1' are nested"):
+        regions.enable(["features.0.1", "features.0"])
+    with pytest.raises(ValueError, match=r"'' and 'head' are nested"):
+        regions.enable(["", "head"])
+    assert regions.enabled == ()
+
+
+def test_enable_refuses_unknown_paths() -> None:
+    with pytest.raises(ValueError, match=r"unknown recompute regions \['nope'\]"):
+        RecomputeRegions(SmallCNN()).enable(["nope"])
+
+
+def test_enable_replaces_the_previous_set_and_disable_all_clears_it() -> None:
+    regions = RecomputeRegions(SmallCNN())
+    regions.enable(["head", "features.0"])
+    assert regions.enabled == ("features.0", "head")
+    regions.enable(["features.1"])
+    assert regions.enabled == ("features.1",)
+    regions.disable_all()
+    assert regions.enabled == ()
+
+
+def test_attaching_keeps_names_and_a_disabled_model_trains_as_before() -> None:
+    model = SmallCNN()
+    names = list(model.state_dict())
+    regions = RecomputeRegions(model)
+    assert list(model.state_dict()) == names
+    assert regions.paths[:3] == ("", "features", "features.0")
+    assert_same_training(train(SmallCNN, cnn_loss, None), train(SmallCNN, cnn_loss, []))
+
+
+def test_helpers() -> None:
+    assert nested_pair(["a", "ab", "a.b"]) == ("a", "a.b")
+    assert nested_pair(["a.b", "a.c"]) is None
+    assert len(running_stat_modules(SmallCNN())) == 2
+    assert running_stat_modules(nn.BatchNorm1d(3, track_running_stats=False)) == []
+
+
+class Masked(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.proj(x) + mask)  # the add saves nothing: torch never checks the mask
+
+
+def test_a_keyword_input_modified_after_the_forward_is_refused() -> None:
+    def run(recompute: bool) -> torch.Tensor:
+        torch.manual_seed(0)
+        block = Masked()
+        if recompute:
+            RecomputeRegions(block).enable([""])
+        x = torch.randn(3, 4, requires_grad=True)
+        mask = torch.zeros(3, 4)
+        y = block(x, mask=mask)
+        mask.add_(5.0)
+        y.sum().backward()
+        return x.grad
+
+    assert run(False) is not None  # plain PyTorch does not need the mask in backward
+    with pytest.raises(RuntimeError, match=r"recompute region '': its input keyword argument 'mask' was modified in place"):
+        run(True)
+
+
+def test_torch_refuses_a_positional_input_modified_after_the_forward() -> None:
+    block = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
+    RecomputeRegions(block).enable([""])
+    h = torch.randn(3, 4, requires_grad=True) * 1.0
+    y = block(h)
+    h.add_(1.0)
+    with pytest.raises(RuntimeError, match=r"modified by an inplace operation"):
+        (y * 2).sum().backward()
+
+
+def test_torch_refuses_an_in_place_region_in_backward() -> None:
+    """Why profiles mark such regions ineligible: ReLU(inplace=True) bumps the saved input's version."""
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(inplace=True), nn.Linear(8, 2))
+    RecomputeRegions(model).enable(["1"])
+    with pytest.raises(RuntimeError, match=r"modified by an inplace operation"):
+        model(torch.randn(3, 4)).sum().backward()
+
+
+def test_a_module_called_twice_recomputes_each_call() -> None:
+    def build() -> nn.Module:
+        shared = nn.Linear(6, 6)
+        return nn.Sequential(shared, nn.Dropout(0.5), nn.Tanh(), shared)
+
+    x = torch.randn(5, 6)
+
+    def loss(model: nn.Module) -> torch.Tensor:
+        return model(x).square().sum()
+
+    assert_same_training(train(build, loss, None), train(build, loss, ["0"]))
+
+
+def test_a_second_backward_through_an_enabled_region_fails_in_torch() -> None:
+    """torch 2.13's composable checkpoint cannot re-enter its recompute context (documented limit)."""
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    RecomputeRegions(model).enable(["1"])
+    y = model(torch.randn(3, 4)).sum()
+    y.backward(retain_graph=True)
+    with pytest.raises(AttributeError):
+        y.backward()
+
+
+# ------------------------------------------------------------------ under cswap's own outer hooks
+
+
+@pytest.mark.parametrize("policy", ["swap", "compress-swap"])
+@pytest.mark.parametrize("enabled", [["features.0"], ["features.0.1", "features.1.2"], [""]], ids=lambda e: "+".join(p or "<model>" for p in e))
+def test_regions_under_the_runtime_train_bit_identically(enabled: list[str], policy: str) -> None:
+    """The runtime's hooks stay outermost: they store the inputs checkpoint saves (and may swap them)."""
+    import cswap
+
+    runtime = cswap.Runtime(policy=policy, min_bytes=0, d2h_gbps=10.0, h2d_gbps=10.0)
+    plain = train(SmallCNN, cnn_loss, None)
+    assert_same_training(plain, train(SmallCNN, cnn_loss, enabled, runtime.iteration))
+    assert runtime.stats().offloaded_bytes > 0
+
+
+def test_a_block_with_an_interior_in_place_relu_trains_bit_identically() -> None:
+    def build() -> nn.Module:
+        return nn.Sequential(nn.Linear(6, 8), nn.Sequential(nn.Linear(8, 8), nn.ReLU(inplace=True), nn.Dropout(0.3), nn.Linear(8, 8)), nn.Linear(8, 2))
+
+    x = torch.randn(5, 6)
+
+    def loss(model: nn.Module) -> torch.Tensor:
+        return model(x).square().sum()
+
+    assert_same_training(train(build, loss, None), train(build, loss, ["1"]))
+
+
+def test_a_second_set_of_regions_on_one_model_is_refused() -> None:
+    model = SmallCNN()
+    RecomputeRegions(model)
+    with pytest.raises(ValueError, match=r"module '' already has torch's composable checkpoint.*one RecomputeRegions per model"):
+        RecomputeRegions(model)
+
+
+def test_regions_under_cpu_autocast_train_bit_identically() -> None:
+    """Checkpoint records the autocast state at the region's entry and recomputes under it."""
+    def autocast() -> AbstractContextManager[Any]:
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+
+    plain = train(SmallCNN, cnn_loss, None, autocast)
+    assert_same_training(plain, train(SmallCNN, cnn_loss, ["features.0", "head"], autocast))
+
+
+def test_enabled_regions_are_inert_without_grad() -> None:
+    torch.manual_seed(0)
+    model = SmallCNN().eval()
+    expected = model(CNN_X)
+    RecomputeRegions(model).enable(["features.0", "head"])
+    with torch.no_grad():
+        assert torch.equal(model(CNN_X), expected)
+
+
+class _Rebuilt:
+    """A :class:`~cswap.execute.recompute.RecomputeListener` that keeps a weak reference to each storage it is told of."""
+
+    def __init__(self) -> None:
+        self.told: list[tuple[tuple[int, ...], StorageWeakRef]] = []
+
+    def rebuilt(self, tensor: torch.Tensor) -> None:
+        self.told.append((tuple(tensor.shape), StorageWeakRef(tensor.untyped_storage())))
+
+
+def test_the_listener_is_told_of_what_a_recomputation_saves_except_the_calls_inputs() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 6), nn.Tanh())
+    regions = RecomputeRegions(model)
+    listener = _Rebuilt()
+    regions.listener = listener
+    regions.enable([""])
+    x = torch.randn(4, 8, requires_grad=True)
+    model(x).sum().backward()
+    regions.disable_all()
+    # Linear saves its input (the call's input: not told) and its weight; Tanh saves its output
+    weight = StorageWeakRef(model[0].weight.untyped_storage())
+    assert sorted(shape for shape, _ in listener.told) == [(4, 6), (8, 6)]
+    assert [ref for shape, ref in listener.told if shape == (8, 6)] == [weight]
+    assert all(ref != StorageWeakRef(x.untyped_storage()) for _, ref in listener.told)
+    # torch dropped the rebuilt output once its node had used it
+    assert [ref.expired() for shape, ref in listener.told if shape == (4, 6)] == [True]
+
+
+class TiedLanguageModel(nn.Module):
+    """Embeddings, a body, and a head whose weight is the embeddings' (as HF language models tie them)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(16, 8)
+        self.body = nn.Sequential(nn.Linear(8, 8), nn.Tanh())
+        self.head = nn.Sequential(nn.Tanh(), nn.Linear(8, 16, bias=False))
+        self.head[1].weight = self.embed.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(self.embed(ids)))
+
+
+@pytest.mark.parametrize("region", ["head", "body"])
+def test_rebuilt_tensors_are_freed_before_backward_reaches_a_tied_weights_other_use(region: str) -> None:
+    # the head's weight is the embeddings': its gradient exists only at the very end, but what the
+    # region rebuilt is freed as soon as its own nodes have run
+    torch.manual_seed(0)
+    model = TiedLanguageModel()
+    regions = RecomputeRegions(model)
+    listener = _Rebuilt()
+    regions.listener = listener
+    regions.enable([region])
+    embedded = model.embed(torch.tensor([[1, 2, 3]]))
+    alive_then: list[bool] = []
+    weights = [StorageWeakRef(p.untyped_storage()) for p in model.parameters()]
+    embedded.register_hook(lambda grad: alive_then.extend(not ref.expired() for _, ref in listener.told if ref not in weights))
+    model.head(model.body(embedded * 2)).sum().backward()
+    regions.disable_all()
+    assert listener.told and alive_then and not any(alive_then)

@@ -1,0 +1,131 @@
+"""The plan is the only decision: Plan.resolve covers every pack, the executor carries it out, and
+rt.plan()'s rows are what the executor did, also for keys the profile never saw."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import cswap
+from cswap.codecs.launch import CpuLaunch
+from cswap.execute.executor import Executor
+from cswap.planner.plan import Action, Decision, LaunchCache, Plan
+from tests.runtime.helpers import FAST_CODEC, SLOW_LINK, one_thread_below_1mib
+
+MIN_BYTES = 4096
+
+
+class Mixed(nn.Module):
+    """Saves parameters (the Linears' weights), tensors below MIN_BYTES, a complex tensor (no ZVC
+    encoding) and, with ``extra``, more tensors that shift every later key (a changed graph)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU())
+        self.head = nn.Linear(256, 4)
+
+    def forward(self, x: torch.Tensor, extra: bool = False) -> torch.Tensor:
+        h = self.features(x)
+        if extra:
+            h = torch.tanh(h) * h.sigmoid()
+        small = h[:, :8].sigmoid()  # 1 KiB: below MIN_BYTES
+        z = torch.complex(h, h.flip(1)).abs()  # abs saves its complex64 input
+        return self.head(h + z) + small.sum(1, keepdim=True)
+
+
+def _executed(monkeypatch: pytest.MonkeyPatch) -> dict[int, Action]:
+    """Per key, the action the executor carried out in the latest iteration."""
+    done: dict[int, Action] = {}
+    original = Executor._pack
+
+    def spy(self: Executor, it: Any, key: int, tensor: torch.Tensor, profiler: Any) -> Any:
+        handle, record = original(self, it, key, tensor, profiler)
+        if key == 0:
+            done.clear()
+        # A never-moved tensor is held as it is: kept.
+        done[key] = handle.stored.action if handle.stored is not None else Action.KEEP
+        return handle, record
+
+    monkeypatch.setattr(Executor, "_pack", spy)
+    return done
+
+
+def _step(rt: cswap.Runtime, model: nn.Module, x: torch.Tensor, extra: bool) -> list[torch.Tensor]:
+    with rt.iteration():
+        model(x, extra).square().sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    return grads
+
+
+def _plain(model: nn.Module, x: torch.Tensor, extra: bool) -> list[torch.Tensor]:
+    model(x, extra).square().sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    return grads
+
+
+@pytest.mark.parametrize("policy", ["swap", "compress-swap", "cswap", "compress-keep"])
+def test_every_executed_action_is_the_plan_row_for_its_key(policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.manual_seed(0)
+    model = Mixed()
+    options: dict[str, Any] = {"device": "cpu", "min_bytes": MIN_BYTES, "model": model, "launch_lookup": one_thread_below_1mib, **SLOW_LINK}
+    if policy == "cswap":
+        options["time_model"] = FAST_CODEC
+    rt = cswap.Runtime(policy, **options)
+    done = _executed(monkeypatch)
+    x = torch.randn(32, 64)
+    reasons: set[str] = set()
+    for extra in (False, False, True, True, False):  # profile, follow, change the graph, change back
+        grads = _step(rt, model, x, extra)
+        for expected, got in zip(_plain(model, x, extra), grads, strict=True):
+            assert torch.equal(expected, got)
+        rows = rt.plan().rows()
+        if rt.stats().iterations == 1:
+            continue  # the profiling iteration ran before this plan existed
+        assert done and set(done) <= set(rows)
+        for key, action in done.items():
+            assert rows[key].action is action, (key, rows[key])
+            reasons.add(rows[key].reason)
+        if extra:
+            assert any(not rows[key].planned for key in done)
+        else:
+            assert all(rows[key].planned for key in done)  # back on the profiled graph, rows are the plan again
+    assert any(r.startswith("below min_bytes") for r in reasons)
+    assert any("parameter" in r for r in reasons)
+    if policy != "swap":
+        assert any("complex64 has no ZVC encoding" in r for r in reasons)
+    assert rt.stats().unknown_keys > 0
+
+
+def test_resolve_covers_every_case_and_rows_show_it() -> None:
+    asked: list[tuple[str, str, torch.dtype, int]] = []
+
+    def lookup(backend: str, op: str, dtype: torch.dtype, nbytes: int) -> CpuLaunch:
+        asked.append((backend, op, dtype, nbytes))
+        return CpuLaunch(threads=1)
+
+    planned = Decision(key=0, shape=(1024,), dtype="float32", nbytes=4096, sparsity=0.5, action=Action.ZVC_SWAP, reason="planned")
+    plan = Plan(policy="compress-swap", epoch=0, default_action=Action.ZVC_SWAP, decisions={0: planned}, min_bytes=1024,
+                launches=LaunchCache("cpu", lookup))
+    assert plan.resolve(0, (1024,), torch.float32, 4096) is planned
+    # A changed graph: the same key with another shape gets the policy's default, with its launch configs.
+    moved = plan.resolve(0, (2048,), torch.float32, 8192)
+    assert (moved.action, moved.planned, moved.compress_launch) == (Action.ZVC_SWAP, False, CpuLaunch(threads=1))
+    assert asked == [("cpu", "compress", torch.float32, 8192), ("cpu", "decompress", torch.float32, 8192)]
+    assert plan.rows()[0] is moved
+    assert plan.resolve(1, (8,), torch.float32, 32).reason == "below min_bytes (32 < 1,024 B)"
+    complex_row = plan.resolve(2, (1024,), torch.complex64, 8192)
+    assert (complex_row.action, complex_row.reason) == (Action.SWAP, "dtype complex64 has no ZVC encoding: swap uncompressed")
+    param = plan.resolve(3, (1024,), torch.float32, 4096, never_moved="parameter or buffer of the model: never offloaded")
+    assert (param.action, param.reason) == (Action.KEEP, "parameter or buffer of the model: never offloaded")
+    duplicate = plan.resolve(4, (1024,), torch.float32, 4096, duplicate_of=complex_row)
+    assert (duplicate.action, duplicate.reason) == (Action.SWAP, "duplicate of key 2: stored once")
+    assert [d.action.value for d in plan.rows().values()] == ["zvc-swap", "keep", "swap", "keep", "swap"]
+    assert plan.to_dict()["decisions"][3]["reason"] == param.reason
+    # The profiled graph again: the planned decision is the row again.
+    assert plan.resolve(0, (1024,), torch.float32, 4096) is planned
+    assert plan.rows()[0] is planned
