@@ -303,21 +303,10 @@ def _greedy(arrays: _Arrays, budget_bytes: int) -> np.ndarray | None:
     return chosen
 
 
-def solve_milp(
-    problem: PlanningProblem,
-    policy: str,
-    budget_bytes: int,
-    time_limit_s: float = 30.0,
-    greedy: bool = True,
-) -> BudgetPlan:
-    """The least-time plan of ``policy``'s actions whose timeline stays within ``budget_bytes``.
-
-    Args:
-        problem: every tensor's options.
-        policy: a policy with an action set (:data:`cswap.planner.actions.POLICY_ACTIONS`).
-        budget_bytes: the budget.
-        time_limit_s: the solver's time limit.
-        greedy: also run the greedy (for its gap, and as the fallback).
+def solve_milp(problem: PlanningProblem, policy: str, budget_bytes: int, time_limit_s: float = 30.0, greedy: bool = True) -> BudgetPlan:
+    """The least-time plan of ``policy``'s actions whose timeline stays within ``budget_bytes``
+    (the arguments are :func:`cswap.planner.solve.plan_budget`'s; ``greedy`` also runs the greedy,
+    for its gap and as the fallback).
 
     Raises:
         BudgetError: the policy cannot meet the budget; it carries :func:`least_peak`.
