@@ -1,5 +1,8 @@
 """Lossless codecs for activations: ZVC (zero-value compression) in ``torch``, ``cpu`` and ``cuda`` backends.
 
+The public names load lazily: :mod:`cswap.codecs.launch` (the launch configs the tuner and the
+service read) imports without torch.
+
 Example:
     >>> import torch
     >>> from cswap.codecs import compress, decompress
@@ -9,45 +12,26 @@ Example:
     (True, True)
 """
 
-from cswap.codecs.api import compress, decompress, default_backend
-from cswap.codecs.format import (
-    DEFAULT_CHUNK_WORDS,
-    SUPPORTED_DTYPES,
-    Packed,
-    bits_dtype,
-    zvc_compressed_nbytes,
-)
-from cswap.codecs.deferred import NarrowingMissed, Unsized, encode_unsized
-from cswap.codecs.encoding import Encoding, decode, encodable, encode, value_range
-from cswap.codecs.launch import CUDA_KERNELS, CpuLaunch, CudaLaunch, Launch, launch_from_params
-from cswap.codecs.narrow import NARROW_INTS, narrowest_int, narrowest_int_for_range
-from cswap.codecs.registry import CODECS, CodecRegistry
+from __future__ import annotations
 
-__all__ = [
-    "CODECS",
-    "CUDA_KERNELS",
-    "CodecRegistry",
-    "CpuLaunch",
-    "CudaLaunch",
-    "DEFAULT_CHUNK_WORDS",
-    "Encoding",
-    "Launch",
-    "NARROW_INTS",
-    "NarrowingMissed",
-    "Packed",
-    "SUPPORTED_DTYPES",
-    "Unsized",
-    "bits_dtype",
-    "compress",
-    "decode",
-    "decompress",
-    "default_backend",
-    "encodable",
-    "encode",
-    "encode_unsized",
-    "launch_from_params",
-    "narrowest_int",
-    "narrowest_int_for_range",
-    "value_range",
-    "zvc_compressed_nbytes",
-]
+import importlib
+from typing import Any
+
+_LAZY = {
+    **dict.fromkeys(("compress", "decompress", "default_backend"), "cswap.codecs.api"),
+    **dict.fromkeys(("SUPPORTED_DTYPES", "Packed", "bits_dtype", "zvc_compressed_nbytes"), "cswap.codecs.format"),
+    **dict.fromkeys(("NarrowingMissed", "Unsized", "encode_unsized"), "cswap.codecs.deferred"),
+    **dict.fromkeys(("Encoding", "decode", "encodable", "encode", "value_range"), "cswap.codecs.encoding"),
+    **dict.fromkeys(("CUDA_KERNELS", "DEFAULT_CHUNK_WORDS", "CpuLaunch", "CudaLaunch", "Launch", "launch_from_params"),
+                    "cswap.codecs.launch"),
+    **dict.fromkeys(("NARROW_INTS", "narrowest_int", "narrowest_int_for_range"), "cswap.codecs.narrow"),
+    **dict.fromkeys(("CODECS", "CodecRegistry"), "cswap.codecs.registry"),
+}
+
+__all__ = [*_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'cswap.codecs' has no attribute {name!r}")

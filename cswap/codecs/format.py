@@ -22,6 +22,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from cswap.codecs.launch import DEFAULT_CHUNK_WORDS, MAX_CHUNK_WORDS, check_chunk_words
+
 __all__ = [
     "DEFAULT_CHUNK_WORDS",
     "MAX_CHUNK_WORDS",
@@ -35,15 +37,6 @@ __all__ = [
     "zvc_compressed_nbytes",
     "out_buffer",
 ]
-
-#: Words per chunk in the offsets table: 32 words are 1024 elements, one CUDA block of 1024
-#: threads, and cost 8 bytes of offsets per 1024 elements (under 0.1% of a float32 tensor).
-DEFAULT_CHUNK_WORDS = 32
-
-#: The largest chunk: 65536 words are 2 Mi elements per offsets entry, four times the tuner's
-#: largest choice. Bounding it keeps every per-chunk buffer (a CUDA block's work, the torch
-#: backend's padding) proportional to the tensor rather than to an arbitrary integer.
-MAX_CHUNK_WORDS = 1 << 16
 
 _BITS_BY_ITEMSIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -76,20 +69,6 @@ def check_dtype(dtype: torch.dtype) -> None:
             f"ZVC cannot compress dtype {dtype}: supported dtypes are {names}. "
             "Convert the tensor (for complex, torch.view_as_real) before compressing."
         )
-
-
-def check_chunk_words(chunk_words: object) -> str | None:
-    """What is wrong with ``chunk_words`` as a chunk size, or ``None`` when it is valid.
-
-    Example:
-        >>> check_chunk_words(32) is None
-        True
-        >>> check_chunk_words(2**33)
-        'chunk_words is 8589934592, must be an int between 1 and MAX_CHUNK_WORDS = 65536'
-    """
-    if isinstance(chunk_words, bool) or not isinstance(chunk_words, int) or not 1 <= chunk_words <= MAX_CHUNK_WORDS:
-        return f"chunk_words is {chunk_words!r}, must be an int between 1 and MAX_CHUNK_WORDS = {MAX_CHUNK_WORDS}"
-    return None
 
 
 def bits_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -21,12 +21,43 @@ from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any
 from collections.abc import Callable, Mapping
 
-from cswap.codecs.format import DEFAULT_CHUNK_WORDS, check_chunk_words
-
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["CUDA_KERNELS", "CpuLaunch", "CudaLaunch", "Launch", "LaunchLookup", "launch_from_params"]
+__all__ = [
+    "CUDA_KERNELS",
+    "DEFAULT_CHUNK_WORDS",
+    "MAX_CHUNK_WORDS",
+    "CpuLaunch",
+    "CudaLaunch",
+    "Launch",
+    "LaunchLookup",
+    "check_chunk_words",
+    "launch_from_params",
+]
+
+#: Words per chunk in the offsets table: 32 words are 1024 elements, one CUDA block of 1024
+#: threads, and cost 8 bytes of offsets per 1024 elements (under 0.1% of a float32 tensor).
+DEFAULT_CHUNK_WORDS = 32
+
+#: The largest chunk: 65536 words are 2 Mi elements per offsets entry, four times the tuner's
+#: largest choice. Bounding it keeps every per-chunk buffer (a CUDA block's work, the torch
+#: backend's padding) proportional to the tensor rather than to an arbitrary integer.
+MAX_CHUNK_WORDS = 1 << 16
+
+
+def check_chunk_words(chunk_words: object) -> str | None:
+    """What is wrong with ``chunk_words`` as a chunk size, or ``None`` when it is valid.
+
+    Example:
+        >>> check_chunk_words(32) is None
+        True
+        >>> check_chunk_words(2**33)
+        'chunk_words is 8589934592, must be an int between 1 and MAX_CHUNK_WORDS = 65536'
+    """
+    if isinstance(chunk_words, bool) or not isinstance(chunk_words, int) or not 1 <= chunk_words <= MAX_CHUNK_WORDS:
+        return f"chunk_words is {chunk_words!r}, must be an int between 1 and MAX_CHUNK_WORDS = {MAX_CHUNK_WORDS}"
+    return None
 
 #: The CUDA kernels whose launch is configurable; each has ``<kernel>_grid`` and ``<kernel>_block``.
 CUDA_KERNELS: tuple[str, ...] = ("compress", "scan", "scatter", "decompress")
