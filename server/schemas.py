@@ -25,10 +25,11 @@ import math
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from cswap.tuner.fingerprints import Fingerprint
 from cswap.tuner.records import Evaluation, LookupResult, Name, TuningRun
+from cswap.tuner.space import check_launch_params
 from cswap.tuner.validation import INT32_MAX, INT64_MAX, MAX_BUCKET, check_seconds
 
 __all__ = [
@@ -59,9 +60,17 @@ def _finite_on_the_wire(value: Any, what: str) -> Any:
 class TuningRunIn(TuningRun):
     """A finished tuning run, as published by ``cswap tune`` or ``cswap configs push``.
 
-    The store's :class:`TuningRun` with one rule more: a time that is not finite must arrive as
-    ``null`` (``Infinity`` and ``NaN`` are not JSON).
+    The store's :class:`TuningRun` with two rules more, because what the service stores it serves
+    to other machines: a time that is not finite must arrive as ``null`` (``Infinity`` and ``NaN``
+    are not JSON), and ``best_params`` must be a launch config of ``kernel`` within its search space
+    (:func:`cswap.tuner.space.check_launch_params`; a CPU's ``high: cores`` is its fingerprint's).
     """
+
+    @model_validator(mode="after")
+    def _launchable(self) -> TuningRunIn:
+        cores = self.fingerprint.get("sm_count") if self.fingerprint.get("kind") == "cpu" else None
+        check_launch_params(self.kernel, self.best_params, cores=cores)
+        return self
 
     @field_validator("best_time_s", mode="before")
     @classmethod
@@ -82,7 +91,7 @@ class TuningRunIn(TuningRun):
 
         Example:
             >>> TuningRunIn(fingerprint={"kind": "cpu", "name": "x", "compute_capability": "", "sm_count": 2,
-            ...                          "memory_bytes": 0}, kernel="k", source_hash="s", dtype="float32",
+            ...                          "memory_bytes": 0}, kernel="zvc.cpu.compress", source_hash="s", dtype="float32",
             ...             bucket=1, method="bo", best_params={}, best_time_s=1.0).to_run().method
             'bo'
         """

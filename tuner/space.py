@@ -31,7 +31,7 @@ from collections.abc import Iterator, Mapping
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from cswap.codecs.launch import CpuLaunch, CudaLaunch
+from cswap.codecs.launch import CpuLaunch, CudaLaunch, launch_from_params
 from cswap.paths import shipped_configs_dir
 
 __all__ = [
@@ -40,6 +40,7 @@ __all__ = [
     "Param",
     "SearchSpace",
     "SearchSpaceError",
+    "check_launch_params",
     "load_search_space",
     "load_search_spaces",
     "search_space_dir",
@@ -353,3 +354,47 @@ def load_search_space(
     if op not in spaces:
         raise SearchSpaceError(f"search-space file {_space_file(backend, path)} has no ops.{op}; add it")
     return spaces[op]
+
+
+def check_launch_params(kernel: str, params: Mapping[str, Any], cores: int | None = None) -> None:
+    """Refuse ``params`` unless they are a launch config of ``kernel`` (``zvc.<backend>.<op>``) that
+    its search space allows: every name a launch field of the backend, every searched parameter in
+    its range (powers of two where the space says so), the others valid for the launch itself.
+
+    A config that passes can be launched on the kind of device it was tuned for, which is what a
+    store shared between machines must hold.
+
+    Args:
+        kernel: the tuned kernel, e.g. ``"zvc.cuda.compress"``.
+        params: the launch config, by name; a subset of the launch fields (the rest keep their defaults).
+        cores: the tuned CPU's cores, for a space's ``high: cores`` (``None``: this machine's).
+
+    Raises:
+        ValueError: naming the kernel or the parameter, and what the space allows.
+
+    Example:
+        >>> check_launch_params("zvc.cuda.compress", {"compress_grid": 264, "compress_block": 256})
+        >>> check_launch_params("zvc.cuda.compress", {"compress_block": 100})
+        Traceback (most recent call last):
+        ...
+        ValueError: best_params['compress_block'] is 100: zvc.cuda.compress allows powers of two between 32 and 1024
+    """
+    parts = kernel.split(".")
+    if len(parts) != 3 or parts[0] != "zvc" or parts[1] not in BACKENDS or parts[2] not in OPS:
+        known = ", ".join(f"zvc.{b}.{op}" for b in BACKENDS for op in OPS)
+        raise ValueError(f"kernel {kernel!r} has no launch search space: choose one of {known}")
+    backend, op = parts[1], parts[2]
+    unknown = sorted(set(params) - set(_LAUNCH_FIELDS[backend]))
+    if unknown:
+        raise ValueError(f"best_params {unknown} are not {backend} launch parameters: they are {list(_LAUNCH_FIELDS[backend])}")
+    space = load_search_space(backend, op, cores=cores)
+    for param in space.params:
+        if param.name not in params:
+            continue
+        value = params[param.name]
+        if isinstance(value, bool) or not isinstance(value, int) or not param.contains(value):
+            allowed = "powers of two" if param.scale == "pow2" else "integers"
+            raise ValueError(f"best_params[{param.name!r}] is {value!r}: {kernel} allows {allowed} between {param.low} and {param.high}")
+    # The launch's own limits for the fields the space does not search; threads were checked against
+    # the tuned machine's cores above, not this one's.
+    launch_from_params(backend, {k: v for k, v in params.items() if k not in space.names and k != "threads"})

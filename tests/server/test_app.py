@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import subprocess
 import sys
@@ -143,7 +144,7 @@ def test_lookup_with_odd_unicode_is_answered(client: TestClient) -> None:
 
 
 def test_tuning_runs_with_every_evaluation(client: TestClient) -> None:
-    runs = [make_run(created_at=1.0), make_run(fp=A100, created_at=2.0), make_run(kernel="zvc.cuda.scan", created_at=3.0)]
+    runs = [make_run(created_at=1.0), make_run(fp=A100, created_at=2.0), make_run(kernel="zvc.cuda.decompress", created_at=3.0)]
     for run in runs:
         publish(client, run)
     body = client.get("/v1/tuning-runs").json()["runs"]
@@ -264,6 +265,35 @@ def test_bad_bodies_get_a_422_never_a_5xx(client: TestClient, store: ConfigStore
     assert response.status_code == 422, response.text
     assert "detail" in response.json()
     assert store.runs() == []
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"best_params": {"a": 2**40}}, r"best_params \['a'\] are not cuda launch parameters"),
+        ({"best_params": {"compress_grid": 2**40}}, r"best_params\['compress_grid'\] is 1099511627776: zvc.cuda.compress allows integers between 1 and 65535"),
+        ({"best_params": {"compress_block": 100}}, r"best_params\['compress_block'\] is 100: zvc.cuda.compress allows powers of two between 32 and 1024"),
+        ({"best_params": {"chunk_words": 0}}, r"chunk_words is 0"),
+        ({"kernel": "zvc.cuda.scan"}, r"kernel 'zvc.cuda.scan' has no launch search space"),
+        ({"fingerprint": CPU, "kernel": "zvc.cpu.compress", "best_params": {"threads": 3, "chunk_words": 512}},
+         r"best_params\['threads'\] is 3: zvc.cpu.compress allows integers between 1 and 2"),
+        ({"fingerprint": CPU, "kernel": "zvc.cpu.compress", "best_params": {"threads": 2, "chunk_words": 100}},
+         r"best_params\['chunk_words'\] is 100: zvc.cpu.compress allows powers of two between 16 and 16384"),
+    ],
+)
+def test_configs_outside_the_kernels_search_space_are_422_and_not_stored(
+    client: TestClient, store: ConfigStore, overrides: dict, message: str
+) -> None:
+    response = publish(client, make_run(**overrides))
+    assert response.status_code == 422, response.text
+    assert re.search(message, response.text), response.text
+    assert store.runs() == []
+
+
+def test_a_config_within_the_search_space_is_stored_as_sent(client: TestClient, store: ConfigStore) -> None:
+    run = make_run(fp=CPU, kernel="zvc.cpu.compress", params={"threads": 2, "chunk_words": 512})
+    assert publish(client, run).status_code == 201
+    assert [r.best_params for r in store.runs()] == [{"threads": 2, "chunk_words": 512}]
 
 
 def test_validation_errors_name_the_field(client: TestClient) -> None:
