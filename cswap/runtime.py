@@ -27,6 +27,7 @@ import contextlib
 import functools
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -180,6 +181,7 @@ class Runtime:
         self._fingerprint: dict[str, Any] | None = None
         self._iterations = 0
         self._profiled = 0
+        self._warned_unsaved = False
         self._iteration_s = 0.0
         self._history: list[EpochStats] = []
         self._epoch_iterations = 0
@@ -333,6 +335,10 @@ class Runtime:
                 regions.disable_all()
                 tracer = RegionTracer(regions.model)
         it = executor.begin(plan, profiler, model)
+        if profiler is not None:
+            it.on_backward_end.append(profiler.end)
+        if tracer is not None:
+            it.on_backward_end.append(tracer.stop)
         if profiler is None and regions is not None:
             regions.enable(plan.recompute_regions)
             regions.listener = executor.rebuilt_listener(it)
@@ -359,6 +365,7 @@ class Runtime:
         self._after_regions(tracer, regions, count=not profiling)
         executor.end(it)
         if profiler is not None:
+            profiler.meta["micro_batches"] = it.micro_batches
             if passive is not None and passive.retries:
                 profiler.meta["out_of_memory_retries"] = passive.retries
             self._finish_profile(profiler, tracer)
@@ -409,6 +416,16 @@ class Runtime:
         d2h, h2d = self._bandwidth()
         trace = profiler.trace(d2h, h2d, self._device_dict())
         budget = self._options.memory_budget
+        if budget is not None and budget.relative and not any(r.offloadable for r in trace.tensors):
+            # A fraction of nothing is no budget: wait for an iteration that saves activations.
+            if not self._warned_unsaved:
+                self._warned_unsaved = True
+                warnings.warn(
+                    f"the profiling iteration saved no activation for backward (a forward under torch.no_grad()?), so the "
+                    f"memory budget of {budget.fraction} of policy none's peak cannot be resolved yet: the next iteration profiles again",
+                    stacklevel=2,
+                )
+            return
         error = None
         budget_bytes = None
         region_keys: dict[str, tuple[int, ...]] = {}

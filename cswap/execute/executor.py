@@ -96,10 +96,21 @@ def _storage_id(t: torch.Tensor) -> int:
 class IterationState:
     """Per-iteration state of the hooks.
 
+    An iteration may hold several micro-batches (gradient accumulation: forward, backward, forward,
+    backward, ... inside one ``rt.iteration()``). Each is a repetition of the first: its packs are
+    numbered from 0 again, so one plan, made from the first micro-batch's profile, serves them all,
+    and a profiling iteration records the first only (the profile a budget resolves against is one
+    micro-batch's, which is what plain PyTorch holds at once).
+
     Args:
         plan: the plan that decides every pack (:meth:`Plan.resolve`).
-        profiler: records the iteration when it is a profiling one.
+        profiler: records the iteration's first micro-batch when it is a profiling one.
         protected: storage ids of the model's parameters and buffers.
+
+    Attributes:
+        micro_batches: micro-batches begun so far (a forward after a finished backward begins one).
+        on_backward_end: called once, when the first micro-batch's backward has finished (the
+            profiling iteration's recorders stop there).
     """
 
     def __init__(self, plan: Plan, profiler: Profiler | None, protected: frozenset[int]) -> None:
@@ -110,6 +121,42 @@ class IterationState:
         self.stored_by_key: dict[int, weakref.ref[Stored]] = {}
         self.unpack_position = {key: i for i, key in enumerate(plan.unpack_order)}
         self.prefetch_cursor = 0
+        self.micro_batches = 1
+        self.on_backward_end: list[Callable[[], None]] = []
+        self._backward_watched = False  # a callback at the end of this micro-batch's backward is queued
+        self._backward_ended = False
+
+    def _all_unpacked(self) -> bool:
+        """Every tensor this micro-batch stored that is still alive has been read back."""
+        for ref in self.stored_by_key.values():
+            stored = ref()
+            if stored is not None and not stored.unpacked:
+                return False
+        return True
+
+    def backward_ended(self) -> None:
+        """The backward this micro-batch's unpacks ran in has finished: if it read back everything the
+        micro-batch stored (not a nested ``torch.autograd.grad`` inside forward), the micro-batch is over."""
+        self._backward_watched = False
+        if self._backward_ended or not self._all_unpacked():
+            return
+        self._backward_ended = True
+        if self.micro_batches == 1:
+            for listener in self.on_backward_end:
+                listener()
+
+    def next_micro_batch(self) -> bool:
+        """Begin a new micro-batch if the last one's backward has ended (called by a pack outside
+        backward); returns whether it did."""
+        if not self._backward_ended:
+            return False
+        self.micro_batches += 1
+        self.next_key = 0
+        self.stored_by_key = {}
+        self.prefetch_cursor = 0
+        self.profiler = None
+        self._backward_ended = False
+        return True
 
 
 class _RebuiltBytes:
@@ -225,8 +272,11 @@ class Executor:
         """Stop counting the rebuilt storages still alive: the iteration is over, and what holds them
         now is not its backward."""
         with self._lock:
-            self.counters.resident_bytes -= sum(nbytes for _, nbytes in self._rebuilt.values())
-            self._rebuilt.clear()
+            self._release_rebuilt()
+
+    def _release_rebuilt(self) -> None:
+        self.counters.resident_bytes -= sum(nbytes for _, nbytes in self._rebuilt.values())
+        self._rebuilt.clear()
 
     def count_recomputed(self, tensors: int) -> None:
         """Count ``tensors`` saved tensors that recompute regions dropped and rebuilt (never packed here)."""
@@ -333,6 +383,11 @@ class Executor:
     def pack(self, it: IterationState, tensor: torch.Tensor) -> Handle:
         """The pack hook: store ``tensor`` as the plan says and return its handle."""
         started = time.perf_counter()
+        if it._backward_ended and torch._C._current_graph_task_id() == -1:  # the next micro-batch's first pack
+            with self._lock:
+                self._drain(it.profiler)
+                it.next_micro_batch()
+                self._release_rebuilt()  # what still holds them is not the next micro-batch's backward
         profiler = it.profiler
         stamp = profiler.stamp() if profiler is not None else None
         with self._lock:
@@ -492,6 +547,10 @@ class Executor:
                     profiler.record_rebuilt(handle.key, out.untyped_storage().nbytes())
             if stored is not None:
                 stored.unpacked = True
+            if not it._backward_watched and torch._C._current_graph_task_id() != -1:
+                # Told when this backward finishes: the micro-batch may be over (IterationState).
+                torch.autograd.Variable._execution_engine.queue_callback(functools.partial(self._backward_ended, it))
+                it._backward_watched = True
             # a duplicate read first stands for the key that stored the data (the plan's event)
             self._prefetch_after(it, stored.key if stored is not None else handle.key)
             counters = self.counters
@@ -501,6 +560,10 @@ class Executor:
             profiler.record_unpack(handle.key, stamp, profiler.stamp())
         assert out is not None
         return out
+
+    def _backward_ended(self, it: IterationState) -> None:
+        with self._lock:
+            it.backward_ended()
 
     def _materialize(self, stored: Stored) -> torch.Tensor:
         """The rebuilt tensor of an offloaded or compressed ``stored``, on the device, ready for the compute stream."""

@@ -158,8 +158,10 @@ class Profiler:
         self.clock.start()
 
     def end(self) -> None:
-        """Stop the clock and remove the module hooks."""
-        self._end = self.clock.stamp()
+        """Stop the clock and remove the module hooks; the first call's time is the iteration's end
+        (with several micro-batches, the first one's backward ends the profile)."""
+        if self._end is None:
+            self._end = self.clock.stamp()
         self.remove_hooks()
 
     def remove_hooks(self) -> None:

@@ -288,6 +288,7 @@ class RegionTracer:
         self._calls: list[dict[str, Any]] = []
         self._stack: list[int] = []
         self._handles: list[Any] = []
+        self._stopped = False
 
     def __enter__(self) -> RegionTracer:
         for path, module in self.model.named_modules():
@@ -297,6 +298,11 @@ class RegionTracer:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """Stop recording: later module calls and packs (another micro-batch's) are not this profile's."""
+        self._stopped = True
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
@@ -337,6 +343,8 @@ class RegionTracer:
 
     def record(self, t: torch.Tensor) -> None:
         """Record the next outer pack (call from a pack hook, once per pack)."""
+        if self._stopped:
+            return
         storage, nbytes = self._storage(t)
         self._saves.append(SavedRecord(len(self._saves), tuple(t.shape), str(t.dtype).removeprefix("torch."), storage, nbytes,
                                        self._movable(t, storage), tuple(self._stack)))

@@ -93,10 +93,14 @@ def test_an_iteration_spans_every_micro_batch_of_a_step(tmp_path: Path) -> None:
     callback = CswapCallback("swap", **offload_everything("swap"))
     _train(tmp_path, callback)
     trace = callback.runtime.trace()
-    # The word embedding saves its token ids once per forward: the profiled iteration saw every
-    # micro-batch of its optimizer step.
+    # One iteration holds every micro-batch of its optimizer step; the profile is the first
+    # micro-batch's (the others repeat it), so the word embedding's token ids are saved once in it.
+    assert trace.meta["micro_batches"] == ACCUMULATION
     embedding_saves = [r for r in trace.tensors if r.producer.startswith("bert.embeddings.word_embeddings:")]
-    assert len(embedding_saves) == ACCUMULATION
+    assert len(embedding_saves) == 1
+    stats = callback.runtime.stats()
+    assert stats.iterations == STEPS and stats.packed_tensors == STEPS * ACCUMULATION * len(trace.tensors)
+    assert stats.unknown_keys == 0  # every micro-batch's packs are numbered as the plan numbers them
 
 
 @pytest.mark.parametrize("policy", ["swap", "cswap", "recompute", "capuchin"])
@@ -159,3 +163,66 @@ def test_a_memory_budget_reaches_the_runtime_that_takes_one() -> None:
         with pytest.raises(TypeError, match="takes no memory_budget: leave memory_budget=None"):
             CswapCallback("swap", memory_budget="1GiB")
     assert "memory_budget" not in CswapCallback("swap")._kwargs
+
+
+# ----------------------------------------------------------------------------- gradient accumulation
+
+GPT2_SEQ, GPT2_VOCAB, GPT2_SAMPLES, GPT2_STEPS = 16, 128, 32, 2
+
+
+class _Text(torch.utils.data.Dataset):
+    """Random token sequences, some padded, for a causal language model."""
+
+    def __init__(self) -> None:
+        g = torch.Generator().manual_seed(11)
+        self.ids = torch.randint(1, GPT2_VOCAB, (GPT2_SAMPLES, GPT2_SEQ), generator=g)
+        self.ids[::3, -4:] = 0
+
+    def __len__(self) -> int:
+        return GPT2_SAMPLES
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[i], "attention_mask": (self.ids[i] != 0).long(), "labels": self.ids[i]}
+
+
+def _train_gpt2(tmp_path: Path, accumulation: int, callback: CswapCallback | None) -> list[torch.Tensor]:
+    """A small GPT-2 (its config's defaults but the sizes: dropout, GELU, the KV cache on) for a few
+    optimizer steps of ``accumulation`` micro-batches of 2 sequences each."""
+    config = transformers.GPT2Config(vocab_size=GPT2_VOCAB, n_positions=GPT2_SEQ, n_embd=32, n_layer=2, n_head=2)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=2, gradient_accumulation_steps=accumulation,
+        max_steps=GPT2_STEPS, learning_rate=1e-3, use_cpu=True, report_to=[], save_strategy="no", seed=0, data_seed=0,
+        disable_tqdm=True, dataloader_num_workers=0,
+    )
+    transformers.Trainer(model=model, args=args, train_dataset=_Text(), callbacks=[callback] if callback else None).train()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def _least_budget(tmp_path: Path, accumulation: int, policy: str) -> int:
+    with pytest.raises(cswap.BudgetError) as raised:
+        _train_gpt2(tmp_path, accumulation, CswapCallback(policy, memory_budget=1, **offload_everything(policy)))
+    return raised.value.minimum_bytes
+
+
+def test_gradient_accumulation_keeps_the_budget_of_one_micro_batch(tmp_path: Path) -> None:
+    """With 1, 2 or 4 micro-batches per optimizer step a fractional budget resolves against what
+    plain PyTorch holds at once (one micro-batch's activations), the peak is the same, and so is
+    each policy's least budget; the weights match the same Trainer run without cswap."""
+    budgets, peaks, least = {}, {}, {}
+    for accumulation in (1, 2, 4):
+        plain = _train_gpt2(tmp_path / f"plain{accumulation}", accumulation, None)
+        for policy, budget in (("none", 1.0), ("swap", 0.5)):
+            callback = CswapCallback(policy, memory_budget=budget, **offload_everything(policy))
+            weights = _train_gpt2(tmp_path / f"{policy}{accumulation}", accumulation, callback)
+            _assert_same_weights(plain, weights, f"{policy} with accumulation {accumulation}")
+            stats = callback.runtime.stats()
+            assert callback.runtime.trace().meta["micro_batches"] == accumulation
+            assert stats.peak_resident_bytes <= stats.budget_bytes
+            budgets[policy, accumulation], peaks[policy, accumulation] = stats.budget_bytes, stats.peak_resident_bytes
+        least[accumulation] = _least_budget(tmp_path / f"least{accumulation}", accumulation, "recompute")
+    for policy in ("none", "swap"):
+        assert budgets[policy, 2] == budgets[policy, 4] == budgets[policy, 1], budgets
+    assert peaks["none", 2] == peaks["none", 4] == peaks["none", 1] == budgets["none", 1], peaks
+    assert least[2] == least[4] == least[1], least

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -45,9 +46,12 @@ def train(
     runtime: Callable[[torch.nn.Module], Any] | None = None,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = torch.nn.functional.cross_entropy,
     trained: list[torch.nn.Module] | None = None,
+    micro_batches: int = 1,
 ) -> tuple[list[list[torch.Tensor]], Any]:
     """SGD over ``batches`` for ``epochs``; returns every iteration's parameter gradients and the runtime.
-    The trained model is appended to ``trained`` when given (for its final ``state_dict``).
+    The trained model is appended to ``trained`` when given (for its final ``state_dict``). With
+    ``micro_batches`` > 1 each batch is split into that many, each with its own forward and backward
+    (gradient accumulation), all inside one iteration.
 
     Dropout draws from a per-iteration seed, so runs with and without the runtime see the same masks.
     """
@@ -65,11 +69,9 @@ def train(
         for i, (x, y) in enumerate(batches):
             with torch.random.fork_rng():
                 torch.manual_seed(1000 * epoch + i)
-                if rt is not None:
-                    with rt.iteration():
-                        loss_fn(model(x), y).backward()
-                else:
-                    loss_fn(model(x), y).backward()
+                with rt.iteration() if rt is not None else contextlib.nullcontext():
+                    for xs, ys in zip(x.chunk(micro_batches), y.chunk(micro_batches), strict=True):
+                        (loss_fn(model(xs), ys) / micro_batches).backward()
             grads.append([p.grad.detach().clone() for p in model.parameters()])
             optimizer.step()
             optimizer.zero_grad()

@@ -281,3 +281,30 @@ def test_transformer_with_forced_regions_holds_its_budget(regions: tuple[str, ..
     assert rt.plan().recompute_regions == regions and rt.stats().actions["recompute"] > 0
     if "bert.bert.pooler" in regions:  # the whole last hidden state (4 x 16 x 32 float32) is planned as held
         assert rt.plan().planner["region_input_bytes"] >= 4 * 16 * 32 * 4
+
+
+@pytest.mark.parametrize(("policy", "fraction"), [("none", 1.0), ("swap", 0.5), ("cswap", 0.5), ("recompute", 0.9)])
+def test_a_profile_that_saved_nothing_leaves_a_fractional_budget_to_the_next_iteration(
+    policy: str, fraction: float, cnn_reference: tuple[list[list[torch.Tensor]], int]
+) -> None:
+    reference, none_peak = cnn_reference
+    torch.manual_seed(0)
+    model = _cnn()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    rt = runtime_for(policy, memory_budget=fraction)(model)
+    with pytest.warns(UserWarning, match="saved no activation for backward"), rt.iteration(), torch.no_grad():
+        model(CNN_BATCHES[0][0])  # an evaluation forward inside the iteration: nothing is saved
+    grads = []
+    for i, (x, y) in enumerate(CNN_BATCHES):
+        with torch.random.fork_rng():
+            torch.manual_seed(i)
+            with rt.iteration():
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+        grads.append([p.grad.detach().clone() for p in model.parameters()])
+        optimizer.step()
+        optimizer.zero_grad()
+    stats = rt.stats()
+    assert stats.profiled_iterations == 2  # the empty one, then the first that saved activations
+    assert stats.budget_bytes == cswap.MemoryBudget(fraction=fraction).resolve(none_peak)
+    assert stats.peak_resident_bytes <= stats.budget_bytes
+    assert_bit_equal([g for it in reference for g in it], [g for it in grads for g in it], "gradient")
