@@ -35,6 +35,7 @@ from types import MappingProxyType
 from typing import Any
 
 import torch
+from torch.utils.checkpoint import CheckpointError
 
 from cswap.budget import BudgetError
 from cswap.codecs.api import default_backend
@@ -67,7 +68,7 @@ _COUNTED_FIELDS = (
     "packed_tensors", "deduplicated_tensors", "never_moved_tensors", "unknown_keys", "kept_bytes", "offloaded_bytes",
     "transferred_bytes", "compressed_input_bytes", "compressed_bytes", "resident_bytes", "peak_resident_bytes", "pack_s",
     "unpack_s", "unpacks", "prefetches", "prefetch_hits", "budget_fallbacks", "budget_waits", "iteration_peak_resident_bytes",
-    "evicted_tensors",
+    "evicted_tensors", "budget_evictions",
 )
 
 
@@ -182,6 +183,7 @@ class Runtime:
         self._iterations = 0
         self._profiled = 0
         self._warned_unsaved = False
+        self._graph_changes = 0
         self._iteration_s = 0.0
         self._history: list[EpochStats] = []
         self._epoch_iterations = 0
@@ -335,6 +337,7 @@ class Runtime:
                 regions.disable_all()
                 tracer = RegionTracer(regions.model)
         it = executor.begin(plan, profiler, model)
+        unknown_before = executor.counters.unknown_keys
         if profiler is not None:
             it.on_backward_end.append(profiler.end)
         if tracer is not None:
@@ -354,21 +357,58 @@ class Runtime:
         try:
             with torch.autograd.graph.saved_tensors_hooks(pack, unpack), passive or contextlib.nullcontext():
                 yield
-        except BaseException:
+        except BaseException as error:
             if profiler is not None:
                 profiler.remove_hooks()
+            enabled = regions.enabled if regions is not None else ()
             self._after_regions(tracer, regions, count=False)
             executor.end(it)
+            if enabled and isinstance(error, CheckpointError):
+                raise self._exclude_regions(enabled, error) from error
             raise
         if profiler is not None:
             profiler.end()
         self._after_regions(tracer, regions, count=not profiling)
         executor.end(it)
+        if profiler is None:
+            self._check_graph(executor.counters.unknown_keys > unknown_before, executor.counters.iteration_peak_resident_bytes)
         if profiler is not None:
             profiler.meta["micro_batches"] = it.micro_batches
             if passive is not None and passive.retries:
                 profiler.meta["out_of_memory_retries"] = passive.retries
             self._finish_profile(profiler, tracer)
+
+    def _check_graph(self, unknown: bool, peak_bytes: int) -> None:
+        """After a planned iteration: if it saved tensors its plan did not know, or passed the budget
+        (the policy had no way to move what a changed graph holds longer), plan anew from the next
+        iteration's profile, which raises :class:`BudgetError` with the new least budget if the
+        policy cannot hold this graph."""
+        budget = self._budget_bytes
+        over = budget is not None and peak_bytes > budget
+        if not (unknown or over):
+            return
+        if over:
+            warnings.warn(
+                f"policy {self.policy} passed the memory budget in this iteration ({peak_bytes:,d} B > {budget:,d} B): the saved "
+                "tensors are not those its plan was made for; the next iteration profiles again",
+                stacklevel=4,
+            )
+        with self._lock:
+            self._graph_changes += 1
+            self._needs_profile = True
+
+    def _exclude_regions(self, paths: tuple[str, ...], error: BaseException) -> RuntimeError:
+        """After torch refused a recomputation: never enable ``paths`` again and plan anew at the next
+        iteration; returns the error that says so."""
+        why = f"torch refused its recomputation ({' '.join(str(error).split())[:300]})"
+        self._recompute_regions().mark_ineligible(dict.fromkeys(paths, why))
+        with self._lock:
+            self._needs_profile = True
+        return RuntimeError(
+            f"cswap recomputed the modules {', '.join(repr(p) for p in paths)} in backward and torch refused the recomputed "
+            f"values: {type(error).__name__}. They are not recomputed again; the next iteration profiles and plans "
+            "without them. This step's backward did not finish: run it again."
+        )
 
     @staticmethod
     def _traced(pack: Any, tracer: RegionTracer) -> Any:
@@ -429,12 +469,12 @@ class Runtime:
         error = None
         budget_bytes = None
         region_keys: dict[str, tuple[int, ...]] = {}
-        # the profiling iteration is the epoch's first: the epoch's peak so far is its own
-        profiled_peak = self._executor.snapshot().epoch_peak_resident_bytes
+        # its own peak (a graph that changed is profiled again in the middle of an epoch)
+        profiled_peak = self._executor.snapshot().iteration_peak_resident_bytes
         if tracer is not None:
-            profile = tracer.profile()
-            trace = profile.with_recompute_seconds(trace)
             regions = self._recompute_regions()
+            profile = tracer.profile().excluding(regions.ineligible)  # with those torch refused before
+            trace = profile.with_recompute_seconds(trace)
             regions.mark_ineligible(profile.ineligible)
             time_model = self._codec_time_model() if self.policy == "cswap" else NO_CODEC
             chosen = plan_regions(trace, profile, self.policy, budget, time_model, self._backend, self._options.min_bytes,
@@ -545,5 +585,6 @@ class Runtime:
                 arena_misses=arena.misses,
                 iteration_s=self._iteration_s,
                 budget_bytes=self._budget_bytes,
+                graph_changes=self._graph_changes,
                 history=(*self._history, self._epoch_stats(counters)),
             )

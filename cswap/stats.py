@@ -121,6 +121,10 @@ class RuntimeStats:
         evicted_tensors: kept tensors of profiling iterations swapped to the host when the device
             ran out of memory (Capuchin's passive mode, :mod:`cswap.execute.passive`); they are counted
             as ``swap`` in ``actions``.
+        budget_evictions: kept tensors swapped to the host in backward because fetching another
+            would have passed the budget (a graph that changed since its plan holds them longer).
+        graph_changes: planned iterations that saved tensors their plan did not know (another
+            graph, another batch size); each is followed by a profiling iteration.
         history: per epoch, oldest first, the current one last.
     """
 
@@ -154,6 +158,8 @@ class RuntimeStats:
     budget_waits: int = 0
     iteration_peak_resident_bytes: int = 0
     evicted_tensors: int = 0
+    budget_evictions: int = 0
+    graph_changes: int = 0
     history: tuple[EpochStats, ...] = field(default_factory=tuple)
 
     @property
@@ -194,7 +200,9 @@ class RuntimeStats:
                      + (f" of budget {human_bytes(self.budget_bytes)}" if self.budget_bytes is not None else "")
                      + f" (now {human_bytes(self.resident_bytes)})"
                      + (f", {self.budget_fallbacks} budget fallbacks" if self.budget_fallbacks else "")
-                     + (f", {self.budget_waits} copy waits" if self.budget_waits else "")),
+                     + (f", {self.budget_waits} copy waits" if self.budget_waits else "")
+                     + (f", {self.budget_evictions} kept tensors swapped in backward" if self.budget_evictions else "")
+                     + (f", graph changed {self.graph_changes}x (profiled again)" if self.graph_changes else "")),
             ("host arena", f"{human_bytes(self.arena_bytes)} ({self.arena_misses} misses)"),
             ("time", f"{_seconds(self.iteration_s)} in iterations{mean}, pack hooks {_seconds(self.pack_s)}, "
                      f"unpack hooks {_seconds(self.unpack_s)}"),

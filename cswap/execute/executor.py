@@ -296,27 +296,13 @@ class Executor:
         """
         moved = 0
         with self._lock:
-            counters = self.counters
             for ref in list(it.stored_by_key.values()):
                 stored = ref()
                 if stored is None or stored.action is not Action.KEEP or stored.unpacked or stored.tensor is None:
                     continue
-                layout = stored.layout
-                try:
-                    flat = layout.compact(stored.tensor)
-                except torch.OutOfMemoryError:  # a strided view needs a gathered copy: no room for it
-                    continue
-                self.transfers.copy_to_host(stored, flat, non_blocking=False)
-                stored.tensor, stored.action = None, Action.SWAP
-                counters.add_resident(-stored.held_bytes)
-                stored.held_bytes = 0
-                counters.kept_bytes -= layout.nbytes
-                counters.offloaded_bytes += layout.nbytes
-                counters.transferred_bytes += layout.nbytes
-                counters.actions[Action.KEEP.value] -= 1
-                counters.actions[Action.SWAP.value] += 1
-                counters.evicted_tensors += 1
-                moved += 1
+                if self._evict(stored):
+                    self.counters.evicted_tensors += 1
+                    moved += 1
         return moved
 
     def new_epoch(self) -> None:
@@ -542,7 +528,7 @@ class Executor:
             elif stored.action is Action.KEEP:
                 out = stored.tensor
             else:
-                out = self._materialize(stored)
+                out = self._materialize(stored, it)
                 if profiler is not None:
                     profiler.record_rebuilt(handle.key, out.untyped_storage().nbytes())
             if stored is not None:
@@ -565,7 +551,7 @@ class Executor:
         with self._lock:
             it.backward_ended()
 
-    def _materialize(self, stored: Stored) -> torch.Tensor:
+    def _materialize(self, stored: Stored, it: IterationState) -> torch.Tensor:
         """The rebuilt tensor of an offloaded or compressed ``stored``, on the device, ready for the compute stream."""
         counters = self.counters
         if stored.prefetched is not None:
@@ -580,6 +566,7 @@ class Executor:
             cached = stored.last_out() if stored.last_out is not None else None
             if cached is not None:
                 return cached
+            self._make_room(it, stored.layout.nbytes)
             out, event = self.transfers.fetch(stored)
             nbytes = out.untyped_storage().nbytes()
             counters.add_resident(nbytes)
@@ -587,6 +574,49 @@ class Executor:
         self._handed_out.append((StorageWeakRef(out.untyped_storage()), nbytes, stored.key))
         stored.last_out = weakref.ref(out)
         return out
+
+    def _make_room(self, it: IterationState, nbytes: int) -> None:
+        """Under a budget whose policy moves tensors to the host, move kept ones not yet read back there,
+        those saved first (read last in backward) first, while fetching ``nbytes`` would pass it.
+
+        The plan keeps a tensor only where its profiled lifetime leaves room; a graph that changed
+        since (deeper, another batch) holds its kept tensors longer, and backward must still fetch
+        what it reads. The copies are synchronous: the room is needed now.
+        """
+        plan = it.plan
+        budget = plan.budget_bytes
+        if budget is None or plan.fallback_action is None or not plan.fallback_action.offloads:
+            return
+        counters = self.counters
+        if counters.resident_bytes + nbytes <= budget:
+            return
+        for key in sorted(it.stored_by_key):
+            stored = it.stored_by_key[key]()
+            if stored is None or stored.action is not Action.KEEP or stored.unpacked or stored.tensor is None or stored.owner is not None:
+                continue
+            if self._evict(stored):
+                counters.budget_evictions += 1
+                if counters.resident_bytes + nbytes <= budget:
+                    return
+
+    def _evict(self, stored: Stored) -> bool:
+        """Swap a kept ``stored`` to host memory now; whether it moved."""
+        layout = stored.layout
+        try:
+            flat = layout.compact(stored.tensor)
+        except torch.OutOfMemoryError:  # a strided view needs a gathered copy: no room for it
+            return False
+        self.transfers.copy_to_host(stored, flat, non_blocking=False)
+        stored.tensor, stored.action = None, Action.SWAP
+        counters = self.counters
+        counters.add_resident(-stored.held_bytes)
+        stored.held_bytes = 0
+        counters.kept_bytes -= layout.nbytes
+        counters.offloaded_bytes += layout.nbytes
+        counters.transferred_bytes += layout.nbytes
+        counters.actions[Action.KEEP.value] -= 1
+        counters.actions[Action.SWAP.value] += 1
+        return True
 
     def _prefetch_after(self, it: IterationState, key: int) -> None:
         """Fetch the offloaded tensors that follow ``key`` in the profiled unpack order, within the budget."""

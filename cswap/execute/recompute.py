@@ -33,10 +33,10 @@ Example:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from types import TracebackType
+from types import MappingProxyType, TracebackType
 from typing import Any, Protocol
 
 import torch
@@ -278,6 +278,11 @@ class RecomputeRegions:
     def mark_ineligible(self, reasons: dict[str, str]) -> None:
         """Refuse to enable these paths from now on (path -> why), e.g. from a profile's findings."""
         self._ineligible.update(reasons)
+
+    @property
+    def ineligible(self) -> Mapping[str, str]:
+        """The paths :meth:`enable` refuses, and why."""
+        return MappingProxyType(self._ineligible)
 
     def enable(self, paths: Iterable[str]) -> None:
         """Recompute exactly ``paths`` from the next forward on (every other region is disabled).

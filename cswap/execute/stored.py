@@ -67,6 +67,7 @@ class Counters:
     budget_fallbacks: int = 0
     budget_waits: int = 0
     evicted_tensors: int = 0
+    budget_evictions: int = 0
 
     def add_resident(self, nbytes: int) -> None:
         """Account ``nbytes`` more (or, negative, fewer) resident bytes and track the peaks."""

@@ -126,6 +126,7 @@ def problem_from_trace(
     rebuilt_from: Sequence[Sequence[int]] = (),
     storage_of: Mapping[int, int] | None = None,
     rebuilt_copies: Sequence[int] = (),
+    rebuilt_bytes: Mapping[int, int] | None = None,
 ) -> PlanningProblem:
     """Every offloadable record's options, keyed by the record's key.
 
@@ -151,6 +152,9 @@ def problem_from_trace(
         rebuilt_copies: per group of ``rebuilt_together``, bytes its recomputation saves again while
             the original stays held elsewhere: held from the group's recomputation to its last
             free, as a tensor keyed ``-1 - group index`` that is only kept.
+        rebuilt_bytes: key -> bytes a rebuilt key holds while it lives (default: the record's
+            bytes). A recomputed view holds its whole storage (one of three heads of a packed
+            projection holds all three), and keys sharing a storage hold it once.
 
     Raises:
         ValueError: no link given and the trace has no bandwidths, or an unknown dtype.
@@ -173,7 +177,8 @@ def problem_from_trace(
         if record.key in rebuilt_at:
             span = rebuilt_at[record.key]
             if span is not None:
-                specs.append(TensorSpec(key=record.key, nbytes=record.nbytes, lifetime=Lifetime(span[0], None, span[1]), movable=False))
+                nbytes = record.nbytes if rebuilt_bytes is None else rebuilt_bytes.get(record.key, record.nbytes)
+                specs.append(TensorSpec(key=record.key, nbytes=nbytes, lifetime=Lifetime(span[0], None, span[1]), movable=False))
         else:
             early = first_unpack.get(record.key)
             if early is not None and lifetime.unpack is not None and record.key not in rebuilt_at and early < lifetime.unpack:

@@ -118,6 +118,18 @@ class _Planning:
     def freed(self, regions: tuple[str, ...]) -> frozenset[int]:
         return frozenset(self.profile.freed_keys(regions)) if regions else frozenset()
 
+    def _rebuilt_bytes(self, groups: list[tuple[int, ...]]) -> dict[int, int]:
+        """Per rebuilt key, the bytes its recomputation holds: its storage's, counted at the group's
+        first key on that storage (torch rebuilds a view together with the storage it is cut from)."""
+        held: dict[int, int] = {}
+        for group in groups:
+            seen: set[int] = set()
+            for key in group:
+                save = self.profile.saves[key]
+                held[key] = 0 if save.storage in seen else save.storage_bytes
+                seen.add(save.storage)
+        return held
+
     def _input_keys(self, path: str, freed: frozenset[int]) -> tuple[int, ...]:
         """The kept keys whose data is a positional input of ``path``'s calls."""
         storages = self._input_storages(path, keyword=False)
@@ -162,7 +174,8 @@ class _Planning:
             problem = problem_from_trace(self.trace, self.time_model, self.backend, min_bytes=self.min_bytes,
                                          sparsity_margin=SPARSITY_MARGIN, rebuilt_together=groups,
                                          rebuilt_from=[self._input_keys(p, freed) for p in regions], storage_of=self._storages,
-                                         rebuilt_copies=[self._copy_bytes(p, freed) for p in regions])
+                                         rebuilt_copies=[self._copy_bytes(p, freed) for p in regions],
+                                         rebuilt_bytes=self._rebuilt_bytes(groups))
             self._memo[regions] = (problem, self.extra_bytes(regions))
         return self._memo[regions]
 

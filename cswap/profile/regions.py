@@ -25,6 +25,9 @@ Example:
 
 from __future__ import annotations
 
+import enum
+import functools
+import types
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
@@ -38,7 +41,59 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from cswap.profile.profiler import Clock
 from cswap.profile.trace import Trace
 
-__all__ = ["CallRecord", "InputRecord", "OuterPack", "RegionFacts", "RegionProfile", "RegionTracer", "SavedRecord", "Stamps", "nested_pair", "profile_regions"]
+__all__ = [
+    "CallRecord",
+    "InputRecord",
+    "OuterPack",
+    "RegionFacts",
+    "RegionProfile",
+    "RegionTracer",
+    "SavedRecord",
+    "Stamps",
+    "compiled_paths",
+    "mutable_kind",
+    "nested_pair",
+    "profile_regions",
+]
+
+
+# A tensor is the checkpoint's own business (saved, version-checked); these others cannot change.
+_IMMUTABLE = (torch.Tensor, type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size, torch.layout,
+              torch.memory_format, enum.Enum, slice, type(Ellipsis), type, nn.Module, types.FunctionType,
+              types.BuiltinFunctionType, types.MethodType, functools.partial)
+
+
+def mutable_kind(value: Any) -> str | None:
+    """The type name of ``value`` when it is a mutable object other than a tensor, else ``None``:
+    a tuple is looked into, a list, a dict or any other object is mutable.
+
+    A module recomputed in backward reads its non-tensor inputs again as they are then; a mutable
+    one may have changed since the forward (torch's checkpoint holds it by reference).
+
+    >>> mutable_kind((torch.zeros(1), None, 3)), mutable_kind([torch.zeros(1)]), mutable_kind({"k": 1})
+    (None, 'list', 'dict')
+    """
+    if isinstance(value, _IMMUTABLE):
+        return None
+    if isinstance(value, tuple | frozenset):
+        return next((kind for item in value if (kind := mutable_kind(item)) is not None), None)
+    return type(value).__name__
+
+
+def compiled_paths(model: nn.Module) -> tuple[str, ...]:
+    """The paths whose module (and everything under it) runs as a ``torch.compile`` graph: what
+    ``torch.compile(module)`` wraps (its ``_orig_mod``) and a module compiled in place (``module.compile()``).
+
+    >>> compiled_paths(torch.nn.Sequential(torch.nn.Linear(2, 2)))
+    ()
+    """
+    found = []
+    for path, module in model.named_modules():
+        if type(module).__name__ == "OptimizedModule" and hasattr(module, "_orig_mod"):
+            found.append(f"{path}._orig_mod" if path else "_orig_mod")
+        elif getattr(module, "_compiled_call_impl", None) is not None:
+            found.append(path)
+    return tuple(found)
 
 
 def nested_pair(paths: Iterable[str]) -> tuple[str, str] | None:
@@ -120,6 +175,9 @@ class CallRecord:
         inputs: its tensor inputs, positional first.
         modifies_input: an input's version changed during the call (e.g. ``ReLU(inplace=True)``).
         reentrant: the module was already running when it was called.
+        mutable_input: the first input that is a mutable object other than a tensor (a list, a
+            dict, a key/value cache), as ``"name: type"``; ``None`` when there is none.
+        repeated_input: one tensor object was passed as several positional inputs (``attn(x, x, x)``).
     """
 
     index: int
@@ -130,6 +188,8 @@ class CallRecord:
     inputs: tuple[InputRecord, ...]
     modifies_input: bool
     reentrant: bool
+    mutable_input: str | None = None
+    repeated_input: bool = False
 
 
 @dataclass(frozen=True)
@@ -206,6 +266,16 @@ class RegionProfile:
     def ineligible(self) -> dict[str, str]:
         """Paths that save tensors but cannot be recomputed, with the reason."""
         return {p: f.ineligible for p, f in self.regions.items() if f.keys and f.ineligible is not None}
+
+    def excluding(self, reasons: Mapping[str, str]) -> RegionProfile:
+        """This profile with the regions in ``reasons`` (path -> why) ineligible too, as a runtime that
+        saw torch refuse their recomputation marks them."""
+        known = {path: why for path, why in reasons.items() if path in self.regions and self.regions[path].ineligible is None}
+        if not known:
+            return self
+        regions = {path: replace(facts, freed_bytes=0, ineligible=known[path]) if path in known else facts
+                   for path, facts in self.regions.items()}
+        return replace(self, regions=MappingProxyType(regions))
 
     def with_recompute_seconds(self, trace: Trace) -> Trace:
         """``trace`` with each record's ``recompute_s``: the forward seconds of the innermost module call
@@ -289,6 +359,7 @@ class RegionTracer:
         self._stack: list[int] = []
         self._handles: list[Any] = []
         self._stopped = False
+        self._compiled = compiled_paths(model)
 
     def __enter__(self) -> RegionTracer:
         for path, module in self.model.named_modules():
@@ -323,17 +394,23 @@ class RegionTracer:
 
     def _enter(self, path: str) -> Any:
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            if torch.compiler.is_compiling():
+                return  # traced into a compiled graph, the call is not this module's to recompute (nor recorded)
             inputs = [self._input(str(i), False, a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
             inputs += [self._input(k, True, v) for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
             reentrant = any(self._calls[i]["path"] == path for i in self._stack)
+            mutable = next((f"{name}: {kind}" for name, value in (*enumerate(args), *kwargs.items())
+                            if (kind := mutable_kind(value)) is not None), None)
             self._stack.append(len(self._calls))
+            positional = [id(a) for a in args if isinstance(a, torch.Tensor)]
             self._calls.append(dict(path=path, first_key=len(self._saves), grad_enabled=torch.is_grad_enabled(),
-                                    inputs=inputs, reentrant=reentrant, start=self.clock.stamp(), end=None))
+                                    inputs=inputs, reentrant=reentrant, mutable=mutable, repeated=len(set(positional)) < len(positional),
+                                    start=self.clock.stamp(), end=None))
 
         return hook
 
     def _leave(self, module: nn.Module, args: Any, output: Any) -> None:
-        if self._stack:
+        if self._stack and not torch.compiler.is_compiling():
             call = self._calls[self._stack.pop()]
             call["end"] = self.clock.stamp()
             # Decide now and drop the tensors: holding every module's inputs to the end of the
@@ -370,6 +447,8 @@ class RegionTracer:
                 inputs=tuple(r for r, _, _ in c["inputs"]),
                 modifies_input=c.get("modifies_input", False),
                 reentrant=c["reentrant"],
+                mutable_input=c["mutable"],
+                repeated_input=c["repeated"],
             )
             for i, c in enumerate(self._calls)
         )
@@ -383,11 +462,22 @@ class RegionTracer:
             inputs = [i for c in mine for i in c.inputs]
             input_storages = {i.storage for i in inputs}
             reason = None
-            if any(c.reentrant for c in mine):
+            compiled = next((c for c in self._compiled if path == c or path.startswith(f"{c}.")), None)
+            if compiled is not None:
+                reason = (f"it runs inside the torch.compile graph of {compiled or 'the model'!r}, traced with its "
+                          "checkpoint hooks as they were then: enabling it later would not reach the compiled code")
+            elif any(c.reentrant for c in mine):
                 reason = "its forward calls itself: one checkpoint state per module cannot hold two open calls"
             elif any(c.modifies_input for c in mine):
                 reason = ("its forward modifies an input in place (e.g. ReLU(inplace=True)): the input checkpoint "
                           "saved would fail torch's version check in backward")
+            elif any(c.repeated_input for c in mine):
+                reason = ("it is called with one tensor as several inputs (attention(x, x, x)): the recomputation gets "
+                          "them as separate tensors, and code that tests `query is key` (nn.MultiheadAttention) takes another path")
+            elif (mutable := next((c.mutable_input for c in mine if c.mutable_input), None)) is not None:
+                reason = (f"its input {mutable} is a mutable object, held by reference until backward: what the forward "
+                          "after the call appends to it (a list of features, a key/value cache) the recomputation would read; "
+                          "for a Hugging Face model, config.use_cache = False for training makes its layers recomputable")
             regions[path] = RegionFacts(
                 path=path,
                 keys=tuple(s.key for s in inside),

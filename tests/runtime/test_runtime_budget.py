@@ -3,7 +3,6 @@ with gradients bit-identical to plain PyTorch throughout."""
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -166,9 +165,12 @@ def test_without_enforcement_backward_prefetches_past_the_budget(enforced: bool,
             return replace(plan, budget_bytes=None, prefetch_bytes=None), budget_bytes, error
 
         monkeypatch.setattr(runtime, "budget_plan", unenforced)
-    check = contextlib.nullcontext() if enforced else pytest.raises(AssertionError, match="over the budget")
-    with check:
-        _holds_or_says_least("swap", _cnn, CNN_BATCHES, reference, int(0.4 * none_peak))
+        # the iteration that passes the budget says so, and the runtime profiles again
+        with pytest.warns(UserWarning, match="passed the memory budget in this iteration"):
+            _, rt = train(_cnn, CNN_BATCHES, 1, runtime_for("swap", memory_budget=int(0.4 * none_peak)))
+        assert rt.stats().peak_resident_bytes > rt.stats().budget_bytes and rt.stats().graph_changes > 0
+        return
+    _holds_or_says_least("swap", _cnn, CNN_BATCHES, reference, int(0.4 * none_peak))
 
 
 class _Bert(torch.nn.Module):

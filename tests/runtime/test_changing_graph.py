@@ -1,0 +1,100 @@
+"""A graph that changes between iterations (data-dependent depth and batch size): the budget holds
+on every iteration under every policy that moves tensors, a changed graph is profiled again at the
+next iteration (``stats().graph_changes``), a policy that cannot move what it holds says so, and
+gradients stay bit-identical to plain PyTorch."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import cswap
+from tests.runtime.helpers import assert_bit_equal, runtime_for
+
+#: (depth, batch) per iteration: deeper, then a bigger batch, then shallower and smaller
+SCHEDULE = [(2, 16), (2, 16), (6, 16), (6, 32), (2, 8), (4, 32), (6, 32), (6, 32)]
+
+
+class DataDependentDepth(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(32, 64)
+        self.blocks = nn.ModuleList([nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Dropout(0.1)) for _ in range(6)])
+        self.out = nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor, depth: int) -> torch.Tensor:
+        h = F.relu(self.inp(x))
+        for block in self.blocks[:depth]:
+            h = block(h)
+        return self.out(h)
+
+
+def _train(runtime: cswap.Runtime | None, model: nn.Module) -> tuple[list[list[torch.Tensor]], list[tuple[int, int]]]:
+    """Gradients per iteration, and per iteration (its peak, the budget then)."""
+    g = torch.Generator().manual_seed(0)
+    grads, peaks = [], []
+    for i, (depth, batch) in enumerate(SCHEDULE):
+        x, y = torch.randn(batch, 32, generator=g), torch.randint(0, 10, (batch,), generator=g)
+        with torch.random.fork_rng():
+            torch.manual_seed(i)
+            if runtime is None:
+                F.cross_entropy(model(x, depth), y).backward()
+            else:
+                with runtime.iteration():
+                    F.cross_entropy(model(x, depth), y).backward()
+                stats = runtime.stats()
+                peaks.append((stats.iteration_peak_resident_bytes, stats.budget_bytes))
+        grads.append([p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()])
+        model.zero_grad()
+    return grads, peaks
+
+
+@pytest.fixture(scope="module")
+def plain() -> list[list[torch.Tensor]]:
+    torch.manual_seed(0)
+    return _train(None, DataDependentDepth())[0]
+
+
+@pytest.mark.parametrize("policy", ["swap", "compress-swap", "cswap", "capuchin"])
+def test_the_budget_holds_on_every_iteration_of_a_changing_graph(policy: str, plain: list[list[torch.Tensor]]) -> None:
+    torch.manual_seed(0)
+    model = DataDependentDepth()
+    rt = runtime_for(policy, memory_budget=0.5, d2h_gbps=1.0, h2d_gbps=1.0)(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no iteration passes the budget, so none warns
+        grads, peaks = _train(rt, model)
+    for i, (peak, budget) in enumerate(peaks):
+        assert peak <= budget, f"iteration {i} ({SCHEDULE[i]}): peak {peak} over the budget {budget}"
+    stats = rt.stats()
+    assert stats.graph_changes >= 3 and stats.profiled_iterations == 1 + stats.graph_changes
+    assert_bit_equal([g for it in plain for g in it], [g for it in grads for g in it], "gradient")
+
+
+def test_a_policy_that_cannot_move_says_so_with_the_new_least_budget() -> None:
+    """A budget in bytes that holds the shallow graph under ``none``: the deeper one passes it, the
+    iteration that shows it warns, and the next profile raises with the deeper graph's least budget.
+    (A fractional budget follows the graph: it resolves against each new profile.)"""
+    g = torch.Generator().manual_seed(0)
+    (depth, batch), deeper = SCHEDULE[0], SCHEDULE[2]
+    x, y = torch.randn(batch, 32, generator=g), torch.randint(0, 10, (batch,), generator=g)
+    torch.manual_seed(0)
+    model = DataDependentDepth()
+    probe = runtime_for("none", memory_budget=1.0)(model)
+    with probe.iteration():
+        F.cross_entropy(model(x, depth), y).backward()
+    budget = probe.stats().budget_bytes
+    assert budget is not None
+    rt = runtime_for("none", memory_budget=budget)(model)
+    for _ in range(2):  # profiled, then planned: within its budget
+        with rt.iteration():
+            F.cross_entropy(model(x, depth), y).backward()
+    x, y = torch.randn(deeper[1], 32, generator=g), torch.randint(0, 10, (deeper[1],), generator=g)
+    with pytest.warns(UserWarning, match="passed the memory budget in this iteration"), rt.iteration():
+        F.cross_entropy(model(x, deeper[0]), y).backward()  # the iteration that shows it
+    with pytest.raises(cswap.BudgetError) as raised, rt.iteration():
+        F.cross_entropy(model(x, deeper[0]), y).backward()  # profiled again: the new least budget
+    assert raised.value.minimum_bytes > budget and rt.stats().graph_changes == 1

@@ -1,0 +1,154 @@
+"""Recomputing policies on models as their authors ship them: Hugging Face GPT-2, Llama and T5 with
+their default configs (the key/value cache on) and padding masks, a torchvision-style DenseNet and
+ViT, and a CNN under ``torch.compile``. Every run completes with gradients bit-identical to plain
+PyTorch; the regions that cannot be recomputed safely are never enabled, and say why."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import cswap
+from cswap.profile.regions import profile_regions
+from tests.runtime.helpers import assert_bit_equal
+from tests.zoo import ZOO
+
+STEPS = 3
+SLOW_LINK = {"d2h_gbps": 1e-5, "h2d_gbps": 1e-5}  # copies never hide: the planners recompute where they can
+
+
+def _train(name: str, runtime: dict | None) -> tuple[list[list[torch.Tensor]], cswap.Runtime | None]:
+    torch.manual_seed(0)
+    model, make_step = ZOO[name]()
+    model.train()
+    step = make_step(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    rt = cswap.Runtime(model=model, min_bytes=0, **SLOW_LINK, **runtime) if runtime is not None else None
+    grads = []
+    for i in range(STEPS):
+        with torch.random.fork_rng():
+            torch.manual_seed(100 + i)
+            if rt is None:
+                step()
+            else:
+                with rt.iteration():
+                    step()
+        grads.append([p.grad.detach().clone() for p in model.parameters() if p.grad is not None])
+        optimizer.step()
+        optimizer.zero_grad()
+    return grads, rt
+
+
+@pytest.fixture(scope="module")
+def plain() -> dict[str, list[list[torch.Tensor]]]:
+    return {}
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+@pytest.mark.parametrize(("policy", "budget"), [("recompute", None), ("capuchin", 0.5), ("cswap", 0.5)])
+def test_recomputing_policies_train_bit_identically(plain: dict, name: str, policy: str, budget: float | None) -> None:
+    if name not in plain:
+        plain[name] = _train(name, None)[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the models' own notices
+        try:
+            grads, rt = _train(name, {"policy": policy, "memory_budget": budget})
+        except cswap.BudgetError as error:  # below what the policy meets here: train at its least
+            grads, rt = _train(name, {"policy": policy, "memory_budget": error.minimum_bytes})
+    assert rt is not None
+    stats = rt.stats()
+    assert stats.iterations == STEPS
+    if stats.budget_bytes is not None:
+        assert stats.peak_resident_bytes <= stats.budget_bytes
+    if policy == "recompute" and name != "compiled-cnn":
+        assert stats.actions["recompute"] > 0, f"{name}: nothing was recomputed"
+    assert_bit_equal([g for it in plain[name] for g in it], [g for it in grads for g in it], "gradient")
+
+
+@pytest.mark.parametrize(
+    ("name", "unsafe", "why"),
+    [
+        ("densenet", ["block1.denselayer1", "block1.denselayer2", "block1.denselayer3"], "is a mutable object"),
+        ("vit", ["layers.0.self_attention", "layers.1.self_attention"], "one tensor as several inputs"),
+    ],
+)
+def test_regions_that_cannot_run_twice_are_found_while_profiling(name: str, unsafe: list[str], why: str) -> None:
+    torch.manual_seed(0)
+    model, make_step = ZOO[name]()
+    profile = profile_regions(model, make_step(model))
+    for path in unsafe:
+        assert why in (profile.ineligible.get(path) or ""), f"{path}: {profile.ineligible.get(path)}"
+        assert path not in profile.candidates
+    assert profile.candidates, "the model's other regions stay candidates"
+
+
+def test_no_region_inside_a_compiled_graph_is_a_candidate() -> None:
+    """Modules traced into a ``torch.compile`` graph run there, not through their hooks: recomputing
+    one would not reach the compiled code. Only the compiled module's own call may be recomputed."""
+    torch.manual_seed(0)
+    model, make_step = ZOO["compiled-cnn"]()
+    profile = profile_regions(model, make_step(model))
+    assert profile.candidates == ("",)
+    for path, facts in profile.regions.items():
+        if path.startswith("_orig_mod"):
+            assert "torch.compile graph" in (facts.ineligible or "")
+
+
+@pytest.mark.parametrize(("name", "layer"), [("gpt2", "transformer.h.0"), ("llama", "model.layers.0"), ("t5", "decoder.block.0")])
+def test_a_layer_given_the_key_value_cache_is_not_recomputed_until_the_cache_is_off(name: str, layer: str) -> None:
+    """The default config passes each decoder layer the cache, which a recomputation would append to
+    a second time: the layer is never enabled. With ``use_cache=False`` (what Hugging Face's gradient
+    checkpointing sets) it is a candidate. cswap leaves the config alone: the cache changes the
+    bits of some models' gradients (T5's), and plain PyTorch is the reference."""
+    for use_cache in (True, False):
+        torch.manual_seed(0)
+        model, make_step = ZOO[name]()
+        if not use_cache:  # as the config class builds it, else with the cache off everywhere
+            for config in {id(m.config): m.config for m in model.modules() if hasattr(m, "config")}.values():
+                config.use_cache = False
+        profile = profile_regions(model, make_step(model))
+        if use_cache:
+            assert "Cache is a mutable object" in profile.ineligible[layer] and "use_cache = False" in profile.ineligible[layer]
+        else:
+            assert layer in profile.candidates
+
+
+class _Moody(torch.nn.Module):
+    """Saves a tensor of another dtype when ``mood`` changed between its forward and backward: a
+    region the profile cannot see is unsafe, until torch refuses its recomputation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(64, 64)
+        self.mood = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.linear(x)
+        return h.double().exp().float() if self.mood else h.exp()
+
+
+def test_a_region_torch_refuses_is_excluded_and_the_next_iteration_trains() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), _Moody(), torch.nn.Tanh(), torch.nn.Linear(64, 64), torch.nn.Tanh(),
+                                torch.nn.Linear(64, 4))
+    x = torch.randn(32, 64)
+    rt = cswap.Runtime("recompute", model=model, min_bytes=0)
+    with rt.iteration():  # profiling: nothing recomputed yet
+        model(x).sum().backward()
+    assert "1" in rt.plan().recompute_regions
+    with pytest.raises(RuntimeError, match=r"cswap recomputed the modules .*'1'.* not recomputed again") as raised:
+        with rt.iteration():
+            loss = model(x).sum()
+            model[1].mood = True  # the recomputation now takes the other branch
+            loss.backward()
+    assert isinstance(raised.value.__cause__, torch.utils.checkpoint.CheckpointError)
+    model[1].mood = False
+    model.zero_grad()
+    with rt.iteration():  # profiles again, and plans without the refused region
+        model(x).sum().backward()
+    with rt.iteration():
+        model(x).sum().backward()
+    assert "1" not in rt.plan().recompute_regions
+    assert rt.stats().iterations == 3 and rt.stats().profiled_iterations == 2  # the refused step is not counted
