@@ -24,6 +24,9 @@ from dataclasses import dataclass
 
 __all__ = ["BudgetError", "MemoryBudget", "format_bytes", "parse_budget"]
 
+#: The least bare number a string may give as bytes: below it, a missing unit is the likelier story.
+_LEAST_BARE_BYTES = 1 << 20
+
 _FORMS = (
     "accepted forms: None (no budget), a positive int of bytes, a string with a unit "
     "(e.g. '512MiB', '2GiB', '1.5GB'; units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB, Ki, Mi, Gi, Ti, any case), "
@@ -124,7 +127,8 @@ def parse_budget(value: object) -> MemoryBudget | None:
     Args:
         value: ``None``, ``MemoryBudget``, int bytes, a string with a unit, or a float in (0, 1].
             A string holding a bare number, as a command line gives it, is a fraction when it is at
-            most 1 (``"0.5"``) and bytes when it is a whole number above 1 (``"1000"``, ``"2e9"``).
+            most 1 (``"0.5"``) and bytes when it is a whole number of at least 1 MiB (``"2e9"``); a
+            bare number between them (``"2"``) is refused as a likely mistake.
 
     Raises:
         ValueError: naming the value and the accepted forms (0, negative, a float above 1, NaN,
@@ -158,6 +162,12 @@ def parse_budget(value: object) -> MemoryBudget | None:
         if not unit:
             amount = float(number)
             if amount > 1.0 and amount.is_integer():
+                if amount < _LEAST_BARE_BYTES:
+                    raise ValueError(
+                        f"memory budget {value!r} is not valid: a bare number above 1 is bytes, and {int(amount)} bytes of "
+                        f"activations is almost certainly not meant: give a fraction in (0, 1] such as 0.5, or a number with "
+                        f"a unit such as 2GiB ('{int(amount)}B' for exactly {int(amount)} bytes); {_FORMS}"
+                    )
                 return MemoryBudget(nbytes=int(amount))
             if not 0.0 < amount <= 1.0:
                 raise ValueError(f"memory budget {value!r} is not valid: a float must be a fraction in (0, 1]; {_FORMS}")

@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 from collections.abc import Mapping
@@ -128,6 +129,8 @@ class RuntimeOptions:
     def __post_init__(self) -> None:
         # any accepted form becomes a MemoryBudget; parse_budget's error names the forms
         object.__setattr__(self, "memory_budget", parse_budget(self.memory_budget))
+        if isinstance(self.policy, str):  # "Swap", " CSWAP": a policy's name in any case
+            object.__setattr__(self, "policy", self.policy.strip().lower())
         for name in FILE_OPTIONS + OBJECT_OPTIONS:
             problem = _problem(name, getattr(self, name))
             if problem:
@@ -142,7 +145,10 @@ class RuntimeOptions:
 def _problem(name: str, value: Any) -> str | None:
     """Why ``value`` is not valid for option ``name``, or ``None`` when it is."""
     if name == "policy":
-        return None if value in POLICIES else f"choose one of {', '.join(POLICIES)}"
+        if value in POLICIES:
+            return None
+        close = difflib.get_close_matches(str(value), POLICIES, n=1)
+        return (f"did you mean {close[0]!r}? " if close else "") + f"choose one of {', '.join(POLICIES)}"
     if name == "decider":
         return None if value in DECIDERS else f"choose one of {', '.join(DECIDERS)}"
     if name == "backend":

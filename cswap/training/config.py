@@ -124,6 +124,11 @@ class TrainConfig(BaseModel):
     seed: int = 0
     save_model: Path | None = None
 
+    @field_validator("policy", mode="before")
+    @classmethod
+    def _policy_in_any_case(cls, value: Any) -> Any:
+        return value.strip().lower() if isinstance(value, str) else value
+
     @field_validator("memory_budget")
     @classmethod
     def _budget(cls, value: int | float | str | None) -> int | float | str | None:

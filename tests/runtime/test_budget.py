@@ -23,7 +23,8 @@ from cswap.budget import BudgetError, MemoryBudget, parse_budget
         ("3KiB", 3072),
         ("1Ti", 2**40),
         ("7b", 7),
-        ("1000", 1000),
+        ("1000B", 1000),
+        ("1048576", 2**20),
         ("2e9", 2_000_000_000),
     ],
 )
@@ -61,6 +62,8 @@ def test_none_and_budget_pass_through():
         ("-1GiB", "cannot read it"),
         ("0GiB", "it is zero bytes"),
         ("1.5", "a float must be a fraction in (0, 1]"),
+        ("2", "a bare number above 1 is bytes, and 2 bytes of activations is almost certainly not meant"),
+        ("1048575", "a bare number above 1 is bytes"),
         ([1], "a list is not a budget"),
     ],
 )

@@ -13,6 +13,7 @@ import yaml
 
 import cswap
 from cswap.options import DEFAULTS_ENV, FILE_OPTIONS, POLICIES, RuntimeOptions, default_options_path, load_options
+from cswap.training.config import TrainConfig
 
 SHIPPED = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"
 
@@ -167,3 +168,15 @@ def test_runtime_keywords_left_at_their_default_follow_the_defaults_file(tmp_pat
     monkeypatch.setenv("CSWAP_RUNTIME_CONFIG", str(custom))
     assert cswap.Runtime("swap", device="cpu").options.min_bytes == 123
     assert cswap.Runtime("swap", device="cpu", min_bytes=7).options.min_bytes == 7
+
+
+@pytest.mark.parametrize(("given", "policy"), [("Swap", "swap"), (" CSWAP ", "cswap"), ("Compress-Keep", "compress-keep")])
+def test_a_policy_is_read_in_any_case(given: str, policy: str) -> None:
+    assert load_options(policy=given).policy == policy
+    assert cswap.Runtime(given, device="cpu").policy == policy
+    assert TrainConfig(policy=given).policy == policy
+
+
+def test_a_misspelt_policy_suggests_the_close_one() -> None:
+    with pytest.raises(ValueError, match=r"invalid Runtime option policy='swp': did you mean 'swap'\? choose one of none, swap"):
+        load_options(policy="swp")

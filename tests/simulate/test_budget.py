@@ -187,6 +187,7 @@ def test_cli_sweep_plots_time_against_budget(tmp_path):
     [
         (["--memory-budget", "12 parsecs"], "unknown unit 'parsecs'"),
         (["--memory-budget", "-1"], "cannot read it"),
+        (["--memory-budget", "2"], "2 bytes of activations is almost certainly not meant: give a fraction in (0, 1] such as 0.5"),
         (["--memory-budget", "0.5", "--policies", "cpu-compress-swap"], "cannot be planned under a memory budget"),
     ],
 )
