@@ -28,6 +28,11 @@ __all__ = ["ACTION_COLORS", "decision_label", "plot_budget", "plot_convergence",
 ACTION_COLORS: dict[str, str] = {"keep": "#9e9e9e", "swap": "#1f77b4", "zvc-swap": "#2ca02c", "zvc-keep": "#ff7f0e"}
 
 
+def _epoch_labels(epochs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Epochs numbered from 1, as the console table numbers them (the report counts from 0)."""
+    return [str(e["epoch"] + 1) for e in epochs]
+
+
 def _keys(epochs: Sequence[Mapping[str, Any]], field: str) -> list[str]:
     keys = sorted({k for e in epochs for k in e.get(field, {})}, key=int)
     return keys
@@ -50,7 +55,7 @@ def plot_sparsity(epochs: Sequence[Mapping[str, Any]], path: Path) -> Path:
     fig.colorbar(image, ax=ax, label="sparsity (fraction of zeros)")
     ax.set_xlabel("epoch")
     ax.set_ylabel("saved tensor (pack order)")
-    ax.set_xticks(range(len(epochs)), [str(e["epoch"]) for e in epochs])
+    ax.set_xticks(range(len(epochs)), _epoch_labels(epochs))
     ax.set_title("Sparsity of each saved activation")
     return _save(fig, path)
 
@@ -82,7 +87,7 @@ def plot_decisions(epochs: Sequence[Mapping[str, Any]], path: Path) -> Path:
     ax.legend(handles, actions, loc="upper left", bbox_to_anchor=(1.02, 1), fontsize="small")
     ax.set_xlabel("epoch")
     ax.set_ylabel("saved tensor (pack order)")
-    ax.set_xticks(range(len(epochs)), [str(e["epoch"]) for e in epochs])
+    ax.set_xticks(range(len(epochs)), _epoch_labels(epochs))
     if modules:
         # Named by the module that produced each tensor (a runtime given model=), not only its index.
         ax.set_yticks(range(len(keys)), [decision_label(k, modules.get(k, "")) for k in keys], fontsize="x-small")
