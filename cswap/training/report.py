@@ -78,6 +78,13 @@ _LEGEND = ("epoch 1 is the first; mean loss: over the epoch's batches; offloaded
 _RECOMPUTE_LEGEND = "; r: dropped and rebuilt by recomputing their module"
 
 
+def _is_fraction(value: object) -> bool:
+    try:
+        return 0.0 < float(value) <= 1.0  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+
+
 def summarize(report: Mapping[str, Any], console: Console) -> None:
     """Print one row per epoch (1-based, as the progress bars number them), with a legend; fits 80 columns.
 
@@ -88,12 +95,22 @@ def summarize(report: Mapping[str, Any], console: Console) -> None:
         ...            "samples_per_s": 10.0, "peak_memory_bytes": 2048}]}, out)
         >>> "mean loss" in out.file.getvalue() and "…" not in out.file.getvalue()
         True
+        >>> summarize({"model": "m", "policy": "swap", "budget_bytes": 3 << 20, "config": {"memory_budget": 0.3},
+        ...            "epochs": []}, out)
+        >>> "memory budget 3.0 MiB (0.3 of none's peak)" in out.file.getvalue()
+        True
     """
     # the recompute count only where something was recomputed: the table stays within 80 columns otherwise
     recomputed = any(epoch.get("decisions", {}).get("recompute", 0) for epoch in report["epochs"])
     actions = (*_ACTIONS, "recompute") if recomputed else _ACTIONS
     legend = _LEGEND + (_RECOMPUTE_LEGEND if recomputed else "")
-    table = Table(title=escape(f"{report['model']} under policy {report['policy']}"), caption=escape(legend),
+    title = f"{report['model']} under policy {report['policy']}"
+    budget = report.get("budget_bytes")
+    if budget is not None:
+        given = report.get("config", {}).get("memory_budget")
+        share = f" ({given} of none's peak)" if isinstance(given, int | float | str) and _is_fraction(given) else ""
+        title += f", memory budget {format_bytes(budget)}{share}"
+    table = Table(title=escape(title), caption=escape(legend),
                   box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True, caption_justify="left")
     counts = "k/s/zs/zk/r" if recomputed else "k/s/zs/zk"
     for column in ("epoch", "mean loss", "accuracy", "samples/s", "peak memory", "offloaded", "ratio", counts):
