@@ -27,15 +27,17 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from cswap.commands import fail, warnings_as_lines
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = [
     "DecisionData",
@@ -194,6 +196,8 @@ def decision_dataset(
                     scales.append(scale)
     if not rows:
         raise ValueError("the traces hold no offloadable tensor to learn from")
+    import numpy as np  # here, not with the command line: `cswap --help` stays quick
+
     raw = np.asarray(rows, dtype=np.float64)
     return DecisionData(
         features=decision_features(*raw.T),

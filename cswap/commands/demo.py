@@ -8,22 +8,26 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import torch
 import typer
 from rich.console import Console
 from rich.table import Table
-from torch import nn
 
-from cswap.codecs import compress, decompress
 from cswap.commands import fail
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 __all__ = ["register", "run_demo"]
 
 
 def _digits_batch(batch_size: int, size: int) -> torch.Tensor:
     """Real images: scikit-learn's 8x8 digits, upsampled to ``size`` and given 3 channels."""
+    import torch
     from sklearn.datasets import load_digits
+    from torch import nn
 
     images = torch.tensor(load_digits().images[:batch_size], dtype=torch.float32) / 16.0
     images = nn.functional.interpolate(images.unsqueeze(1), size=(size, size), mode="bilinear")
@@ -31,6 +35,8 @@ def _digits_batch(batch_size: int, size: int) -> torch.Tensor:
 
 
 def _small_cnn() -> nn.Sequential:
+    from torch import nn
+
     return nn.Sequential(
         nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(),
         nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
@@ -65,6 +71,11 @@ def run_demo(
         >>> [row["layer"] for row in rows][:2], rows[1]["sparsity"] > 0
         (['0:Conv2d', '1:ReLU'], True)
     """
+    # torch loads here, not with the command line: `cswap --help` stays quick
+    import torch
+
+    from cswap.codecs import compress, decompress
+
     console = console or Console()
     torch.manual_seed(0)
     model = _small_cnn().eval()
