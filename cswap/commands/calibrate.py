@@ -217,6 +217,7 @@ def evaluate_decider(data: DecisionData) -> dict[str, Any]:
         answering the majority class of the training rows), ``accuracy_by_model``, ``accuracy_measured_link`` (rows with
         the measured link and the profiled hidden times), ``positive_fraction``, ``test_samples``.
     """
+    import numpy as np
     from sklearn.metrics import balanced_accuracy_score
 
     from cswap.predictors import fit
