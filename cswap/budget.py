@@ -188,6 +188,7 @@ class BudgetError(ValueError):
         minimum_bytes: the least budget this policy can meet on this model.
         policy: the policy.
         budget_bytes: the budget asked for.
+        why: why the least is what it is, where that needs saying (more than plain PyTorch holds).
 
     Example:
         >>> error = BudgetError(minimum_bytes=3 << 20, policy="swap", budget_bytes=1 << 20)
@@ -199,17 +200,19 @@ class BudgetError(ValueError):
         policy with more actions (cswap allows keep, swap, zvc-swap, zvc-keep and, given the model, recompute).
     """
 
-    def __init__(self, minimum_bytes: int, policy: str, budget_bytes: int) -> None:
+    def __init__(self, minimum_bytes: int, policy: str, budget_bytes: int, why: str = "") -> None:
         self.minimum_bytes = int(minimum_bytes)
         self.policy = policy
         self.budget_bytes = int(budget_bytes)
+        self.why = why
         actions = "keep, swap, zvc-swap, zvc-keep and, given the model, recompute"
         other = (f" (cswap already has every action: {actions})" if policy == "cswap"
                  else f", or use a policy with more actions (cswap allows {actions})")
         super().__init__(
             f"policy {policy} cannot keep saved activations within the memory budget of {format_bytes(budget_bytes)}: "
             f"it needs at least {format_bytes(minimum_bytes)}. Raise the budget to at least {self.minimum_bytes} bytes{other}."
+            + (f" {why}" if why else "")
         )
 
-    def __reduce__(self) -> tuple[type, tuple[int, str, int]]:
-        return (type(self), (self.minimum_bytes, self.policy, self.budget_bytes))
+    def __reduce__(self) -> tuple[type, tuple[int, str, int, str]]:
+        return (type(self), (self.minimum_bytes, self.policy, self.budget_bytes, self.why))

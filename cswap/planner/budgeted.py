@@ -27,7 +27,7 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
-from cswap.budget import BudgetError, MemoryBudget
+from cswap.budget import BudgetError, MemoryBudget, format_bytes
 from cswap.planner import BudgetPlan, PlannedTensor, PlanningProblem, TensorOptions, minimum_bytes, plan_budget, problem_from_trace
 from cswap.planner.actions import POLICY_TABLE
 from cswap.planner.costmodel import TimeModel
@@ -171,6 +171,16 @@ def plan_from_budget(
                 prefetch_bytes=planned.prefetch_window_bytes, binding=binding, expected_bytes=expected, planner=MappingProxyType(summary))
 
 
+def _above_plain(least: int, none_bytes: int, action: Action) -> str:
+    """Why a least budget is above what plain PyTorch holds, or ``""`` when it is not."""
+    if least <= none_bytes:
+        return ""
+    return (f"That is more than plain PyTorch holds here ({format_bytes(none_bytes)}): under a budget the profiling "
+            f"iteration stores every tensor as {action.value}, and those copies, with what backward rebuilds from them, "
+            "sit beside tensors that stay alive anyway (views of one storage saved apart; a backward that saves what it "
+            "reads: create_graph=True, retain_graph=True), where plain PyTorch holds one reference.")
+
+
 def budget_plan(
     trace: Trace,
     policy: str,
@@ -213,7 +223,7 @@ def budget_plan(
     least = max(minimum_bytes(problem, policy), profiled_peak_bytes)
     if budget_bytes < least:
         action = PROFILE_ACTIONS[policy]
-        error = BudgetError(least, policy, budget_bytes)
+        error = BudgetError(least, policy, budget_bytes, _above_plain(least, minimum_bytes(problem, "none"), action))
         plan = Plan(**rules, default_action=action, unpack_order=unpack_order, prefetch_bytes=0,
                     default_reason=f"budget {budget_bytes:,d} B below this policy's least {least:,d} B: {action.value}")
         return plan, budget_bytes, error

@@ -310,3 +310,29 @@ def test_a_profile_that_saved_nothing_leaves_a_fractional_budget_to_the_next_ite
     assert stats.budget_bytes == cswap.MemoryBudget(fraction=fraction).resolve(none_peak)
     assert stats.peak_resident_bytes <= stats.budget_bytes
     assert_bit_equal([g for it in reference for g in it], [g for it in grads for g in it], "gradient")
+
+
+def test_a_least_budget_above_plain_pytorch_says_why_and_holds() -> None:
+    """Differentiating twice (create_graph=True) keeps the first backward's reads saved: compress-keep's
+    profile then holds compressed copies and their rebuilt tensors beside tensors alive anyway, more
+    than plain PyTorch's references. The error says so, and a run at its least budget holds it."""
+    torch.manual_seed(0)
+    data = batches(3, (4, 3, 32, 32), 10)
+
+    def double_backward(policy: str, budget: int) -> cswap.Runtime:
+        torch.manual_seed(0)
+        model = _cnn()
+        rt = runtime_for(policy, memory_budget=budget)(model)
+        for x, y in data:
+            with rt.iteration():
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                grads = torch.autograd.grad(loss, list(model.parameters()), create_graph=True)
+                sum(g.square().sum() for g in grads).backward()
+            model.zero_grad()
+        return rt
+
+    with pytest.raises(cswap.BudgetError) as raised:
+        double_backward("compress-keep", 1)
+    assert "more than plain PyTorch holds here" in str(raised.value)
+    stats = double_backward("compress-keep", raised.value.minimum_bytes).stats()
+    assert stats.peak_resident_bytes <= stats.budget_bytes == raised.value.minimum_bytes
