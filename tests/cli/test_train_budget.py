@@ -28,12 +28,12 @@ def test_training_under_a_budget_reports_the_peak_of_every_iteration(tmp_path: P
     assert Path(report["plots"]["budget"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.parametrize("given, budget", [("512MiB", "512MiB"), ("0.25", "0.25"), ("4096", "4096")])
+@pytest.mark.parametrize("given, budget", [("512MiB", "512MiB"), ("0.25", "0.25"), ("4096B", "4096B"), ("4194304", "4194304")])
 def test_the_flag_reaches_the_config(given: str, budget: str) -> None:
     assert load_config(None, {"memory_budget": given}).memory_budget == budget
 
 
-@pytest.mark.parametrize("bad", ["0", "1.5", "12 parsecs", "-3"])
+@pytest.mark.parametrize("bad", ["0", "1.5", "12 parsecs", "-3", "4096"])
 def test_a_bad_budget_is_a_one_line_error_at_load(bad: str, tmp_path: Path) -> None:
     with pytest.raises(RecipeError, match="key 'memory_budget'.*memory budget"):
         load_config(None, {"memory_budget": bad})
