@@ -15,14 +15,15 @@ Which planner a policy uses (this one, or Capuchin's greedy) is :mod:`cswap.plan
 Example:
     >>> from cswap.planner.lifetime import lifetimes_from_orders
     >>> from cswap.planner.problem import LinkModel, TensorSpec, build_problem
-    >>> events = lifetimes_from_orders([0, 1], [1, 0])
-    >>> specs = [TensorSpec(key=k, nbytes=1000, lifetime=lt) for k, lt in enumerate(events.lifetimes)]
-    >>> problem = build_problem(specs, events, [0.0, 1.0, 2.0, 3.0], 1.5, LinkModel(1e-6, 1e-6, async_copies=False))
-    >>> least_peak(problem, "none"), least_peak(problem, "swap")
-    (2000, 1000)
-    >>> result = solve_milp(problem, "swap", 1500)
-    >>> sorted(result.actions.values()), result.peak_bytes <= 1500
-    (['keep', 'swap'], True)
+    >>> events = lifetimes_from_orders([0, 1, 2], [2, 1, 0])
+    >>> sizes = [4000, 1000, 2000]
+    >>> specs = [TensorSpec(key=k, nbytes=n, lifetime=lt) for k, (n, lt) in enumerate(zip(sizes, events.lifetimes))]
+    >>> problem = build_problem(specs, events, [0, 1, 2, 3, 4, 5], 2.5, LinkModel(1e-6, 1e-6, async_copies=False))
+    >>> least_peak(problem, "swap") < least_peak(problem, "none") == 7000
+    True
+    >>> plan = solve_milp(problem, "swap", 5000, greedy=False)
+    >>> plan.actions[0], plan.peak_bytes <= 5000, plan.status
+    ('swap', True, 'optimal')
 """
 
 from __future__ import annotations
