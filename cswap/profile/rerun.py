@@ -1,0 +1,63 @@
+"""What makes a module call unsafe to run a second time, as a recomputation in backward does.
+
+Torch's checkpoint replays a module's forward from the inputs it held: tensors it saved and
+version-checks, everything else by reference. A call is unsafe to replay when an input it holds by
+reference can change before backward (a list the caller appends to, a key/value cache), and a
+module is out of reach when it runs inside a ``torch.compile`` graph. :mod:`cswap.profile.regions`
+marks such regions ineligible with these facts.
+
+Example:
+    >>> import torch
+    >>> mutable_kind([torch.zeros(1)]), compiled_paths(torch.nn.Linear(2, 2))
+    ('list', ())
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import types
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["compiled_paths", "mutable_kind"]
+
+# A tensor is the checkpoint's own business (saved, version-checked); these others cannot change.
+_IMMUTABLE = (torch.Tensor, type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size, torch.layout,
+              torch.memory_format, enum.Enum, slice, type(Ellipsis), type, nn.Module, types.FunctionType,
+              types.BuiltinFunctionType, types.MethodType, functools.partial)
+
+
+def mutable_kind(value: Any) -> str | None:
+    """The type name of ``value`` when it is a mutable object other than a tensor, else ``None``:
+    a tuple is looked into, a list, a dict or any other object is mutable.
+
+    A module recomputed in backward reads its non-tensor inputs again as they are then; a mutable
+    one may have changed since the forward (torch's checkpoint holds it by reference).
+
+    >>> mutable_kind((torch.zeros(1), None, 3)), mutable_kind([torch.zeros(1)]), mutable_kind({"k": 1})
+    (None, 'list', 'dict')
+    """
+    if isinstance(value, _IMMUTABLE):
+        return None
+    if isinstance(value, tuple | frozenset):
+        return next((kind for item in value if (kind := mutable_kind(item)) is not None), None)
+    return type(value).__name__
+
+
+def compiled_paths(model: nn.Module) -> tuple[str, ...]:
+    """The paths whose module (and everything under it) runs as a ``torch.compile`` graph: what
+    ``torch.compile(module)`` wraps (its ``_orig_mod``) and a module compiled in place (``module.compile()``).
+
+    >>> compiled_paths(torch.nn.Sequential(torch.nn.Linear(2, 2)))
+    ()
+    """
+    found = []
+    for path, module in model.named_modules():
+        if type(module).__name__ == "OptimizedModule" and hasattr(module, "_orig_mod"):
+            found.append(f"{path}._orig_mod" if path else "_orig_mod")
+        elif getattr(module, "_compiled_call_impl", None) is not None:
+            found.append(path)
+    return tuple(found)
