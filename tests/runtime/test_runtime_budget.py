@@ -336,3 +336,34 @@ def test_a_least_budget_above_plain_pytorch_says_why_and_holds() -> None:
     assert "more than plain PyTorch holds here" in str(raised.value)
     stats = double_backward("compress-keep", raised.value.minimum_bytes).stats()
     assert stats.peak_resident_bytes <= stats.budget_bytes == raised.value.minimum_bytes
+
+
+@pytest.mark.parametrize("policy", ["compress-keep", "compress-swap", "cswap", "swap", "capuchin", "none"])
+@pytest.mark.parametrize("name", ["vit", "densenet"])
+def test_every_policy_at_its_stated_least_trains_four_epochs(name: str, policy: str) -> None:
+    """The least budget a BudgetError states holds for the run: four epochs of SGD with momentum,
+    each profiled again, whose compressed sizes drift as the weights and dropout masks change."""
+    from tests.zoo import ZOO
+
+    def run(budget: int, epochs: int) -> cswap.Runtime:
+        torch.manual_seed(0)
+        model, make_step = ZOO[name]()
+        model.train()
+        step = make_step(model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        rt = runtime_for(policy, memory_budget=budget, d2h_gbps=1.0, h2d_gbps=1.0)(model)
+        for epoch in range(epochs):
+            rt.new_epoch()
+            for i in range(3):
+                with torch.random.fork_rng():
+                    torch.manual_seed(10 * epoch + i)
+                    with rt.iteration():
+                        step()
+                optimizer.step()
+                optimizer.zero_grad()
+        return rt
+
+    with pytest.raises(cswap.BudgetError) as raised:
+        run(1, 1)
+    stats = run(raised.value.minimum_bytes, 4).stats()
+    assert stats.profiled_iterations == 4 and stats.peak_resident_bytes <= stats.budget_bytes == raised.value.minimum_bytes
