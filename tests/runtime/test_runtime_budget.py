@@ -338,7 +338,7 @@ def test_a_least_budget_above_plain_pytorch_says_why_and_holds() -> None:
     assert stats.peak_resident_bytes <= stats.budget_bytes == raised.value.minimum_bytes
 
 
-@pytest.mark.parametrize("policy", ["compress-keep", "compress-swap", "cswap", "swap", "capuchin", "none"])
+@pytest.mark.parametrize("policy", ["compress-keep", "compress-swap", "cswap", "swap", "capuchin", "recompute", "none"])
 @pytest.mark.parametrize("name", ["vit", "densenet"])
 def test_every_policy_at_its_stated_least_trains_four_epochs(name: str, policy: str) -> None:
     """The least budget a BudgetError states holds for the run: four epochs of SGD with momentum,
