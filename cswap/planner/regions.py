@@ -29,6 +29,7 @@ Without a budget, ``recompute`` and ``capuchin`` plan at their least footprint: 
 region that frees memory, the rest at the least peak their actions reach.
 
 Example:
+    >>> import itertools, types
     >>> import torch
     >>> from torch import nn
     >>> from cswap.budget import MemoryBudget
@@ -37,7 +38,9 @@ Example:
     >>> def block(): return nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 64))
     >>> model = nn.Sequential(nn.Linear(8, 64), block(), block(), nn.Linear(64, 2))
     >>> x = torch.randn(4, 8)
-    >>> profile = profile_regions(model, lambda: model(x).sum().backward())
+    >>> ticks = itertools.count()  # a clock that ticks once per stamp: the choice does not hang on timing
+    >>> clock = types.SimpleNamespace(start=lambda: None, stamp=lambda: next(ticks), synchronize=lambda: None, seconds=float)
+    >>> profile = profile_regions(model, lambda: model(x).sum().backward(), clock=clock)
     >>> recs = tuple(TensorRecord(key=s.key, shape=s.shape, dtype=s.dtype, nbytes=s.storage_bytes, sparsity=0.0,
     ...              offloadable=s.movable, pack_at_s=0.1 * s.key, unpack_at_s=5.0 - 0.1 * s.key) for s in profile.saves)
     >>> trace = Trace(tensors=recs, d2h_gbps=10.0, h2d_gbps=10.0, forward_s=3.0, backward_s=1.0)
