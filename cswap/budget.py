@@ -189,6 +189,10 @@ class BudgetError(ValueError):
         policy: the policy.
         budget_bytes: the budget asked for.
         why: why the least is what it is, where that needs saying (more than plain PyTorch holds).
+        none_peak_bytes: policy ``none``'s peak on the profile, when known: the message then gives
+            both budgets as fractions of it, and :attr:`minimum_fraction` is set.
+        advice: what else lowers the least, as the message's last clause (default: a policy with
+            more actions).
 
     Example:
         >>> error = BudgetError(minimum_bytes=3 << 20, policy="swap", budget_bytes=1 << 20)
@@ -200,19 +204,41 @@ class BudgetError(ValueError):
         policy with more actions (cswap allows keep, swap, zvc-swap, zvc-keep and, given the model, recompute).
     """
 
-    def __init__(self, minimum_bytes: int, policy: str, budget_bytes: int, why: str = "") -> None:
+    def __init__(self, minimum_bytes: int, policy: str, budget_bytes: int, why: str = "",
+                 none_peak_bytes: int | None = None, advice: str | None = None) -> None:
         self.minimum_bytes = int(minimum_bytes)
         self.policy = policy
         self.budget_bytes = int(budget_bytes)
         self.why = why
-        actions = "keep, swap, zvc-swap, zvc-keep and, given the model, recompute"
-        other = (f" (cswap already has every action: {actions})" if policy == "cswap"
-                 else f", or use a policy with more actions (cswap allows {actions})")
+        self.none_peak_bytes = none_peak_bytes
+        self.advice = advice
+        if advice is None:
+            actions = "keep, swap, zvc-swap, zvc-keep and, given the model, recompute"
+            advice = (f" (cswap already has every action: {actions})" if policy == "cswap"
+                      else f", or use a policy with more actions (cswap allows {actions})")
         super().__init__(
-            f"policy {policy} cannot keep saved activations within the memory budget of {format_bytes(budget_bytes)}: "
-            f"it needs at least {format_bytes(minimum_bytes)}. Raise the budget to at least {self.minimum_bytes} bytes{other}."
-            + (f" {why}" if why else "")
+            f"policy {policy} cannot keep saved activations within the memory budget of "
+            f"{format_bytes(budget_bytes)}{self._share(self.budget_bytes)}: it needs at least {format_bytes(minimum_bytes)}"
+            f"{self._share(self.minimum_bytes)}. Raise the budget to at least {self.minimum_bytes} bytes"
+            f"{self._least_fraction()}{advice}." + (f" {why}" if why else "")
         )
 
-    def __reduce__(self) -> tuple[type, tuple[int, str, int, str]]:
-        return (type(self), (self.minimum_bytes, self.policy, self.budget_bytes, self.why))
+    @property
+    def minimum_fraction(self) -> float | None:
+        """The least budget as a fraction of policy ``none``'s peak (``None`` when that peak is not known)."""
+        if not self.none_peak_bytes:
+            return None
+        return self.minimum_bytes / self.none_peak_bytes
+
+    def _share(self, nbytes: int) -> str:
+        return f", {nbytes / self.none_peak_bytes:.2f} of policy none's peak" if self.none_peak_bytes else ""
+
+    def _least_fraction(self) -> str:
+        fraction = self.minimum_fraction
+        if fraction is None:
+            return ""
+        # rounded up, so that the fraction given back resolves to at least the minimum
+        return f" (memory_budget={math.ceil(fraction * 1000) / 1000:g} as a fraction)"
+
+    def __reduce__(self) -> tuple[type, tuple[int, str, int, str, int | None, str | None]]:
+        return (type(self), (self.minimum_bytes, self.policy, self.budget_bytes, self.why, self.none_peak_bytes, self.advice))

@@ -206,6 +206,24 @@ def _drift_note(least: int, stated: int) -> str:
             "training changes the activations, and the budget must hold at the next epoch's profile too.")
 
 
+def _advice(trace: Trace, problem: PlanningProblem, policy: str, least: int, time_model: TimeModel, backend: str,
+            min_bytes: int) -> str:
+    """What would lower ``policy``'s ``least`` on this profile, as the end of a BudgetError's advice: the
+    policy with every action where its least is lower, and ``min_bytes=0`` where tensors below it bind."""
+    clauses = []
+    if policy != "cswap":
+        every = minimum_bytes(problem, "cswap")
+        if every < least:
+            clauses.append(f"or use policy cswap, whose least here is {every:,d} bytes (every action)")
+    if min_bytes > 0:
+        unrestricted = problem_from_trace(trace, time_model, backend, min_bytes=0, sparsity_margin=SPARSITY_MARGIN)
+        if minimum_bytes(unrestricted, policy) < least:
+            small = sum(1 for r in trace.tensors if r.offloadable and r.nbytes < min_bytes)
+            clauses.append(f"or pass min_bytes=0: {small} saved tensors below min_bytes={min_bytes:,d} may only be kept, "
+                           f"and they hold part of the peak")
+    return "".join(f", {clause}" for clause in clauses)
+
+
 def _above_plain(least: int, none_bytes: int, action: Action) -> str:
     """Why a least budget is above what plain PyTorch holds, or ``""`` when it is not."""
     if least <= none_bytes:
@@ -249,7 +267,8 @@ def budget_plan(
     """
     launches = launches if launches is not None else LaunchCache(backend, None)
     problem = problem_from_trace(trace, time_model, backend, min_bytes=min_bytes, sparsity_margin=SPARSITY_MARGIN)
-    budget_bytes = budget.resolve(max(minimum_bytes(problem, "none"), 1)) if budget.relative else budget.resolve()
+    none_bytes = minimum_bytes(problem, "none")
+    budget_bytes = budget.resolve(max(none_bytes, 1)) if budget.relative else budget.resolve()
     fallback = FALLBACK_ACTIONS[policy]
     rules: dict[str, Any] = dict(policy=policy, epoch=epoch, min_bytes=min_bytes, launches=launches, budget_bytes=budget_bytes,
                                  fallback_action=fallback, d2h_gbps=trace.d2h_gbps, h2d_gbps=trace.h2d_gbps)
@@ -259,8 +278,9 @@ def budget_plan(
     if budget_bytes < least:
         action = PROFILE_ACTIONS[policy]
         stated = stated_least(least, action)
-        why = " ".join(w for w in (_drift_note(least, stated), _above_plain(least, minimum_bytes(problem, "none"), action)) if w)
-        error = BudgetError(stated, policy, budget_bytes, why)
+        why = " ".join(w for w in (_drift_note(least, stated), _above_plain(least, none_bytes, action)) if w)
+        advice = _advice(trace, problem, policy, least, time_model, backend, min_bytes)
+        error = BudgetError(stated, policy, budget_bytes, why, none_peak_bytes=none_bytes or None, advice=advice)
         plan = Plan(**rules, default_action=action, unpack_order=unpack_order, prefetch_bytes=0,
                     default_reason=f"budget {budget_bytes:,d} B below this policy's least {least:,d} B: {action.value}")
         return plan, budget_bytes, error

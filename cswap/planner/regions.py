@@ -418,7 +418,7 @@ def plan_regions(
     if target < least or planned is None:
         reason = f"budget {target:,d} B below this policy's least {least:,d} B: {PASSIVE_ACTION.value} (passive)"
         plan = Plan(**rules, default_action=PASSIVE_ACTION, prefetch_bytes=0, default_reason=reason)
-        return RegionPlan(plan, target, BudgetError(least, policy, target))
+        return RegionPlan(plan, target, BudgetError(least, policy, target, none_peak_bytes=minimum_bytes(full, "none") or None))
     plan = plan_from_budget(trace, problem, planned, rules, PASSIVE_ACTION if rules["fallback_action"] else Action.KEEP, least)
     if extra:
         plan = replace(plan, planner=MappingProxyType({**plan.planner, "region_input_bytes": extra}))

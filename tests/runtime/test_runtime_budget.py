@@ -367,3 +367,30 @@ def test_every_policy_at_its_stated_least_trains_four_epochs(name: str, policy: 
         run(1, 1)
     stats = run(raised.value.minimum_bytes, 4).stats()
     assert stats.profiled_iterations == 4 and stats.peak_resident_bytes <= stats.budget_bytes == raised.value.minimum_bytes
+
+
+def _budget_error(policy: str, budget: float | int, **options: Any) -> cswap.BudgetError:
+    torch.manual_seed(0)
+    model = _cnn()
+    x, y = CNN_BATCHES[0]
+    rt = runtime_for(policy, memory_budget=budget, **options)(model)
+    with pytest.raises(cswap.BudgetError) as raised, rt.iteration():
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+    return raised.value
+
+
+def test_a_fractional_budget_error_gives_both_budgets_as_fractions_and_one_that_works(cnn_reference: Any) -> None:
+    _, none_peak = cnn_reference
+    error = _budget_error("swap", 0.05)
+    assert error.none_peak_bytes == none_peak and error.minimum_fraction == error.minimum_bytes / none_peak
+    assert "0.05 of policy none's peak" in str(error) and f"{error.minimum_fraction:.2f} of policy none's peak" in str(error)
+    given = float(str(error).split("memory_budget=")[1].split(" ")[0])
+    assert cswap.MemoryBudget(fraction=given).resolve(none_peak) >= error.minimum_bytes  # the fraction it suggests works
+
+
+def test_a_budget_error_suggests_only_what_lowers_the_least() -> None:
+    assert "or use policy cswap, whose least here is" in str(_budget_error("compress-keep", 0.05))  # cswap moves them
+    swap = _budget_error("swap", 0.05)
+    assert "cswap" not in str(swap), "cswap's least is swap's here: suggesting it would change nothing"
+    small = _budget_error("swap", 0.05, min_bytes=1 << 16)
+    assert "or pass min_bytes=0: " in str(small) and small.minimum_bytes > swap.minimum_bytes
