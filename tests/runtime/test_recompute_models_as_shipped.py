@@ -47,7 +47,7 @@ def plain() -> dict[str, list[list[torch.Tensor]]]:
 
 
 @pytest.mark.parametrize("name", list(ZOO))
-@pytest.mark.parametrize(("policy", "budget"), [("recompute", None), ("capuchin", 0.5), ("cswap", 0.5)])
+@pytest.mark.parametrize(("policy", "budget"), [("recompute", None), ("recompute", 0.5), ("capuchin", 0.5), ("cswap", 0.5)])
 def test_recomputing_policies_train_bit_identically(plain: dict, name: str, policy: str, budget: float | None) -> None:
     if name not in plain:
         plain[name] = _train(name, None)[0]
