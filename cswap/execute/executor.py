@@ -184,11 +184,9 @@ class Executor:
     def __init__(self, device: torch.device, backend: str, prefetch_bytes: int, arena_slack: float = 0.25,
                  defer_sizes: bool | None = None) -> None:
         self.device = device
-        self.backend = backend
         self.prefetch_bytes = prefetch_bytes
         self.arena_slack = arena_slack
-        self.cuda = device.type == "cuda"
-        self.arena = HostArena(pin_memory=self.cuda)
+        self.arena = HostArena(pin_memory=device.type == "cuda")
         self.counters = Counters()
         self.transfers = Transfers(device, backend, self.arena, self.counters, defer_sizes)
         self._lock = threading.RLock()
