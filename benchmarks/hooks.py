@@ -1,0 +1,202 @@
+"""What the saved-tensor hooks cost per saved tensor: every policy against plain PyTorch and ``save_on_cpu``.
+
+A transformer micro-batch saves hundreds to thousands of tensors, many of them small, and whatever
+the hooks spend per tensor in Python is host time the device waits for. Two workloads on the CPU,
+one torch thread:
+
+* ``many-small``: an MLP of ``--blocks`` Linear+ReLU blocks of width 32 at batch 8 (about three
+  saved tensors per block, each under a kilobyte): the per-tensor overhead dominates;
+* ``few-large``: 8 Linear+ReLU blocks of width 1024 at batch 256 (a mebibyte per tensor): the
+  copies dominate.
+
+Runs, each one optimizer-free forward+backward: plain PyTorch; ``torch.autograd.graph.save_on_cpu()``
+(the cheapest offload hook there is: one host copy per tensor, in C++ mostly); and ``cswap.Runtime``
+under every runtime policy with ``min_bytes=0`` (every tensor goes through the plan), without a
+budget and with ``memory_budget=0.5``. Each runtime is warmed up past its profiling iterations
+first; then the runs take turns, one iteration each per round, so that load on the machine hits all
+alike, and each reports the median of its rounds.
+
+Output: one JSON line per (workload, run): median iteration seconds, the ratio to plain and to
+``save_on_cpu`` of the same round set, saved tensors per iteration, microseconds per saved tensor
+over plain, and for the runtimes the hooks' own time per pack and unpack from their counters.
+A budget a policy cannot meet is reported with its least budget instead of a time.
+
+Example:
+    $ python benchmarks/hooks.py --rounds 15 --json > benchmarks/results/cpu-$(date +%F)/hooks.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+import cswap
+from cswap.budget import BudgetError
+from cswap.planner.actions import RUNTIME_POLICIES
+
+__all__ = ["WORKLOADS", "Workload", "main", "measure"]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """An MLP of ``blocks`` Linear+ReLU blocks of ``width`` at ``batch``.
+
+    Example:
+        >>> Workload("tiny", blocks=2, width=4, batch=1).build()[0](torch.zeros(1, 4)).shape
+        torch.Size([1, 4])
+    """
+
+    name: str
+    blocks: int
+    width: int
+    batch: int
+
+    def build(self, seed: int = 0) -> tuple[nn.Module, torch.Tensor]:
+        """The model and one input batch."""
+        torch.manual_seed(seed)
+        model = nn.Sequential(*(nn.Sequential(nn.Linear(self.width, self.width), nn.ReLU()) for _ in range(self.blocks)))
+        return model, torch.randn(self.batch, self.width)
+
+
+WORKLOADS = (Workload("many-small", blocks=300, width=32, batch=8), Workload("few-large", blocks=8, width=1024, batch=256))
+
+
+def _step(model: nn.Module, x: torch.Tensor) -> None:
+    model.zero_grad(set_to_none=True)
+    model(x).sum().backward()
+
+
+def _saved_per_iteration(model: nn.Module, x: torch.Tensor) -> int:
+    count = 0
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal count
+        count += 1
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        _step(model, x)
+    return count
+
+
+@dataclass
+class _Run:
+    name: str
+    policy: str | None
+    budget: float | None
+    context: Callable[[], AbstractContextManager[None]]
+    runtime: cswap.Runtime | None = None
+    error: BudgetError | None = None
+
+
+def _runs(model: nn.Module, policies: tuple[str, ...], budgets: tuple[float | None, ...]) -> list[_Run]:
+    runs = [_Run("plain", None, None, nullcontext), _Run("save_on_cpu", None, None, torch.autograd.graph.save_on_cpu)]
+    for budget in budgets:
+        for policy in policies:
+            rt = cswap.Runtime(policy, device="cpu", min_bytes=0, model=model, memory_budget=budget)
+            suffix = "" if budget is None else f" @{budget}"
+            runs.append(_Run(f"{policy}{suffix}", policy, budget, rt.iteration, rt))
+    return runs
+
+
+def _warm_up(run: _Run, model: nn.Module, x: torch.Tensor, iterations: int) -> None:
+    for _ in range(iterations):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                with run.context():
+                    _step(model, x)
+        except BudgetError as error:
+            run.error = error
+            return
+
+
+def measure(workload: Workload, rounds: int, policies: tuple[str, ...] = RUNTIME_POLICIES,
+            budgets: tuple[float | None, ...] = (None, 0.5), warmup: int = 4) -> list[dict[str, object]]:
+    """Median iteration seconds of every run on ``workload``, interleaved over ``rounds``."""
+    model, x = workload.build()
+    saved = _saved_per_iteration(model, x)
+    runs = _runs(model, policies, budgets)
+    for run in runs:
+        _warm_up(run, model, x, warmup)
+    timed = [run for run in runs if run.error is None]
+    before = {run.name: run.runtime.stats() for run in timed if run.runtime is not None}
+    times: dict[str, list[float]] = {run.name: [] for run in timed}
+    for _ in range(rounds):
+        for run in timed:
+            started = time.perf_counter()
+            with run.context():
+                _step(model, x)
+            times[run.name].append(time.perf_counter() - started)
+    plain = statistics.median(times["plain"])
+    on_cpu = statistics.median(times["save_on_cpu"])
+    rows: list[dict[str, object]] = []
+    for run in runs:
+        row: dict[str, object] = {"workload": workload.name, "run": run.name, "policy": run.policy, "memory_budget": run.budget,
+                                  "saved_tensors": saved, "rounds": rounds}
+        if run.error is not None:
+            row.update(infeasible=True, least_budget_fraction=run.error.minimum_fraction)
+        else:
+            median = statistics.median(times[run.name])
+            row.update(
+                median_s=round(median, 6),
+                vs_plain=round(median / plain, 3),
+                vs_save_on_cpu=round(median / on_cpu, 3),
+                us_per_saved_tensor_over_plain=round((median - plain) / saved * 1e6, 2),
+            )
+            if run.runtime is not None:
+                stats, start = run.runtime.stats(), before[run.name]
+                packs = stats.packed_tensors - start.packed_tensors
+                unpacks = stats.unpacks - start.unpacks
+                row.update(
+                    pack_us=round((stats.pack_s - start.pack_s) / max(packs, 1) * 1e6, 2),
+                    unpack_us=round((stats.unpack_s - start.unpack_s) / max(unpacks, 1) * 1e6, 2),
+                    profiled_iterations=stats.profiled_iterations,
+                )
+        row.update(torch_threads=torch.get_num_threads(), cpus=os.cpu_count(), torch=torch.__version__,
+                   python=sys.version.split()[0], date=time.strftime("%Y-%m-%d"))
+        rows.append(row)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=15, help="interleaved rounds (medians over them)")
+    parser.add_argument("--blocks", type=int, default=300, help="blocks of the many-small workload")
+    parser.add_argument("--policies", default=",".join(RUNTIME_POLICIES), help="comma-separated runtime policies")
+    parser.add_argument("--workloads", default="many-small,few-large", help="comma-separated workload names")
+    parser.add_argument("--budgets", default="none,0.5", help="comma-separated memory budgets (none: without one)")
+    parser.add_argument("--json", action="store_true", help="only the JSON lines")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    policies = tuple(p for p in args.policies.split(",") if p)
+    budgets = tuple(None if b == "none" else float(b) for b in args.budgets.split(",") if b)
+    chosen = args.workloads.split(",")
+    workloads = (Workload("many-small", blocks=args.blocks, width=32, batch=8), WORKLOADS[1])
+    for workload in (w for w in workloads if w.name in chosen):
+        rows = measure(workload, args.rounds, policies, budgets)
+        for row in rows:
+            print(json.dumps(row), flush=True)
+        if not args.json:
+            for row in rows:
+                if row.get("infeasible"):
+                    print(f"{workload.name:<11} {row['run']:<20} infeasible, least {row['least_budget_fraction']:.2f}", file=sys.stderr)
+                else:
+                    print(f"{workload.name:<11} {row['run']:<20} {row['median_s'] * 1e3:8.2f} ms  {row['vs_plain']:5.2f}x plain  "
+                          f"{row['vs_save_on_cpu']:5.2f}x save_on_cpu  {row['us_per_saved_tensor_over_plain']:6.1f} us/tensor",
+                          file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
