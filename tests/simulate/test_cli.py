@@ -51,7 +51,7 @@ def test_trace_file(runner, tmp_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--hardware", "tpu-v9"], "unknown hardware 'tpu-v9': choose one of a100-pcie4, gh200-c2c, h100-pcie5, v100-pcie3"),
+        (["--hardware", "tpu-v9"], "unknown hardware 'tpu-v9': choose one of a100-pcie4, gh200-c2c, h100-pcie5, h100-sxm, v100-pcie3"),
         (["--model", "lenet"], "unknown model 'lenet': choose one of alexnet"),
         (["--policies", "swap,vdnn"], "unknown policies ['vdnn']"),
     ],

@@ -5,9 +5,13 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from cswap.simulate.formula import formula_times
 from cswap.simulate.hardware import HARDWARE_ENV, HardwareError, hardware_dir, hardware_names, load_hardware
+from cswap.simulate.policies import Action, TensorCost
+from cswap.simulate.queues import QueueParams, run_queues
+from cswap.simulate.timeline import Timeline
 
-SHIPPED = ("a100-pcie4", "gh200-c2c", "h100-pcie5", "v100-pcie3")
+SHIPPED = ("a100-pcie4", "gh200-c2c", "h100-pcie5", "h100-sxm", "v100-pcie3")
 
 
 @pytest.mark.parametrize("name", SHIPPED)
@@ -22,7 +26,39 @@ def test_shipped_profiles_load_and_cite_sources(name):
 def test_shipped_names_and_links():
     assert set(SHIPPED) <= set(hardware_names())
     rates = {name: load_hardware(name).link.h2d_gbps for name in SHIPPED}
-    assert rates["v100-pcie3"] < rates["a100-pcie4"] < rates["h100-pcie5"] < rates["gh200-c2c"]
+    assert rates["v100-pcie3"] < rates["a100-pcie4"] < rates["h100-pcie5"] == rates["h100-sxm"] < rates["gh200-c2c"]
+
+
+def test_h100_profiles_are_the_sxm_module_and_the_pcie_card():
+    sxm, pcie = load_hardware("h100-sxm"), load_hardware("h100-pcie5")
+    # HBM GB/s, then dense TF32 and BF16 TFLOP/s
+    assert (sxm.device.memory_gbps, *map(sxm.device.peak_tflops.get, ("float32", "bfloat16"))) == (3350, 494.7, 989.4)
+    assert (pcie.device.memory_gbps, *map(pcie.device.peak_tflops.get, ("float32", "bfloat16"))) == (2000, 378.0, 756.5)
+    # the same PCIe 5.0 x16 host link: 64 GB/s nominal per direction, about 55 GB/s measured
+    assert sxm.link == pcie.link and sxm.link.h2d_gbps == sxm.link.d2h_gbps == 55.0
+
+
+def test_gh200_link_is_measured_and_slower_device_to_host():
+    link = load_hardware("gh200-c2c").link
+    assert (link.h2d_gbps, link.d2h_gbps) == (342.0, 295.0)  # nvbandwidth's copy-engine figures, not 450 nominal
+
+
+def test_a_swap_on_gh200_pays_each_direction_at_its_own_rate():
+    link = load_hardware("gh200-c2c").link
+    nbytes = 8 << 30
+    cost = TensorCost(nbytes, nbytes, 0.0, 4, 0.0, 0.0, 0.0, 0.0)
+    one = Timeline(forward_s=0.0, backward_s=0.0, produced_s=(0.0,), consumed_s=(0.0,))
+    out_s, in_s = nbytes / (link.d2h_gbps * 1e9), nbytes / (link.h2d_gbps * 1e9)
+    # with nothing to hide behind, the per-tensor formula charges the way out and the way back
+    _, exposed_s, _ = formula_times(one, [cost], [Action.SWAP], {0: 0.0}, {0: 0.0}, link.d2h_gbps, link.h2d_gbps)
+    assert exposed_s == pytest.approx(out_s + in_s, rel=1e-12)
+    assert exposed_s == pytest.approx(0.054235, rel=1e-4) and exposed_s > 2 * nbytes / 342e9
+    # four swaps at once: the swap-ins run behind the swap-outs, so the slower device-to-host
+    # engine bounds the iteration: four ways out, then one way back
+    four = Timeline(forward_s=0.0, backward_s=0.0, produced_s=(0.0,) * 4, consumed_s=(0.0,) * 4)
+    queued = run_queues(four, [cost] * 4, [Action.SWAP] * 4, QueueParams(d2h_gbps=link.d2h_gbps, h2d_gbps=link.h2d_gbps))
+    assert queued.iteration_s == pytest.approx(4 * out_s + in_s, rel=1e-12)
+    assert queued.iteration_s > 4 * in_s + out_s  # what it would be were host-to-device the slower direction
 
 
 def test_profile_object_and_path_load(tmp_path):
@@ -86,7 +122,7 @@ def test_malformed_files(tmp_path):
 
 
 def test_unknown_name_lists_the_valid_ones():
-    with pytest.raises(HardwareError, match="unknown hardware 'tpu-v9': choose one of a100-pcie4, gh200-c2c, h100-pcie5, v100-pcie3"):
+    with pytest.raises(HardwareError, match="unknown hardware 'tpu-v9': choose one of a100-pcie4, gh200-c2c, h100-pcie5, h100-sxm, v100-pcie3"):
         load_hardware("tpu-v9")
 
 
