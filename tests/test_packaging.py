@@ -128,3 +128,44 @@ def test_a_users_own_server_tuner_and_predictors_do_not_shadow_cswap(tmp_path: P
     assert not [f for f in found["modules"] if Path(f).is_relative_to(tmp_path)]
     assert found["help_rc"] == 0 and "--model" in found["help"]
     assert found["app"] == "function"
+
+
+FAKE_PYTHON = """#!/bin/sh
+# Stands in for the venv's python: logs every call, answers the Makefile's torch questions from the
+# environment, and installs nothing.
+echo "$*" >> "$CALLS"
+case "$*" in
+  *"version('torch')"*) echo "$TORCH" ;;
+  *find_spec*) [ "$TORCH_IN_VENV" = 1 ] || exit 1 ;;
+esac
+exit 0
+"""
+
+
+def _make_install(checkout: Path, torch_version: str) -> list[str]:
+    """``make install`` in ``checkout`` with a venv whose torch is ``torch_version``: the python calls it made."""
+    calls = checkout / "calls.txt"
+    calls.write_text("")
+    env = {**os.environ, "CALLS": str(calls), "TORCH": torch_version, "TORCH_IN_VENV": "1"}
+    result = subprocess.run(["make", "-s", "install"], cwd=checkout, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return calls.read_text().splitlines()
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_installs_again_when_another_package_replaced_torch(tmp_path: Path) -> None:
+    for name in ("Makefile", "pyproject.toml"):
+        shutil.copy2(ROOT / name, tmp_path / name)
+    python = tmp_path / ".venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(FAKE_PYTHON)
+    python.chmod(0o755)
+    first = _make_install(tmp_path, "2.13.0+cpu")
+    assert "-m pip install --quiet -e .[dev]" in first and not [c for c in first if "uninstall" in c]
+    assert (tmp_path / ".venv" / ".cswap-installed").read_text() == "2.13.0+cpu\n"
+    # nothing changed: one metadata read, no install
+    assert _make_install(tmp_path, "2.13.0+cpu") == ["-c from importlib.metadata import version; print(version('torch'))"]
+    # a package pulled another torch into the venv: it is removed and install runs again
+    replaced = _make_install(tmp_path, "2.9.1+cu128")
+    assert "-m pip uninstall --quiet -y torch" in replaced and "-m pip install --quiet -e .[dev]" in replaced
+    assert replaced.index("-m pip uninstall --quiet -y torch") < replaced.index("-m pip install --quiet -e .[dev]")
