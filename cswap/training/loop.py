@@ -301,6 +301,7 @@ def train(cfg: TrainConfig, console: Console | None = None, show_progress: bool 
     amp_dtype = _AMP_DTYPES.get(cfg.amp)
     progress = EpochProgress(console, enabled=show_progress and ctx.is_main, epochs=cfg.epochs, steps=len(sampler))
     epochs: list[dict[str, Any]] = []
+    profiled = 0  # profiling iterations so far, to tell which iteration profiled
     with progress, _oom_advice(cfg.policy):
         for epoch in range(cfg.epochs):
             sampler.set_epoch(epoch)
@@ -309,6 +310,7 @@ def train(cfg: TrainConfig, console: Console | None = None, show_progress: bool 
                 torch.cuda.reset_peak_memory_stats(device)
             losses: list[float] = []
             iteration_peaks: list[int] = []
+            iteration_profiled: list[bool] = []
             samples = 0
             start = time.perf_counter()
             for step, (images, labels) in enumerate(loader):
@@ -324,6 +326,8 @@ def train(cfg: TrainConfig, console: Console | None = None, show_progress: bool 
                 samples += labels.numel() * ctx.world_size
                 stats = runtime.stats()
                 iteration_peaks.append(stats.iteration_peak_resident_bytes)
+                iteration_profiled.append(stats.profiled_iterations > profiled)
+                profiled = stats.profiled_iterations
                 current = stats.history[-1] if stats.history else None
                 # The same figures as the summary table: mean loss so far, this epoch's offloaded bytes and ratio.
                 progress.update(epoch, step, loss=sum(losses) / len(losses),
@@ -334,7 +338,7 @@ def train(cfg: TrainConfig, console: Console | None = None, show_progress: bool 
             seconds = time.perf_counter() - start
             accuracy = _evaluate(model, split.test, device, cfg.batch_size)
             epochs.append({**_epoch_record(epoch, losses, accuracy, samples, seconds, runtime, device),
-                           "iteration_peak_resident_bytes": iteration_peaks})
+                           "iteration_peak_resident_bytes": iteration_peaks, "iteration_profiled": iteration_profiled})
     report = {
         "model": cfg.model,
         "dataset": cfg.dataset,

@@ -22,7 +22,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.colors import ListedColormap
 
-__all__ = ["ACTION_COLORS", "decision_label", "plot_budget", "plot_convergence", "plot_decisions", "plot_memory", "plot_sparsity"]
+__all__ = [
+    "ACTION_COLORS", "decision_label", "plot_budget", "plot_convergence", "plot_decisions", "plot_memory", "plot_sparsity",
+    "profiling_iterations",
+]
 
 #: One colour per runtime action, in the order of the decision map's legend.
 ACTION_COLORS: dict[str, str] = {"keep": "#9e9e9e", "swap": "#1f77b4", "zvc-swap": "#2ca02c", "zvc-keep": "#ff7f0e"}
@@ -96,16 +99,45 @@ def plot_decisions(epochs: Sequence[Mapping[str, Any]], path: Path) -> Path:
     return _save(fig, path)
 
 
+def profiling_iterations(epochs: Sequence[Mapping[str, Any]]) -> list[int]:
+    """The indices, counted over the whole run, of the iterations that profiled.
+
+    An epoch's ``iteration_profiled`` flags say which (a graph that changed profiles again in the
+    middle of one); a report without them profiled the first iteration of each epoch.
+
+    Example:
+        >>> profiling_iterations([{"iteration_peak_resident_bytes": [1, 2, 2]},
+        ...                       {"iteration_peak_resident_bytes": [1, 2], "iteration_profiled": [True, True]}])
+        [0, 3, 4]
+    """
+    found, start = [], 0
+    for epoch in epochs:
+        count = len(epoch.get("iteration_peak_resident_bytes", []))
+        flags = epoch.get("iteration_profiled") or [i == 0 for i in range(count)]
+        found += [start + i for i, profiled in enumerate(flags[:count]) if profiled]
+        start += count
+    return found
+
+
 def plot_budget(epochs: Sequence[Mapping[str, Any]], budget_bytes: int, path: Path) -> Path:
-    """The resident peak of each iteration against the memory budget."""
-    peaks = [p for e in epochs for p in e.get("iteration_peak_resident_bytes", [])]
+    """The resident peak of each iteration against the memory budget, from 0 MiB, the profiling
+    iterations marked (under a budget they store every tensor at the policy's smallest footprint,
+    so their peak dips below the planned ones)."""
+    peaks = [p / 2**20 for e in epochs for p in e.get("iteration_peak_resident_bytes", [])]
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(range(len(peaks)), [p / 2**20 for p in peaks], marker=".", label="peak resident")
-    ax.axhline(budget_bytes / 2**20, color="black", linestyle="--", label="budget")
-    ax.set_xlabel("iteration")
+    ax.plot(range(len(peaks)), peaks, marker=".", color="#1f77b4", label="peak resident", zorder=2)
+    # Planned iterations peak at the budget itself: the budget goes on top, in a colour of its
+    # own and dashed, so that the peak line shows through it rather than hiding it.
+    ax.axhline(budget_bytes / 2**20, color="#d62728", linestyle=(0, (5, 3)), linewidth=1.5, label="budget", zorder=3)
+    for index in profiling_iterations(epochs):
+        if index < len(peaks):
+            ax.annotate("profiling", xy=(index, peaks[index]), xytext=(index, peaks[index] / 2), ha="center",
+                        fontsize="x-small", arrowprops={"arrowstyle": "->", "linewidth": 0.6})
+    ax.set_ylim(bottom=0, top=max([budget_bytes / 2**20, *peaks]) * 1.08)
+    ax.set_xlabel("iteration (a profiling one stores every tensor at the policy's smallest footprint)")
     ax.set_ylabel("saved activations on the device (MiB)")
     ax.set_title("Peak per iteration against the memory budget")
-    ax.legend()
+    ax.legend(loc="lower right")
     return _save(fig, path)
 
 

@@ -2,7 +2,8 @@
 
 The JSON holds ``model, policy, device, tune, epochs: [...]``; each epoch has ``loss, accuracy,
 samples_per_s, peak_memory_bytes``, the bytes kept / offloaded / compressed, ``decisions`` per
-action, and predicted against measured compression seconds.
+action, predicted against measured compression seconds, and per iteration its resident peak
+(``iteration_peak_resident_bytes``) and whether it profiled (``iteration_profiled``).
 
 Example:
     >>> from rich.console import Console

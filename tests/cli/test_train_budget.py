@@ -24,6 +24,7 @@ def test_training_under_a_budget_reports_the_peak_of_every_iteration(tmp_path: P
     assert budget is not None and budget == report["stats"]["budget_bytes"] > 0
     peaks = [p for epoch in saved["epochs"] for p in epoch["iteration_peak_resident_bytes"]]
     assert len(peaks) == 2 * 3 and all(0 < p <= budget for p in peaks)
+    assert [epoch["iteration_profiled"] for epoch in saved["epochs"]] == [[True, False, False]] * 2  # each epoch's first
     assert saved["epochs"][0]["decisions"]["swap"] > 0
     assert Path(report["plots"]["budget"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -1,4 +1,5 @@
-"""The training plots number epochs as the console table does: from 1."""
+"""The training plots: epochs numbered as the console table numbers them (from 1), and each plot
+saying on itself what it shows."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ from pathlib import Path
 
 import pytest
 from matplotlib.axes import Axes
+from matplotlib.figure import Figure
 
-from cswap.training.plots import plot_decisions, plot_sparsity
+from cswap.training import plots
+from cswap.training.plots import plot_budget, plot_decisions, plot_sparsity
 
 EPOCHS = [
     {"epoch": 0, "sparsity": {"0": 0.5, "1": 0.1}, "plan": [{"key": 0, "action": "swap", "module": "features.1 (ReLU)"}]},
@@ -28,3 +31,39 @@ def test_epochs_are_numbered_from_one(plot, tmp_path: Path, monkeypatch: pytest.
     monkeypatch.setattr(Axes, "set_xticks", record)
     assert plot(EPOCHS, tmp_path / "plot.png").exists()
     assert labels == [["1", "2"]]
+
+
+@pytest.fixture
+def drawn(monkeypatch: pytest.MonkeyPatch) -> list[Figure]:
+    """The figures the plot functions draw (they stay readable after the file is saved)."""
+    figures: list[Figure] = []
+    save = plots._save
+
+    def keep(fig: Figure, path: Path) -> Path:
+        figures.append(fig)
+        return save(fig, path)
+
+    monkeypatch.setattr(plots, "_save", keep)
+    return figures
+
+
+MIB = 2**20
+#: Two epochs under a budget of 15.5 MiB: each profiling iteration (the first of its epoch, and a
+#: second one in the middle of epoch 2 after the graph changed) peaks lower than the planned ones.
+BUDGETED = [
+    {"epoch": 0, "iteration_peak_resident_bytes": [12 * MIB] + [int(15.5 * MIB)] * 4},
+    {"epoch": 1, "iteration_peak_resident_bytes": [12 * MIB, int(15.5 * MIB), 13 * MIB, int(15.5 * MIB)],
+     "iteration_profiled": [True, False, True, False]},
+]
+
+
+def test_the_budget_plot_starts_at_zero_marks_profiling_and_draws_the_budget_on_top(drawn: list[Figure], tmp_path: Path) -> None:
+    plot_budget(BUDGETED, int(15.5 * MIB), tmp_path / "budget.png")
+    (ax,) = drawn[0].axes
+    assert ax.get_ylim()[0] == 0
+    marks = [(text.get_text(), text.xy) for text in ax.texts]
+    assert marks == [("profiling", (0, 12.0)), ("profiling", (5, 12.0)), ("profiling", (7, 13.0))]
+    peak, budget = ax.get_lines()
+    assert (peak.get_label(), budget.get_label()) == ("peak resident", "budget")
+    assert budget.get_zorder() > peak.get_zorder() and budget.get_color() != peak.get_color()
+    assert budget.get_linestyle() == "--" and list(budget.get_ydata()) == [15.5, 15.5]
