@@ -141,16 +141,25 @@ def plot_budget(epochs: Sequence[Mapping[str, Any]], budget_bytes: int, path: Pa
     return _save(fig, path)
 
 
-def plot_memory(lines: Mapping[str, Sequence[Sequence[float]]], path: Path, ylabel: str = "device memory (MiB)") -> Path:
-    """Memory over one iteration, one line per policy (samples are ``(seconds, bytes)``)."""
-    fig, ax = plt.subplots(figsize=(7, 4))
+def plot_memory(lines: Mapping[str, Sequence[Sequence[float]]], path: Path, ylabel: str = "device memory (MiB)",
+                budget_bytes: int | None = None) -> Path:
+    """Memory over one iteration, one line per policy (samples are ``(seconds, bytes)``).
+
+    The policies are compared without a memory budget, and the plot says so on itself; with
+    ``budget_bytes`` (the training run had one) it also says that budget applied to the training
+    run only, so that a line above it is not read as the budget broken.
+    """
+    fig, ax = plt.subplots(figsize=(7, 4.5))
     for policy, samples in lines.items():
         if samples:
             ax.step([s[0] * 1e3 for s in samples], [s[1] / 2**20 for s in samples], where="post", label=policy)
     ax.set_xlabel("time in the iteration (ms)")
     ax.set_ylabel(ylabel)
-    ax.set_title("Memory over one iteration, per policy")
-    ax.legend()
+    note = "comparison policies run without a budget"
+    if budget_bytes is not None:
+        note += f"\n(the training run's budget, {budget_bytes / 2**20:.1f} MiB, is not applied here)"
+    ax.set_title(f"Memory over one iteration, per policy\n{note}", fontsize="medium")
+    ax.legend(title="without a budget", fontsize="small")
     return _save(fig, path)
 
 

@@ -52,7 +52,7 @@ def draw_plots(report: Mapping[str, Any], path_of: Callable[[str], Path]) -> dic
     timeline = report.get("memory_timeline")
     if timeline:
         unit = "device memory allocated (MiB)" if report.get("device", {}).get("kind") == "cuda" else "resident activation memory (MiB)"
-        paths["memory"] = plot_memory(timeline, path_of("memory"), ylabel=unit)
+        paths["memory"] = plot_memory(timeline, path_of("memory"), ylabel=unit, budget_bytes=report.get("budget_bytes"))
     runs = [r for r in report.get("tune", {}).get("runs", []) if r.get("evaluations")]
     if runs:
         paths["convergence"] = plot_convergence(runs, path_of("convergence"))

@@ -11,6 +11,7 @@ from matplotlib.figure import Figure
 
 from cswap.training import plots
 from cswap.training.plots import plot_budget, plot_decisions, plot_sparsity
+from cswap.training.report import draw_plots
 
 EPOCHS = [
     {"epoch": 0, "sparsity": {"0": 0.5, "1": 0.1}, "plan": [{"key": 0, "action": "swap", "module": "features.1 (ReLU)"}]},
@@ -67,3 +68,17 @@ def test_the_budget_plot_starts_at_zero_marks_profiling_and_draws_the_budget_on_
     assert (peak.get_label(), budget.get_label()) == ("peak resident", "budget")
     assert budget.get_zorder() > peak.get_zorder() and budget.get_color() != peak.get_color()
     assert budget.get_linestyle() == "--" and list(budget.get_ydata()) == [15.5, 15.5]
+
+
+def test_the_memory_plot_of_a_budgeted_run_says_its_policies_ran_without_one(drawn: list[Figure], tmp_path: Path) -> None:
+    lines = {"none": [(0.0, 0), (0.1, 25 * MIB), (0.3, 0)], "cswap": [(0.0, 0), (0.1, 26 * MIB), (0.2, 0)]}
+    report = {"epochs": [], "budget_bytes": int(15.5 * MIB), "memory_timeline": lines, "device": {"kind": "cpu"}}
+    assert set(draw_plots(report, lambda name: tmp_path / f"{name}.png")) == {"sparsity", "decisions", "budget", "memory"}
+    (ax,) = drawn[-1].axes
+    assert ax.get_title().splitlines() == [
+        "Memory over one iteration, per policy",
+        "comparison policies run without a budget",
+        "(the training run's budget, 15.5 MiB, is not applied here)",
+    ]
+    assert ax.get_legend().get_title().get_text() == "without a budget"
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["none", "cswap"]
