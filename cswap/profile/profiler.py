@@ -144,6 +144,8 @@ class Profiler:
         self._modules = threading.local()
         # storage id -> (weak storage, label) of each module's last output, to name producers.
         self._outputs: dict[int, tuple[StorageWeakRef, str]] = {}
+        # storage id -> name of each parameter and buffer of the model (they live all iteration).
+        self._parameters: dict[int, str] = {}
         self._end: Any = None
 
     # ------------------------------------------------------------------ lifetime
@@ -151,6 +153,9 @@ class Profiler:
     def begin(self) -> None:
         """Start the clock and, with a model, the module hooks."""
         if self.model is not None:
+            for name, tensor in (*self.model.named_parameters(), *self.model.named_buffers()):
+                if tensor.layout == torch.strided:
+                    self._parameters.setdefault(tensor.untyped_storage()._cdata, name)
             for name, module in self.model.named_modules():
                 label = f"{name} ({type(module).__name__})" if name else type(module).__name__
                 self._hooks.append(module.register_forward_pre_hook(self._enter(label)))
@@ -207,20 +212,29 @@ class Profiler:
         return f"{stack[-1].split(' ')[0]}:{name}" if stack else name
 
     def module(self, t: torch.Tensor) -> str:
-        """The module that produced ``t``, as ``path (Type)`` (``features.3 (ReLU)``); ``""`` without
-        a model or for a model input.
+        """Where ``t`` comes from in the model, as plots and plan tables name it; ``""`` only without a model.
 
-        The module whose output (or a view of it) ``t`` is, when that module has returned; else the
-        innermost module running now (a module saving its own result before returning it).
+        In order: the module whose output (or a view of it) ``t`` is, once that module has returned,
+        as ``path (Type)`` (``features.3 (ReLU)``); a parameter or buffer (or a view of one) by its
+        name (``features.0.weight``); the innermost module running now, which saves it (the model's
+        input saved by its first layer, a dropout mask, pooling indices, or a module's own result
+        before it returns); outside every module (a loss on the model's output), the autograd node
+        that made it (``LogSoftmaxBackward0``), or ``outside the model`` for a tensor none made (the
+        targets).
         """
-        if self.model is None or t.grad_fn is None:
+        if self.model is None:
             return ""
-        if t.layout == torch.strided:
-            found = self._outputs.get(t.untyped_storage()._cdata)
+        storage = t.untyped_storage()._cdata if t.layout == torch.strided else None
+        if storage is not None and t.grad_fn is not None:
+            found = self._outputs.get(storage)
             if found is not None and not found[0].expired():
                 return found[1]
+        if storage in self._parameters:
+            return self._parameters[storage]
         stack = self._stack()
-        return stack[-1] if stack else ""
+        if stack:
+            return stack[-1]
+        return producer_name(t) or "outside the model"
 
     def record_pack(
         self,

@@ -92,9 +92,10 @@ def plot_decisions(epochs: Sequence[Mapping[str, Any]], path: Path) -> Path:
     ax.set_ylabel("saved tensor (pack order)")
     ax.set_xticks(range(len(epochs)), _epoch_labels(epochs))
     if modules:
-        # Named by the module that produced each tensor (a runtime given model=), not only its index.
+        # Named by where each tensor comes from (a runtime given model=), not only its index: the
+        # module that produced it, the parameter it is, or the module that saved it.
         ax.set_yticks(range(len(keys)), [decision_label(k, modules.get(k, "")) for k in keys], fontsize="x-small")
-        ax.set_ylabel("saved tensor (pack order, producing module)")
+        ax.set_ylabel("saved tensor (pack order, module or parameter)")
     ax.set_title("What the plan did with each tensor")
     return _save(fig, path)
 

@@ -164,7 +164,9 @@ def test_saved_tensors_are_named_by_the_module_that_produced_them() -> None:
     assert {"1 (ReLU)", "3 (Tanh)"} <= modules
     relu_outputs = [t for t in trace.tensors if t.module == "1 (ReLU)" and t.offloadable]
     assert relu_outputs and all(t.shape == (8, 32) for t in relu_outputs)
-    assert "" in modules  # the input x, made by no module
+    # the input x, made by no module, is named by the module that saves it; weights by their names
+    assert [t.module for t in trace.tensors if t.key in (0, 3, 6)] == ["0 (Linear)", "2.weight", "4.weight"]
+    assert "" not in modules
     rows = rt.plan().rows()
     assert {rows[t.key].module for t in trace.tensors} == modules
     assert "1 (ReLU)" in str(rt.plan()) and rt.plan().to_dict()["decisions"][0]["module"] == rows[0].module

@@ -6,9 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+import cswap
+from cswap.models import build
 from cswap.training import plots
 from cswap.training.plots import plot_budget, plot_decisions, plot_sparsity
 from cswap.training.report import draw_plots
@@ -82,3 +85,23 @@ def test_the_memory_plot_of_a_budgeted_run_says_its_policies_ran_without_one(dra
     ]
     assert ax.get_legend().get_title().get_text() == "without a budget"
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["none", "cswap"]
+
+
+def test_every_row_of_the_decisions_plot_is_named_on_a_real_model(drawn: list[Figure], tmp_path: Path) -> None:
+    """Model inputs, weights, dropout masks, pooling indices and the loss's tensors included."""
+    torch.manual_seed(0)
+    model = build("vgg11", num_classes=10, width_mult=0.125)
+    rt = cswap.Runtime("swap", device="cpu", min_bytes=0, model=model, d2h_gbps=10.0, h2d_gbps=10.0)
+    with rt.iteration():
+        torch.nn.functional.cross_entropy(model(torch.randn(4, 3, 32, 32)), torch.randint(0, 10, (4,))).backward()
+    plan = rt.plan().to_dict()["decisions"]
+    plot_decisions([{"epoch": 0, "plan": plan}], tmp_path / "decisions.png")
+    (ax,) = drawn[0].axes
+    labels = [label.get_text() for label in ax.get_yticklabels()]
+    assert len(labels) == len(plan) == 49
+    unnamed = [label for label in labels if len(label.split(" ", 1)) < 2]
+    assert unnamed == []
+    by_key = dict(label.split(" ", 1) for label in labels)
+    # the image (saved by the first conv), its weight, a dropout mask, and what the loss saves
+    assert (by_key["0"], by_key["1"], by_key["38"]) == ("features.0 (Conv2d)", "features.0.weight", "classifier.2 (Dropout)")
+    assert (by_key["45"], by_key["47"]) == ("LogSoftmaxBackward0", "outside the model")
