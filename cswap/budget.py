@@ -5,7 +5,10 @@ A budget is given as ``None`` (no budget), an int (bytes), a string with a unit 
 the activation peak policy ``none`` would have, known once a profile gives it. :func:`parse_budget`
 turns any of these into a :class:`MemoryBudget`; :meth:`MemoryBudget.resolve` gives the bytes.
 
-When a policy cannot meet a budget, :class:`BudgetError` says the least budget it can meet.
+Units are read as written: ``GB`` is 10^9 bytes, ``GiB`` 2^30. Once a profile gives policy
+``none``'s peak, :class:`ResolvedBudget` says what the budget came to, in bytes and as a fraction of
+that peak; :func:`warn_if_over_device` warns of a budget larger than the device's memory, which can
+never bind. When a policy cannot meet a budget, :class:`BudgetError` says the least budget it can meet.
 
 Example:
     >>> parse_budget("2GiB").resolve(none_peak_bytes=10 << 30)
@@ -20,9 +23,10 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from dataclasses import dataclass
 
-__all__ = ["BudgetError", "MemoryBudget", "format_bytes", "parse_budget"]
+__all__ = ["BudgetError", "MemoryBudget", "ResolvedBudget", "format_bytes", "parse_budget", "warn_if_over_device"]
 
 #: The least bare number a string may give as bytes: below it, a missing unit is the likelier story.
 _LEAST_BARE_BYTES = 1 << 20
@@ -119,6 +123,76 @@ class MemoryBudget:
         if self.nbytes is not None:
             return format_bytes(self.nbytes)
         return f"{self.fraction:g} of none's peak"
+
+
+@dataclass(frozen=True)
+class ResolvedBudget:
+    """A memory budget as a run resolved it: its bytes, beside policy ``none``'s activation peak.
+
+    Attributes:
+        given: the budget as given.
+        nbytes: the bytes it resolved to.
+        none_peak_bytes: policy ``none``'s activation peak on the profile it was resolved on
+            (``None`` when unknown).
+
+    Example:
+        >>> resolved = ResolvedBudget(parse_budget("1 GB"), 10**9, none_peak_bytes=4 * 10**9)
+        >>> resolved.fraction_of_none
+        0.25
+        >>> print(resolved)
+        memory budget 953.67 MiB (1000000000 bytes), 0.250 of policy none's activation peak of 3.73 GiB (4000000000 bytes)
+        >>> print(ResolvedBudget(parse_budget(0.3), 300, none_peak_bytes=1000))
+        memory budget 0.3 of policy none's activation peak of 0.00 MiB (1000 bytes): 0.00 MiB (300 bytes)
+    """
+
+    given: MemoryBudget
+    nbytes: int
+    none_peak_bytes: int | None = None
+
+    @property
+    def fraction_of_none(self) -> float | None:
+        """The budget as a fraction of policy ``none``'s peak (``None`` when that peak is unknown)."""
+        return self.nbytes / self.none_peak_bytes if self.none_peak_bytes else None
+
+    def __str__(self) -> str:
+        peak = "policy none's activation peak"
+        if self.none_peak_bytes:
+            peak += f" of {format_bytes(self.none_peak_bytes)}"
+        if self.given.fraction is not None:
+            return f"memory budget {self.given.fraction:g} of {peak}: {format_bytes(self.nbytes)}"
+        share = f", {self.fraction_of_none:.3f} of {peak}" if self.none_peak_bytes else ""
+        if self.none_peak_bytes and self.nbytes >= self.none_peak_bytes:
+            share += " (no less than plain PyTorch holds: it limits nothing)"
+        return f"memory budget {format_bytes(self.nbytes)}{share}"
+
+
+def warn_if_over_device(budget_bytes: int, device_memory_bytes: int | None, device: str, stacklevel: int = 2) -> bool:
+    """Warn (``UserWarning``) when a budget is more than the device's memory, and say whether it did.
+
+    Saved activations cannot pass the device's memory, so such a budget never binds: a unit mistaken
+    (``"1TiB"`` for ``"1GiB"``) is the likelier story. ``device_memory_bytes`` is the GPU's total
+    memory on CUDA, the host's physical memory on CPU (where the activations live); ``None`` or 0
+    (not known) never warns.
+
+    Example:
+        >>> import warnings
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     warn_if_over_device(2**40, 80 * 2**30, "cuda:0")
+        True
+        >>> print(caught[0].message)  # doctest: +ELLIPSIS
+        memory budget 1024.00 GiB (1099511627776 bytes) is more than the 80.00 GiB (85899345920 bytes) of memory of device cuda:0: ...
+    """
+    if not device_memory_bytes or budget_bytes <= device_memory_bytes:
+        return False
+    warnings.warn(
+        f"memory budget {format_bytes(budget_bytes)} is more than the {format_bytes(device_memory_bytes)} of memory of "
+        f"device {device}: saved activations can never reach it, so it limits nothing (GB is 10^9 bytes, GiB 2^30); "
+        "give a budget the device holds, or a fraction of policy none's peak such as 0.5",
+        UserWarning,
+        stacklevel=stacklevel + 1,
+    )
+    return True
 
 
 def parse_budget(value: object) -> MemoryBudget | None:

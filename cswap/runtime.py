@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import threading
 import time
 import warnings
@@ -37,7 +38,7 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import CheckpointError
 
-from cswap.budget import BudgetError
+from cswap.budget import BudgetError, ResolvedBudget, warn_if_over_device
 from cswap.codecs.api import default_backend
 from cswap.device import bandwidth, fingerprint, resolve_device
 from cswap.execute.executor import Counters, Executor
@@ -57,6 +58,8 @@ from cswap.stats import EpochStats, RuntimeStats
 
 __all__ = ["EpochStats", "Runtime", "RuntimeStats"]
 
+
+logger = logging.getLogger(__name__)
 
 #: The shipped defaults file's options: the defaults :class:`Runtime`'s signature shows.
 _DEFAULTS = file_defaults(shipped_configs_dir() / "default.yaml")
@@ -90,7 +93,11 @@ class Runtime:
         memory_budget: the most bytes of saved activations on the device: ``None`` (no budget),
             int bytes, a string with a unit (``"512MiB"``, ``"2GiB"``) or a float in (0, 1], that
             fraction of policy ``none``'s activation peak from the profile. The policy's actions
-            are then planned per tensor within it (:mod:`cswap.planner.budgeted`).
+            are then planned per tensor within it (:mod:`cswap.planner.budgeted`). The first profile
+            logs what it resolved to (:attr:`resolved_budget`: bytes, and the fraction of ``none``'s
+            peak; ``GB`` is 10^9 bytes, ``GiB`` 2^30), and a budget above the device's memory (the
+            GPU's total memory; on CPU the host's physical memory, where the activations live)
+            warns with a ``UserWarning``: it could never bind.
 
     Raises:
         TypeError: an unknown option (the message lists the valid ones).
@@ -177,6 +184,8 @@ class Runtime:
         self._budget_error: BudgetError | None = None
         if self._budget_bytes is not None:
             self._plan = replace(self._plan, budget_bytes=self._budget_bytes, fallback_action=FALLBACK_ACTIONS[opts.policy])
+            warn_if_over_device(self._budget_bytes, fingerprint(device).memory_bytes, str(device))
+        self._resolved_budget: ResolvedBudget | None = None
         self._bandwidths: tuple[float, float] | None = None
         self._time_model: Any = opts.time_model
         self._fingerprint: dict[str, Any] | None = None
@@ -219,6 +228,12 @@ class Runtime:
     def epoch(self) -> int:
         """The current epoch (0-based)."""
         return self._epoch
+
+    @property
+    def resolved_budget(self) -> ResolvedBudget | None:
+        """What the memory budget came to at the last profile it was met on, with policy ``none``'s
+        peak there (``None`` without a budget, or before it is resolved)."""
+        return self._resolved_budget
 
     def __repr__(self) -> str:
         return f"Runtime(policy={self.policy!r}, device={str(self._device)!r}, backend={self._backend!r}, epoch={self._epoch})"
@@ -488,6 +503,13 @@ class Runtime:
             time_model = self._codec_time_model() if compresses else NO_CODEC
             plan, budget_bytes, error = budget_plan(trace, self.policy, budget, time_model, self._backend, self._options.min_bytes,
                                                     self._epoch, self._plan.launches, profiled_peak)
+        if budget is not None and error is None and budget_bytes is not None:
+            resolved = ResolvedBudget(budget, budget_bytes, plan.planner.get("none_peak_bytes"))
+            if self._resolved_budget is None:  # said once, at the start of training
+                logger.info("%s", resolved)
+                if budget.relative:
+                    warn_if_over_device(budget_bytes, self._device_dict()["memory_bytes"], str(self._device), stacklevel=4)
+            self._resolved_budget = resolved
         with self._lock:
             if budget is not None:
                 self._budget_bytes = budget_bytes

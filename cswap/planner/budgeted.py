@@ -155,7 +155,8 @@ def _decisions(
 
 
 def plan_from_budget(
-    trace: Trace, problem: PlanningProblem, planned: BudgetPlan, rules: Mapping[str, Any], default_action: Action, least_bytes: int
+    trace: Trace, problem: PlanningProblem, planned: BudgetPlan, rules: Mapping[str, Any], default_action: Action, least_bytes: int,
+    none_peak_bytes: int | None = None,
 ) -> Plan:
     """The executor's :class:`~cswap.planner.plan.Plan` from the planner's ``planned`` solution of ``problem``.
 
@@ -167,6 +168,8 @@ def plan_from_budget(
             ``epoch``, ``min_bytes``, ``launches``, ``budget_bytes``, ``fallback_action``, bandwidths).
         default_action: the action of a key the plan does not know.
         least_bytes: the policy's least budget, reported in the planner summary.
+        none_peak_bytes: policy ``none``'s peak on the same profile, reported in the planner summary
+            (what a budget is a fraction of).
     """
     launches = rules["launches"]
     unpacked = sorted((r for r in trace.tensors if r.unpack_order is not None), key=lambda r: r.unpack_order)
@@ -176,7 +179,7 @@ def plan_from_budget(
                f"planned, slack {planned.slack_bytes:,d} B")
     summary = dict(status=planned.status, predicted_s=planned.predicted_s, peak_bytes=planned.peak_bytes, slack_bytes=planned.slack_bytes,
                    minimum_bytes=least_bytes, greedy_gap_s=planned.greedy_gap_s, solve_s=planned.solve_s,
-                   prefetch_window_bytes=planned.prefetch_window_bytes)
+                   prefetch_window_bytes=planned.prefetch_window_bytes, none_peak_bytes=none_peak_bytes)
     return Plan(**rules, default_action=default_action, decisions=decisions, unpack_order=tuple(r.key for r in unpacked),
                 host_bytes=host_bytes, default_reason=f"policy {rules['policy']} under a budget: not in the plan, smallest footprint",
                 prefetch_bytes=planned.prefetch_window_bytes, binding=binding, expected_bytes=expected, planner=MappingProxyType(summary))
@@ -285,5 +288,5 @@ def budget_plan(
                     default_reason=f"budget {budget_bytes:,d} B below this policy's least {least:,d} B: {action.value}")
         return plan, budget_bytes, error
     planned = plan_budget(problem, policy, budget_bytes)
-    plan = plan_from_budget(trace, problem, planned, rules, PROFILE_ACTIONS[policy], least)
+    plan = plan_from_budget(trace, problem, planned, rules, PROFILE_ACTIONS[policy], least, none_bytes)
     return plan, budget_bytes, None

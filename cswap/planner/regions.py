@@ -397,8 +397,9 @@ def plan_regions(
     planning = _Planning(trace, profile, BASE_POLICIES[policy], time_model, backend, min_bytes)
     full, _ = planning.problem(())
     budget_bytes: int | None = None
+    none_bytes = minimum_bytes(full, "none") if budget is not None else None
     if budget is not None:
-        budget_bytes = budget.resolve(max(minimum_bytes(full, "none"), 1)) if budget.relative else budget.resolve()
+        budget_bytes = budget.resolve(max(none_bytes, 1)) if budget.relative else budget.resolve()
     smallest = _least_footprint(planning)
     smallest_bytes = max(planning.least(smallest), 1)
     least = max(smallest_bytes, profiled_peak_bytes)  # a run at a budget profiles first, within it
@@ -419,7 +420,8 @@ def plan_regions(
         reason = f"budget {target:,d} B below this policy's least {least:,d} B: {PASSIVE_ACTION.value} (passive)"
         plan = Plan(**rules, default_action=PASSIVE_ACTION, prefetch_bytes=0, default_reason=reason)
         return RegionPlan(plan, target, BudgetError(least, policy, target, none_peak_bytes=minimum_bytes(full, "none") or None))
-    plan = plan_from_budget(trace, problem, planned, rules, PASSIVE_ACTION if rules["fallback_action"] else Action.KEEP, least)
+    plan = plan_from_budget(trace, problem, planned, rules, PASSIVE_ACTION if rules["fallback_action"] else Action.KEEP, least,
+                            none_bytes)
     if extra:
         plan = replace(plan, planner=MappingProxyType({**plan.planner, "region_input_bytes": extra}))
     if not regions:

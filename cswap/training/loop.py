@@ -302,6 +302,7 @@ def train(cfg: TrainConfig, console: Console | None = None, show_progress: bool 
     progress = EpochProgress(console, enabled=show_progress and ctx.is_main, epochs=cfg.epochs, steps=len(sampler))
     epochs: list[dict[str, Any]] = []
     profiled = 0  # profiling iterations so far, to tell which iteration profiled
+    told_budget = False
     with progress, _oom_advice(cfg.policy):
         for epoch in range(cfg.epochs):
             sampler.set_epoch(epoch)
@@ -328,6 +329,11 @@ def train(cfg: TrainConfig, console: Console | None = None, show_progress: bool 
                 iteration_peaks.append(stats.iteration_peak_resident_bytes)
                 iteration_profiled.append(stats.profiled_iterations > profiled)
                 profiled = stats.profiled_iterations
+                if not told_budget and runtime.resolved_budget is not None:
+                    # once, at the first profile: what "1 GB" or "0.3" came to on this model
+                    told_budget = True
+                    if ctx.is_main:
+                        console.print(str(runtime.resolved_budget), markup=False, highlight=False, soft_wrap=True)
                 current = stats.history[-1] if stats.history else None
                 # The same figures as the summary table: mean loss so far, this epoch's offloaded bytes and ratio.
                 progress.update(epoch, step, loss=sum(losses) / len(losses),
@@ -350,6 +356,7 @@ def train(cfg: TrainConfig, console: Console | None = None, show_progress: bool 
         "epochs": epochs,
         "stats": runtime.stats().to_dict(),
         "budget_bytes": runtime.stats().budget_bytes,
+        "none_peak_bytes": runtime.resolved_budget.none_peak_bytes if runtime.resolved_budget is not None else None,
     }
     if ctx.is_main and cfg.save_model is not None:
         cfg.save_model.parent.mkdir(parents=True, exist_ok=True)

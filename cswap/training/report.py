@@ -100,6 +100,10 @@ def summarize(report: Mapping[str, Any], console: Console) -> None:
         ...            "epochs": []}, out)
         >>> "memory budget 3.0 MiB (0.3 of none's peak)" in out.file.getvalue()
         True
+        >>> summarize({"model": "m", "policy": "swap", "budget_bytes": 1 << 20, "none_peak_bytes": 4 << 20,
+        ...            "config": {"memory_budget": "1MiB"}, "epochs": []}, out)
+        >>> "memory budget 1.0 MiB (0.25 of none's peak)" in out.file.getvalue()
+        True
     """
     # the recompute count only where something was recomputed: the table stays within 80 columns otherwise
     recomputed = any(epoch.get("decisions", {}).get("recompute", 0) for epoch in report["epochs"])
@@ -109,7 +113,10 @@ def summarize(report: Mapping[str, Any], console: Console) -> None:
     budget = report.get("budget_bytes")
     if budget is not None:
         given = report.get("config", {}).get("memory_budget")
+        none_peak = report.get("none_peak_bytes")
         share = f" ({given} of none's peak)" if isinstance(given, int | float | str) and _is_fraction(given) else ""
+        if not share and none_peak:
+            share = f" ({budget / none_peak:.2f} of none's peak)"
         title += f", memory budget {format_bytes(budget)}{share}"
     table = Table(title=escape(title), caption=escape(legend),
                   box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True, caption_justify="left")

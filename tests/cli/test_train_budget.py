@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
+
+from cswap.budget import format_bytes
 
 from cswap.cli import app
 from cswap.training.config import RecipeError, TrainConfig, load_config
@@ -18,10 +22,15 @@ runner = CliRunner()
 def test_training_under_a_budget_reports_the_peak_of_every_iteration(tmp_path: Path) -> None:
     cfg = TrainConfig(report=tmp_path / "report.json", model="vgg11", width_mult=0.125, epochs=2, batch_size=16,
                       train_samples=48, policy="swap", min_bytes=0, memory_budget=0.5, device="cpu")
-    report = train(cfg, show_progress=False)
+    out = Console(file=io.StringIO(), width=300)
+    report = train(cfg, console=out, show_progress=False)
     saved = json.loads((tmp_path / "report.json").read_text())
-    budget = saved["budget_bytes"]
+    budget, none_peak = saved["budget_bytes"], saved["none_peak_bytes"]
     assert budget is not None and budget == report["stats"]["budget_bytes"] > 0
+    # said once, at the start: the fraction in bytes, and in the summary's title
+    said = [line for line in out.file.getvalue().splitlines() if line.startswith("memory budget")]
+    assert said == [f"memory budget 0.5 of policy none's activation peak of {format_bytes(none_peak)}: {format_bytes(budget)}"]
+    assert budget == none_peak // 2
     peaks = [p for epoch in saved["epochs"] for p in epoch["iteration_peak_resident_bytes"]]
     assert len(peaks) == 2 * 3 and all(0 < p <= budget for p in peaks)
     assert [epoch["iteration_profiled"] for epoch in saved["epochs"]] == [[True, False, False]] * 2  # each epoch's first

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import pickle
+import warnings
 
 import pytest
 
 import cswap
-from cswap.budget import BudgetError, MemoryBudget, parse_budget
+from cswap.budget import BudgetError, MemoryBudget, ResolvedBudget, parse_budget, warn_if_over_device
 
 
 @pytest.mark.parametrize(
@@ -108,3 +109,18 @@ def test_budget_error_of_cswap_suggests_no_other_policy():
 
 def test_exported_lazily_from_cswap():
     assert cswap.BudgetError is BudgetError and "BudgetError" in cswap.__all__
+
+
+def test_a_budget_is_weighed_against_the_devices_memory_only_when_known() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert warn_if_over_device(2**40, 0, "cpu") is False  # memory not known: silent
+        assert warn_if_over_device(80 * 2**30, 80 * 2**30, "cuda:0") is False  # all of it: allowed
+    with pytest.warns(UserWarning, match=r"1024\.00 GiB \(1099511627776 bytes\) is more than the 80\.00 GiB .* device cuda:0"):
+        assert warn_if_over_device(parse_budget("1TiB").nbytes, 80 * 2**30, "cuda:0") is True
+
+
+def test_a_resolved_budget_reads_as_bytes_and_a_share_of_nones_peak() -> None:
+    resolved = ResolvedBudget(parse_budget("1 GB"), 10**9, none_peak_bytes=4 * 10**9)
+    assert resolved.fraction_of_none == 0.25 and ResolvedBudget(parse_budget("1 GB"), 10**9).fraction_of_none is None
+    assert str(resolved) == "memory budget 953.67 MiB (1000000000 bytes), 0.250 of policy none's activation peak of 3.73 GiB (4000000000 bytes)"

@@ -3,6 +3,8 @@ with gradients bit-identical to plain PyTorch throughout."""
 
 from __future__ import annotations
 
+import logging
+import warnings
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -12,6 +14,7 @@ import torch
 
 from cswap import runtime
 import cswap
+from cswap.device import fingerprint
 from cswap.execute.executor import Executor
 from cswap.models import build
 from cswap.planner import budgeted
@@ -394,3 +397,44 @@ def test_a_budget_error_suggests_only_what_lowers_the_least() -> None:
     assert "cswap" not in str(swap), "cswap's least is swap's here: suggesting it would change nothing"
     small = _budget_error("swap", 0.05, min_bytes=1 << 16)
     assert "or pass min_bytes=0: " in str(small) and small.minimum_bytes > swap.minimum_bytes
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.2f} MiB"
+
+
+def test_the_first_profile_says_what_the_budget_came_to(cnn_reference, caplog: pytest.LogCaptureFixture) -> None:
+    """'1 GB' is 10^9 bytes, said in bytes and as a share of what plain PyTorch holds; a fraction in both too."""
+    _, none_peak = cnn_reference
+    with caplog.at_level(logging.INFO, logger="cswap.runtime"):
+        _, rt = train(_cnn, CNN_BATCHES[:2], 1, runtime_for("swap", memory_budget="1 GB"))
+        _, fractional = train(_cnn, CNN_BATCHES[:2], 1, runtime_for("swap", memory_budget=0.5))
+    said = [r.getMessage() for r in caplog.records if r.name == "cswap.runtime"]
+    resolved = rt.resolved_budget
+    assert (resolved.nbytes, resolved.none_peak_bytes) == (10**9, none_peak) and rt.stats().budget_bytes == 10**9
+    assert resolved.fraction_of_none == 10**9 / none_peak
+    half = fractional.resolved_budget
+    assert (half.nbytes, half.none_peak_bytes) == (none_peak // 2, none_peak) == (fractional.stats().budget_bytes, none_peak)
+    assert said == [  # once per run, at its first profile
+        f"memory budget 953.67 MiB (1000000000 bytes), {10**9 / none_peak:.3f} of policy none's activation peak of "
+        f"{_mib(none_peak)} ({none_peak} bytes) (no less than plain PyTorch holds: it limits nothing)",
+        f"memory budget 0.5 of policy none's activation peak of {_mib(none_peak)} ({none_peak} bytes): "
+        f"{_mib(none_peak // 2)} ({none_peak // 2} bytes)",
+    ]
+
+
+def test_a_budget_above_the_devices_memory_warns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CPU the device's memory is the host's physical memory: a budget above it could never bind."""
+    host_bytes = fingerprint("cpu").memory_bytes
+    assert host_bytes > 2**30
+    with pytest.warns(UserWarning, match=rf"memory budget .* is more than the .*\({host_bytes} bytes\) of memory of device cpu"):
+        cswap.Runtime("swap", device="cpu", memory_budget=host_bytes + 2**30)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cswap.Runtime("swap", device="cpu", memory_budget="1 GB")  # within it: no warning
+    # a fraction is known in bytes only after the profile: it warns then, against the same figure
+    small = replace(fingerprint("cpu"), memory_bytes=100_000)
+    monkeypatch.setattr(runtime, "fingerprint", lambda device: small)
+    with pytest.warns(UserWarning, match=r"is more than the 0\.10 MiB \(100000 bytes\) of memory of device cpu"):
+        _, rt = train(_cnn, CNN_BATCHES[:1], 1, runtime_for("swap", memory_budget=1.0))
+    assert rt.resolved_budget.nbytes > 100_000
