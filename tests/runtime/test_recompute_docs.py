@@ -60,7 +60,9 @@ def test_the_page_names_its_models() -> None:
 
 
 @pytest.mark.parametrize(("name", "least", "others"), ROWS)
-def test_the_example_reaches_what_the_table_says(name: str, least: float, others: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_example_reaches_what_the_table_says(
+    name: str, least: float, others: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     model, x, y = _model(name)
     namespace = {"model": model, "loss_fn": F.cross_entropy, "x": x, "y": y}
     with warnings.catch_warnings():
