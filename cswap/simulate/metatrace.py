@@ -12,7 +12,13 @@ and backward under ``saved_tensors_hooks`` and a ``TorchDispatchMode``, and reco
   bandwidth, plus a fixed cost per operator; views are free). The backward runs on ``meta`` too,
   so the unpack order is the one autograd really uses;
 * the sparsity each tensor would have, from a :class:`SparsityModel` (ReLU outputs ``relu``,
-  pooling and concatenation propagate it), or from a profiled trace of the same model.
+  pooling and concatenation propagate it), or from a profiled trace of the same model;
+* the module that saved each tensor (``module``: ``"features.3 (ReLU)"``, the innermost module
+  running at its first pack), and whether it holds attention probabilities: a softmax output, or
+  what a cast, dropout (output and mask) or copy makes of one, element for element.
+
+:func:`run_on_meta` is the part that runs any module with any loss; :func:`meta_trace` feeds it an
+image batch, :func:`cswap.simulate.lmtrace.transformer_trace` token ids.
 
 Example:
     >>> trace = meta_trace("alexnet", batch_size=2, resolution=64, hardware="v100-pcie3", width_mult=0.25)
@@ -26,12 +32,13 @@ from __future__ import annotations
 
 import copy
 from collections import defaultdict, deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
@@ -39,11 +46,15 @@ from torch.utils.flop_counter import flop_registry
 from cswap.profile.trace import Trace, TensorRecord
 from cswap.simulate.hardware import HardwareProfile, load_hardware
 
-__all__ = ["SparsityModel", "meta_trace", "with_hidden_times"]
+__all__ = ["MetaRun", "SparsityModel", "meta_trace", "run_on_meta", "with_hidden_times"]
 
 _aten = torch.ops.aten
 _RELU_LIKE = (_aten.relu, _aten.threshold, _aten.relu6)
 _POOLS = (_aten.max_pool2d_with_indices, _aten.avg_pool2d, _aten._adaptive_avg_pool2d, _aten.max_pool3d_with_indices)
+_SOFTMAXES = (_aten._softmax, _aten._safe_softmax)
+# Operators that carry attention probabilities on element for element (a cast, dropout and its
+# mask, a scaling, a copy made by reshape), so that what they make of them is marked too.
+_CARRIERS = (_aten.native_dropout, _aten._to_copy, _aten.clone, _aten.mul, _aten.div, _aten._unsafe_view, _aten.masked_fill)
 
 
 @dataclass(frozen=True)
@@ -134,6 +145,27 @@ class _Clock(TorchDispatchMode):
         self.clock_s = 0.0
         self.estimate: dict[int, float] = {}
         self.flops: dict[int, float] = {}
+        # Storages holding attention probabilities; weak, so that a freed storage's reused address
+        # is not taken for one.
+        self.probabilities: dict[int, StorageWeakRef] = {}
+
+    def holds_probabilities(self, t: torch.Tensor) -> bool:
+        """Whether ``t``'s storage holds attention probabilities (module docstring)."""
+        ref = self.probabilities.get(_storage_key(t))
+        return ref is not None and not ref.expired()
+
+    def _mark_probabilities(self, packet: Any, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> None:
+        if not outputs:
+            return
+        if packet not in _SOFTMAXES:
+            if packet not in _CARRIERS:
+                return
+            size = outputs[0].numel()
+            if not any(t.numel() == size and self.holds_probabilities(t) for t in inputs):
+                return
+        for t in outputs:
+            storage = t.untyped_storage()
+            self.probabilities[storage._cdata] = StorageWeakRef(storage)
 
     def _input_sparsity(self, t: torch.Tensor) -> float:
         return self.estimate.get(_storage_key(t), self.sparsity.default)
@@ -186,6 +218,7 @@ class _Clock(TorchDispatchMode):
         floating = [t for t in inputs + outputs if t.is_floating_point()]
         dtype = str(floating[0].dtype).removeprefix("torch.") if floating else "float32"
         self.clock_s += self.hardware.op_s(flops, nbytes, dtype)
+        self._mark_probabilities(packet, inputs, outputs)
         for t, sparsity in zip(outputs, self._estimate(func, args, kwargs, out)):
             key = _storage_key(t)
             self.estimate[key] = sparsity
@@ -201,6 +234,8 @@ class _Saved:
     offloadable: bool
     sparsity: float
     flops: float
+    module: str = ""
+    probabilities: bool = False
     unpack_at_s: float | None = None
 
 
@@ -225,6 +260,7 @@ class _Recorder:
         self.packs = 0
         self.naming: str | None = None
         self.producer_of_pack: dict[int, str] = {}
+        self.modules: list[str] = []  # the running modules' labels, innermost last
 
     def pack(self, t: torch.Tensor) -> _Handle:
         key = _storage_key(t)
@@ -243,6 +279,8 @@ class _Recorder:
                     offloadable=not fixed,
                     sparsity=self.clock.estimate.get(key, self.clock.sparsity.default),
                     flops=self.clock.flops.get(key, 0.0),
+                    module=self.modules[-1] if self.modules else "",
+                    probabilities=self.clock.holds_probabilities(t),
                 )
             )
         return _Handle(index, ordinal, t)
@@ -254,6 +292,24 @@ class _Recorder:
         elif saved.unpack_at_s is None:
             saved.unpack_at_s = self.clock.clock_s
         return handle.tensor
+
+    def watch_modules(self, root: nn.Module) -> list[Any]:
+        """Hooks that keep :attr:`modules` current while ``root`` runs, each module labelled
+        ``path (Type)`` as the runtime's profiler labels them; returns the hook handles."""
+
+        def enter(label: str) -> Callable[..., None]:
+            return lambda module, args: self.modules.append(label)
+
+        def leave(module: nn.Module, args: Any, output: Any) -> None:
+            if self.modules:
+                self.modules.pop()
+
+        handles = []
+        for name, module in root.named_modules():
+            label = f"{name} ({type(module).__name__})" if name else type(module).__name__
+            handles.append(module.register_forward_pre_hook(enter(label)))
+            handles.append(module.register_forward_hook(leave, always_call=True))
+        return handles
 
     def name_producers(self, root: Any) -> None:
         """Visit the graph and read every ``_saved_*`` attribute: each read unpacks with the node's name."""
@@ -325,6 +381,108 @@ def _sparsity_model(sparsity: float | SparsityModel | Trace | None) -> SparsityM
     raise TypeError(f"sparsity must be a float, a SparsityModel, a Trace or None, got {type(sparsity).__name__}")
 
 
+def _floating_dtype(dtype: str) -> torch.dtype:
+    torch_dtype = getattr(torch, dtype, None) if isinstance(dtype, str) else None
+    if not isinstance(torch_dtype, torch.dtype) or not torch_dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating dtype name such as float32, float16 or bfloat16, got {dtype!r}")
+    return torch_dtype
+
+
+@dataclass(frozen=True)
+class MetaRun:
+    """What :func:`run_on_meta` recorded of one forward and backward.
+
+    Attributes:
+        records: every saved tensor, in pack order, once per storage (hidden times not yet filled).
+        forward_s, backward_s: simulated seconds of forward and backward.
+        saved_slots: pack hook calls (a storage saved twice counts twice).
+        param_bytes: bytes of the module's parameters.
+        probability_keys: keys of the offloadable records that hold attention probabilities.
+    """
+
+    records: tuple[TensorRecord, ...]
+    forward_s: float
+    backward_s: float
+    saved_slots: int
+    param_bytes: int
+    probability_keys: tuple[int, ...] = ()
+
+
+def run_on_meta(
+    module: nn.Module,
+    loss_of: Callable[[nn.Module], torch.Tensor],
+    hardware: HardwareProfile,
+    sparsity: SparsityModel,
+    qualified_producers: bool = False,
+) -> MetaRun:
+    """Run ``loss_of(module)`` and its backward on ``meta`` under the recorder and the clock.
+
+    Args:
+        module: a module on ``meta``, in the mode and dtype to trace.
+        loss_of: the forward: takes ``module``, returns a scalar loss on ``meta``.
+        hardware: the profile whose roofline times the clock advances by.
+        sparsity: the sparsity estimates (measured ones by producer name included).
+        qualified_producers: name producers ``"<module path>:<node>"`` (``"transformer.h.3.attn:BmmBackward0"``),
+            as the runtime's profiler does when given the model, instead of the node name alone.
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(4, 4), nn.ReLU()).to("meta")
+        >>> x = torch.empty(2, 4, device="meta")
+        >>> run = run_on_meta(model, lambda m: m(x).sum(), load_hardware("v100-pcie3"), SparsityModel())
+        >>> [(r.producer, r.module) for r in run.records if r.offloadable]
+        [('AddmmBackward0', '0 (Linear)'), ('ReluBackward0', '1 (ReLU)')]
+    """
+    fixed = {_storage_key(t) for t in (*module.parameters(), *module.buffers())}
+    clock = _Clock(hardware, sparsity)
+    recorder = _Recorder(clock, fixed)
+    handles = recorder.watch_modules(module)
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(recorder.pack, recorder.unpack), clock:
+            loss = loss_of(module)
+            forward_s = clock.clock_s
+            recorder.name_producers(loss.grad_fn)
+            loss.backward()
+    finally:
+        for handle in handles:
+            handle.remove()
+    backward_s = clock.clock_s - forward_s
+
+    measured = {k: deque(v) for k, v in sparsity.by_producer.items()}
+    records = []
+    for key, saved in enumerate(recorder.saved):
+        t = saved.tensor
+        producer = recorder.producer_of_pack.get(saved.first_pack, "")
+        path = saved.module.rsplit(" (", 1)[0] if " (" in saved.module else ""
+        if qualified_producers and path and producer:
+            producer = f"{path}:{producer}"
+        value = saved.sparsity
+        if saved.offloadable and measured.get(producer):
+            value = measured[producer].popleft()
+        records.append(
+            TensorRecord(
+                key=key,
+                shape=tuple(t.shape),
+                dtype=str(t.dtype).removeprefix("torch."),
+                nbytes=t.numel() * t.element_size(),
+                sparsity=min(max(value, 0.0), 1.0),
+                producer=producer,
+                offloadable=saved.offloadable,
+                pack_at_s=saved.pack_at_s,
+                unpack_at_s=saved.unpack_at_s,
+                flops=saved.flops,
+                module=saved.module,
+            )
+        )
+    return MetaRun(
+        records=tuple(records),
+        forward_s=forward_s,
+        backward_s=backward_s,
+        saved_slots=recorder.packs,
+        param_bytes=sum(p.numel() * p.element_size() for p in module.parameters()),
+        probability_keys=tuple(k for k, saved in enumerate(recorder.saved) if saved.probabilities and saved.offloadable),
+    )
+
+
 def meta_trace(
     model: str | nn.Module,
     batch_size: int = 64,
@@ -358,55 +516,20 @@ def meta_trace(
     """
     if batch_size < 1 or resolution < 1:
         raise ValueError(f"batch_size and resolution must be positive, got {batch_size} and {resolution}")
-    torch_dtype = getattr(torch, dtype, None)
-    if not isinstance(torch_dtype, torch.dtype) or not torch_dtype.is_floating_point:
-        raise ValueError(f"dtype must be a floating dtype name such as float32, float16 or bfloat16, got {dtype!r}")
+    torch_dtype = _floating_dtype(dtype)
     profile = load_hardware(hardware)
     sparsity_model = _sparsity_model(sparsity)
     module, name = _module_on_meta(model, num_classes, width_mult, torch_dtype)
     shape = tuple(input_shape) if input_shape is not None else (batch_size, 3, resolution, resolution)
-    fixed = {_storage_key(t) for t in (*module.parameters(), *module.buffers())}
-    param_bytes = sum(p.numel() * p.element_size() for p in module.parameters())
-
-    clock = _Clock(profile, sparsity_model)
-    recorder = _Recorder(clock, fixed)
     x = torch.empty(shape, device="meta", dtype=torch_dtype)
-    with torch.autograd.graph.saved_tensors_hooks(recorder.pack, recorder.unpack), clock:
-        loss = module(x).float().sum()
-        forward_s = clock.clock_s
-        recorder.name_producers(loss.grad_fn)
-        loss.backward()
-    backward_s = clock.clock_s - forward_s
-
-    measured = {k: deque(v) for k, v in sparsity_model.by_producer.items()}
-    records = []
-    for key, saved in enumerate(recorder.saved):
-        t = saved.tensor
-        producer = recorder.producer_of_pack.get(saved.first_pack, "")
-        value = saved.sparsity
-        if saved.offloadable and measured.get(producer):
-            value = measured[producer].popleft()
-        records.append(
-            TensorRecord(
-                key=key,
-                shape=tuple(t.shape),
-                dtype=str(t.dtype).removeprefix("torch."),
-                nbytes=t.numel() * t.element_size(),
-                sparsity=min(max(value, 0.0), 1.0),
-                producer=producer,
-                offloadable=saved.offloadable,
-                pack_at_s=saved.pack_at_s,
-                unpack_at_s=saved.unpack_at_s,
-                flops=saved.flops,
-            )
-        )
+    run = run_on_meta(module, lambda m: m(x).float().sum(), profile, sparsity_model)
     trace = Trace(
-        tensors=tuple(records),
+        tensors=run.records,
         device={"kind": "simulated", "name": profile.device.name, "hardware": profile.name},
         d2h_gbps=profile.link.d2h_gbps,
         h2d_gbps=profile.link.h2d_gbps,
-        forward_s=forward_s,
-        backward_s=backward_s,
+        forward_s=run.forward_s,
+        backward_s=run.backward_s,
         meta={
             "source": "meta",
             "model": name,
@@ -415,8 +538,8 @@ def meta_trace(
             "resolution": resolution if input_shape is None else None,
             "dtype": dtype,
             "hardware": profile.name,
-            "param_bytes": param_bytes,
-            "saved_slots": recorder.packs,
+            "param_bytes": run.param_bytes,
+            "saved_slots": run.saved_slots,
             "relu_sparsity": sparsity_model.relu,
             "measured_sparsity": bool(sparsity_model.by_producer),
         },
