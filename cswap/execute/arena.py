@@ -14,8 +14,8 @@ Example:
     >>> arena = HostArena(pin_memory=False)
     >>> arena.reserve(1024)
     >>> block = arena.alloc(100)
-    >>> block.view.numel(), arena.used_bytes
-    (100, 128)
+    >>> arena.tensor(block, torch.float32, (25,)).numel(), block.size, arena.used_bytes
+    (25, 128, 128)
     >>> arena.free(block); arena.used_bytes
     0
 """
@@ -23,7 +23,7 @@ Example:
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -38,21 +38,27 @@ def aligned(nbytes: int) -> int:
     return -(-nbytes // ALIGN_BYTES) * ALIGN_BYTES
 
 
-@dataclass(frozen=True)
-class ArenaBlock:
-    """A block of the arena: ``view`` is its first ``nbytes`` bytes (uint8, 1-d).
+class ArenaBlock(NamedTuple):
+    """A block of the arena (a tuple: one is made per offloaded tensor); :meth:`HostArena.tensor` views it.
 
     Attributes:
         chunk: index of the chunk it lives in.
         offset: byte offset in that chunk.
-        size: bytes reserved (``nbytes`` rounded up to the alignment).
-        view: the usable bytes.
+        size: bytes reserved (the request rounded up to the alignment).
     """
 
     chunk: int
     offset: int
     size: int
-    view: torch.Tensor
+
+
+def _row_major(shape: tuple[int, ...]) -> tuple[int, ...]:
+    stride = []
+    step = 1
+    for size in reversed(shape):
+        stride.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(stride))
 
 
 class _Chunk:
@@ -61,6 +67,14 @@ class _Chunk:
     def __init__(self, nbytes: int, pin_memory: bool) -> None:
         self.buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin_memory)
         self.free: list[tuple[int, int]] = [(0, nbytes)] if nbytes else []
+        self.typed: dict[torch.dtype, torch.Tensor] = {torch.uint8: self.buffer}
+
+    def of_dtype(self, dtype: torch.dtype) -> torch.Tensor:
+        """The whole buffer as elements of ``dtype`` (its size is a multiple of the alignment)."""
+        view = self.typed.get(dtype)
+        if view is None:
+            view = self.typed[dtype] = self.buffer.view(dtype)
+        return view
 
     def alloc(self, size: int) -> int | None:
         for i, (offset, free_size) in enumerate(self.free):
@@ -129,16 +143,36 @@ class HostArena:
 
     def alloc(self, nbytes: int) -> ArenaBlock | None:
         """A block of at least ``nbytes``, or ``None`` when no chunk has room (counted as a miss)."""
-        size = aligned(max(nbytes, 1))
+        size = -(-max(nbytes, 1) // ALIGN_BYTES) * ALIGN_BYTES
         for index, chunk in enumerate(self._chunks):
             offset = chunk.alloc(size)
             if offset is not None:
-                self.used_bytes += size
-                self.peak_used_bytes = max(self.peak_used_bytes, self.used_bytes)
-                return ArenaBlock(index, offset, size, chunk.buffer[offset : offset + nbytes])
+                used = self.used_bytes = self.used_bytes + size
+                if used > self.peak_used_bytes:
+                    self.peak_used_bytes = used
+                return ArenaBlock(index, offset, size)
         self.misses += 1
         self.missed_bytes += size
         return None
+
+    def alloc_tensor(self, dtype: torch.dtype, shape: tuple[int, ...], stride: tuple[int, ...], nbytes: int) -> tuple[torch.Tensor, ArenaBlock | None]:
+        """A host tensor of ``dtype``, ``shape`` and ``stride`` spanning ``nbytes``: in an arena block
+        (returned with it), or, when no chunk has room, fresh memory (a miss; the block is ``None``)."""
+        block = self.alloc(nbytes)
+        if block is None:
+            return torch.empty_strided(shape, stride, dtype=dtype, pin_memory=self.pin_memory), None
+        typed = self._chunks[block.chunk].of_dtype(dtype)
+        return typed.as_strided(shape, stride, block.offset // dtype.itemsize), block
+
+    def tensor(self, block: ArenaBlock, dtype: torch.dtype, shape: tuple[int, ...], stride: tuple[int, ...] | None = None) -> torch.Tensor:
+        """``block`` as a tensor of ``dtype``, ``shape`` and ``stride`` (default: contiguous), from its start.
+
+        One view of the chunk's typed buffer: blocks start on :data:`ALIGN_BYTES`, a multiple of
+        every itemsize. The caller keeps the elements within the block.
+        """
+        typed = self._chunks[block.chunk].of_dtype(dtype)
+        start = block.offset // dtype.itemsize
+        return typed.as_strided(shape, _row_major(shape) if stride is None else stride, start)
 
     def free(self, block: ArenaBlock) -> None:
         """Return ``block`` (exactly once)."""

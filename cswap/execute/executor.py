@@ -121,6 +121,7 @@ class IterationState:
         self.stored_by_key: dict[int, weakref.ref[Stored]] = {}
         self.unpack_position = {key: i for i, key in enumerate(plan.unpack_order)}
         self.prefetch_cursor = 0
+        self.prefetch_end = len(plan.unpack_order)  # the cursor's end: nothing is fetched ahead past it
         self.micro_batches = 1
         self.on_backward_end: list[Callable[[], None]] = []
         self._backward_watched = False  # a callback at the end of this micro-batch's backward is queued
@@ -184,19 +185,26 @@ class Executor:
     def __init__(self, device: torch.device, backend: str, prefetch_bytes: int, arena_slack: float = 0.25,
                  defer_sizes: bool | None = None) -> None:
         self.device = device
+        self._on_cpu = device.type == "cpu"
         self.prefetch_bytes = prefetch_bytes
         self.arena_slack = arena_slack
         self.arena = HostArena(pin_memory=device.type == "cuda")
         self.counters = Counters()
         self.transfers = Transfers(device, backend, self.arena, self.counters, defer_sizes)
         self._lock = threading.RLock()
-        self._dedupe: weakref.WeakValueDictionary[tuple[Any, ...], Stored] = weakref.WeakValueDictionary()
+        # (storage, offset, shape, stride, dtype, version) -> the entry storing that view; a dead
+        # entry's key is dropped when its release is drained (no callback per entry).
+        self._dedupe: dict[tuple[Any, ...], weakref.ref[Stored]] = {}
         # storage id -> the kept entry counting that storage's bytes
         self._kept_storages: weakref.WeakValueDictionary[int, Stored] = weakref.WeakValueDictionary()
-        self._released: collections.deque[tuple[int, ArenaBlock | None, int, int]] = collections.deque()
-        self._handed_out: list[tuple[StorageWeakRef, int, int]] = []
+        self._released: collections.deque[tuple[int, ArenaBlock | None, int, int, Any]] = collections.deque()
+        # A rebuilt tensor handed to backward counts until its storage dies; the storage's weak
+        # reference posts itself to _dead_storages then (no scan of what is still alive).
+        self._handed_out: dict[weakref.ref[torch.UntypedStorage], tuple[int, int]] = {}  # -> (bytes, key)
+        self._dead_storages: collections.deque[weakref.ref[torch.UntypedStorage]] = collections.deque()
         self._prefetched_bytes = 0
         self._rebuilt: dict[int, tuple[StorageWeakRef, int]] = {}  # storage id -> (ref, bytes)
+        self._protected: tuple[Plan, weakref.ref[torch.nn.Module], frozenset[int]] | None = None
 
     # ------------------------------------------------------------------ iterations
 
@@ -221,10 +229,23 @@ class Executor:
                 self.arena.reserve(int(need * (1.0 + self.arena_slack)))
             self.arena.reset_peak()
             self.counters.iteration_peak_resident_bytes = self.counters.resident_bytes
-        protected: frozenset[int] = frozenset()
-        if model is not None:
-            protected = frozenset(_storage_id(t) for t in (*model.parameters(), *model.buffers()))
-        return IterationState(plan, profiler, protected)
+        return IterationState(plan, profiler, self._protected_storages(plan, model))
+
+    def _protected_storages(self, plan: Plan, model: torch.nn.Module | None) -> frozenset[int]:
+        """The storage ids of ``model``'s parameters and buffers, walked once per plan and model.
+
+        A walk visits every module, which costs a large model milliseconds per iteration; a new
+        plan (every profiling iteration makes one) walks again, so parameters moved or replaced
+        between epochs are seen.
+        """
+        if model is None:
+            return frozenset()
+        cached = self._protected
+        if cached is not None and cached[0] is plan and cached[1]() is model:
+            return cached[2]
+        protected = frozenset(_storage_id(t) for t in (*model.parameters(), *model.buffers()))
+        self._protected = (plan, weakref.ref(model), protected)
+        return protected
 
     def end(self, it: IterationState) -> None:
         """Finish an iteration (the state stops recording; later unpacks still work)."""
@@ -310,6 +331,11 @@ class Executor:
 
     # ------------------------------------------------------------------ bookkeeping
 
+    def _releases_pending(self) -> bool:
+        """Whether :meth:`_drain` has anything to look at (the hooks skip it otherwise)."""
+        transfers = self.transfers
+        return bool(self._released or self._dead_storages or self._rebuilt or transfers.in_flight or transfers.unsized)
+
     def _drain(self, profiler: Profiler | None = None) -> None:
         """Apply releases posted by dead handles, finished copies and freed rebuilt tensors.
 
@@ -320,21 +346,22 @@ class Executor:
         self.transfers.settle()
         freed: list[int] = []
         while self._released:
-            key, block, held, prefetched = self._released.popleft()
+            key, block, held, prefetched, dedupe_key = self._released.popleft()
             if block is not None:
                 self.arena.free(block)
+            if dedupe_key is not None:
+                ref = self._dedupe.get(dedupe_key)
+                if ref is not None and ref() is None:
+                    del self._dedupe[dedupe_key]
             counters.resident_bytes -= held
             self._prefetched_bytes -= prefetched
             freed.append(key)
-        if self._handed_out:
-            alive = []
-            for ref, nbytes, key in self._handed_out:
-                if ref.expired():
-                    counters.resident_bytes -= nbytes
-                    freed.append(key)
-                else:
-                    alive.append((ref, nbytes, key))
-            self._handed_out = alive
+        dead = self._dead_storages
+        while dead:
+            entry = self._handed_out.pop(dead.popleft(), None)
+            if entry is not None:
+                counters.resident_bytes -= entry[0]
+                freed.append(entry[1])
         if self._rebuilt:
             for sid, (ref, nbytes) in list(self._rebuilt.items()):
                 if ref.expired():
@@ -343,22 +370,22 @@ class Executor:
         if profiler is not None and freed:
             profiler.record_free(freed)
 
-    def _never_move(self, it: IterationState, t: torch.Tensor) -> str | None:
-        """Why ``t`` must stay where it is, or ``None``."""
+    def _never_move(self, it: IterationState, t: torch.Tensor, storage_id: int) -> str | None:
+        """Why ``t`` (whose storage is ``storage_id``) must stay where it is, or ``None``."""
         if type(t) not in _PLAIN_TYPES:
             return f"tensor subclass {type(t).__name__}: kept"
-        if t.layout != torch.strided:
+        if t.layout is not torch.strided:
             return f"layout {t.layout}: kept"
-        if t.device != self.device:
+        if not (t.is_cpu if self._on_cpu else t.device == self.device):
             return f"on {t.device}, not the runtime's {self.device}: kept"
         if t.numel() == 0:
             return "empty tensor: kept"
-        if t.is_leaf and t.requires_grad:
+        if t.requires_grad and t.is_leaf:
             return "leaf tensor that requires grad (a parameter): never offloaded"
         base = t._base
-        if base is not None and base.is_leaf and base.requires_grad:
+        if base is not None and base.requires_grad and base.is_leaf:
             return "view of a leaf tensor that requires grad (a parameter): never offloaded"
-        if it.protected and _storage_id(t) in it.protected:
+        if storage_id in it.protected:
             return "parameter or buffer of the model: never offloaded"
         return None
 
@@ -375,9 +402,10 @@ class Executor:
         profiler = it.profiler
         stamp = profiler.stamp() if profiler is not None else None
         with self._lock:
-            self._drain(profiler)
+            if profiler is not None or self._releases_pending():
+                self._drain(profiler)
             key = it.next_key
-            it.next_key += 1
+            it.next_key = key + 1
             handle, record = self._pack(it, key, tensor, profiler)
             counters = self.counters
             counters.packed_tensors += 1
@@ -389,7 +417,9 @@ class Executor:
     def _pack(self, it: IterationState, key: int, tensor: torch.Tensor, profiler: Profiler | None) -> tuple[Handle, dict[str, Any] | None]:
         counters = self.counters
         plan = it.plan
-        reason = self._never_move(it, tensor)
+        storage = tensor.untyped_storage()
+        storage_id = storage._cdata
+        reason = self._never_move(it, tensor, storage_id)
         if reason is not None:
             # The plan's answer to a tensor that may not move is always to keep it where it is,
             # which is done by holding the tensor itself.
@@ -402,8 +432,9 @@ class Executor:
                               zeros=0, producer=profiler.producer(tensor), offloadable=False, reason=reason, module=profiler.module(tensor))
             return Handle(key, None, tensor.detach()), record
         layout = Layout.of(tensor)
-        dedupe_key = (_storage_id(tensor), tensor.storage_offset(), layout.shape, layout.stride, tensor.dtype, tensor._version)
-        stored = self._dedupe.get(dedupe_key)
+        dedupe_key = (storage_id, tensor.storage_offset(), layout.shape, layout.stride, tensor.dtype, tensor._version)
+        ref = self._dedupe.get(dedupe_key)
+        stored = ref() if ref is not None else None
         producer = profiler.producer(tensor) if profiler is not None else ""
         zeros: Any = 0
         encoding_facts: Any = None
@@ -413,7 +444,7 @@ class Executor:
             if profiler is not None:
                 profiler.record_duplicate(key, stored.key)
         else:
-            owner = self._kept_storages.get(dedupe_key[0])
+            owner = self._kept_storages.get(storage_id) if self._kept_storages else None
             if owner is not None and (owner.action is not Action.KEEP or owner.tensor is None or owner.held_bytes < layout.nbytes):
                 owner = None  # evicted since, or it counts a smaller view of the storage than this one
             decision = plan.resolve(key, layout.shape, layout.dtype, layout.nbytes, resident_bytes=counters.resident_bytes,
@@ -422,12 +453,15 @@ class Executor:
                 counters.budget_fallbacks += 1
             elif not decision.planned and plan.decisions:
                 counters.unknown_keys += 1
-            stored, zeros = self._store(key, tensor.detach(), layout, decision, count_zeros=profiler is not None, owner=owner)
-            self.transfers.wait_for_budget(plan.budget_bytes)
+            stored, zeros = self._store(key, tensor.detach(), layout, decision, count_zeros=profiler is not None, owner=owner,
+                                        storage=storage)
+            if plan.budget_bytes is not None:
+                self.transfers.wait_for_budget(plan.budget_bytes)
             if profiler is not None:
                 # Deferred like the zero count: what the encoding needs to predict its size.
                 encoding_facts = value_range(tensor.detach())
-            self._dedupe[dedupe_key] = stored
+            stored.dedupe_key = dedupe_key
+            self._dedupe[dedupe_key] = weakref.ref(stored)
             counters.actions[stored.action.value] += 1
         it.stored_by_key[key] = weakref.ref(stored)
         record = None
@@ -438,7 +472,8 @@ class Executor:
         return Handle(key, stored), record
 
     def _store(
-        self, key: int, tensor: torch.Tensor, layout: Layout, decision: Decision, count_zeros: bool, owner: Stored | None = None
+        self, key: int, tensor: torch.Tensor, layout: Layout, decision: Decision, count_zeros: bool, owner: Stored | None = None,
+        storage: torch.UntypedStorage | None = None,
     ) -> tuple[Stored, Any]:
         """Carry out ``decision`` on ``tensor``; returns the stored data and its zero count (when asked).
 
@@ -451,7 +486,7 @@ class Executor:
         stored = Stored(key, decision, layout, self._released)
         # Deduplication keys on the storage's address: holding a weak reference to the storage
         # keeps that address from being reused by a new storage while this entry lives.
-        stored.storage_ref = StorageWeakRef(tensor.untyped_storage())
+        stored.storage_ref = StorageWeakRef(tensor.untyped_storage() if storage is None else storage)
         zeros: Any = 0
         if action is Action.KEEP:
             stored.tensor = tensor
@@ -464,6 +499,17 @@ class Executor:
                 stored.owner = owner
             if count_zeros:
                 zeros = self._zeros(layout.compact(tensor), layout)
+            return stored, zeros
+        if action is Action.SWAP and layout.plain and not count_zeros:
+            # The common case stays off every Python layer it can: one host view, one copy (on a
+            # GPU, on the side stream with its event).
+            transfers = self.transfers
+            if transfers.side_stream is None:
+                transfers.copy_to_host(stored, tensor, non_blocking=False)
+            else:
+                transfers.store(stored, tensor, action, None)
+            counters.offloaded_bytes += layout.nbytes
+            counters.transferred_bytes += layout.nbytes
             return stored, zeros
         flat = layout.compact(tensor)
         if count_zeros and action is Action.SWAP:
@@ -519,7 +565,8 @@ class Executor:
         profiler = it.profiler
         stamp = profiler.stamp() if profiler is not None else None
         with self._lock:
-            self._drain(profiler)
+            if profiler is not None or self._releases_pending():
+                self._drain(profiler)
             stored = handle.stored
             if stored is None:
                 out = handle.tensor
@@ -535,8 +582,9 @@ class Executor:
                 # Told when this backward finishes: the micro-batch may be over (IterationState).
                 torch.autograd.Variable._execution_engine.queue_callback(functools.partial(self._backward_ended, it))
                 it._backward_watched = True
-            # a duplicate read first stands for the key that stored the data (the plan's event)
-            self._prefetch_after(it, stored.key if stored is not None else handle.key)
+            if it.prefetch_cursor < it.prefetch_end:
+                # a duplicate read first stands for the key that stored the data (the plan's event)
+                self._prefetch_after(it, stored.key if stored is not None else handle.key)
             counters = self.counters
             counters.unpacks += 1
             counters.unpack_s += time.perf_counter() - started
@@ -569,7 +617,9 @@ class Executor:
             nbytes = out.untyped_storage().nbytes()
             counters.add_resident(nbytes)
         self.transfers.hand_to_compute(out, event)
-        self._handed_out.append((StorageWeakRef(out.untyped_storage()), nbytes, stored.key))
+        # A storage's Python object lives as long as the storage (torch preserves it), so a weak
+        # reference to it is told exactly when the storage is freed.
+        self._handed_out[weakref.ref(out.untyped_storage(), self._dead_storages.append)] = (nbytes, stored.key)
         stored.last_out = weakref.ref(out)
         return out
 
@@ -601,7 +651,7 @@ class Executor:
         """Swap a kept ``stored`` to host memory now; whether it moved."""
         layout = stored.layout
         try:
-            flat = layout.compact(stored.tensor)
+            flat = stored.tensor if layout.plain else layout.compact(stored.tensor)
         except torch.OutOfMemoryError:  # a strided view needs a gathered copy: no room for it
             return False
         self.transfers.copy_to_host(stored, flat, non_blocking=False)
@@ -623,9 +673,10 @@ class Executor:
         window = self.prefetch_bytes if plan.prefetch_bytes is None else min(plan.prefetch_bytes, self.prefetch_bytes)
         if position is None or window <= 0:
             return
-        order = it.plan.unpack_order
+        order = plan.unpack_order
+        end = it.prefetch_end
         i = max(position + 1, it.prefetch_cursor)
-        while i < len(order):
+        while i < end:
             ref = it.stored_by_key.get(order[i])
             stored = ref() if ref is not None else None
             if stored is None or not stored.action.offloads or stored.unpacked or stored.prefetched is not None:

@@ -27,7 +27,8 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, field
 
 import torch
 
@@ -71,6 +72,9 @@ class Layout:
         exact: the rebuilt tensor has exactly ``stride`` (False only for self-overlapping bases).
         span: elements a buffer needs to hold the base with its strides.
         pad: elements before the base in that buffer (the storage offset modulo 64 bytes).
+        plain: contiguous and 64-byte aligned, the common case: the tensor itself is its compact
+            form (shaped), and a fresh contiguous buffer rebuilds it exactly.
+        nbytes: bytes of the compact form.
     """
 
     shape: tuple[int, ...]
@@ -82,6 +86,11 @@ class Layout:
     exact: bool
     span: int
     pad: int
+    plain: bool = False
+    nbytes: int = field(init=False, compare=False)  # of the compact form; read once per hook call
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "nbytes", self.numel * self.dtype.itemsize)
 
     @classmethod
     def of(cls, t: torch.Tensor) -> Layout:
@@ -92,8 +101,8 @@ class Layout:
         pad = (t.storage_offset() * itemsize) % _ALIGN_BYTES // itemsize
         if t.is_contiguous():
             # The common case, decided in C: row-major, so dense, exact and without broadcasts.
-            numel = t.numel()
-            return cls(shape, stride, shape, t.dtype, numel, True, True, numel, pad)
+            # Saved tensors repeat few geometries, and one frozen Layout serves each.
+            return _contiguous(shape, stride, t.dtype, pad)
         base_shape = tuple(1 if (st == 0 and sz > 1) else sz for sz, st in zip(shape, stride))
         numel = 1
         for sz in base_shape:
@@ -108,10 +117,6 @@ class Layout:
         """Bytes per element."""
         return self.dtype.itemsize
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the compact form."""
-        return self.numel * self.itemsize
 
     @property
     def broadcast(self) -> bool:
@@ -168,3 +173,11 @@ class Layout:
 
     def _expand(self, t: torch.Tensor) -> torch.Tensor:
         return t.expand(self.shape) if self.broadcast else t
+
+
+@functools.lru_cache(maxsize=4096)
+def _contiguous(shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype, pad: int) -> Layout:
+    numel = 1
+    for size in shape:
+        numel *= size
+    return Layout(shape, stride, shape, dtype, numel, True, True, numel, pad, plain=pad == 0)

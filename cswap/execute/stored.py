@@ -16,7 +16,7 @@ Example:
     >>> entry.held_bytes = 16
     >>> del entry
     >>> released.popleft()
-    (7, None, 16, 0)
+    (7, None, 16, 0, None)
 """
 
 from __future__ import annotations
@@ -107,6 +107,7 @@ class Stored:
         "unsized",
         "source",
         "owner",
+        "dedupe_key",
         "_sink",
         "__weakref__",
     )
@@ -131,11 +132,12 @@ class Stored:
         self.unsized: Unsized | None = None  # compressed, its size not read back yet
         self.source: torch.Tensor | None = None  # what it was compressed from, until then
         self.owner: Stored | None = None  # the entry counting the storage this one keeps too
+        self.dedupe_key: tuple[Any, ...] | None = None  # the executor's key for this stored view
         self._sink = sink
 
     def __del__(self) -> None:
         try:
-            self._sink.append((self.key, self.block, self.held_bytes + self.prefetched_bytes, self.prefetched_bytes))
+            self._sink.append((self.key, self.block, self.held_bytes + self.prefetched_bytes, self.prefetched_bytes, self.dedupe_key))
         except Exception:  # interpreter shutdown
             pass
 

@@ -154,14 +154,18 @@ class Transfers:
     def store(self, stored: Stored, flat: torch.Tensor, action: Action, launch: Any) -> None:
         """Copy ``flat`` to the host (``swap``), or compress it and keep or copy the result, on the side stream.
 
+        ``flat`` is the compact form (:meth:`Layout.compact`); for a swap of a
+        :attr:`~cswap.execute.layout.Layout.plain` layout, the tensor itself (:meth:`copy_to_host`).
+
         A copy's source stays counted as resident until its event passes; a compression kept on
         the device is ready for a rebuild once ``stored.ready`` has passed.
         """
+        if self.side_stream is None:
+            self._store_on_stream(stored, flat, action, launch)
+            return
         with self._on_side_stream(flat):
             self._store_on_stream(stored, flat, action, launch)
             event = self._side_event()
-        if event is None:
-            return
         if action.offloads:
             self.counters.add_resident(stored.layout.nbytes)
             self.in_flight.append((event, stored.layout.nbytes))
@@ -188,11 +192,20 @@ class Transfers:
         self.counters.add_resident(stored.held_bytes)
         self.unsized.append(stored)
 
-    def copy_to_host(self, stored: Stored, flat: torch.Tensor, non_blocking: bool) -> None:
-        """Copy the compact ``flat`` into a host block of ``stored`` (on the current stream)."""
-        host, stored.block = self._host(stored.layout.nbytes)
-        stored.host = host.view(stored.layout.dtype)
-        stored.host.copy_(flat, non_blocking=non_blocking)
+    def copy_to_host(self, stored: Stored, source: torch.Tensor, non_blocking: bool) -> None:
+        """Copy ``source`` into a host block of ``stored`` (on the current stream).
+
+        ``source`` is the compact form, or, for a :attr:`~cswap.execute.layout.Layout.plain`
+        layout, the tensor itself: the host copy then has its shape and strides, so that the
+        rebuild is one copy into a fresh tensor.
+        """
+        layout = stored.layout
+        if layout.plain:
+            host, stored.block = self.arena.alloc_tensor(layout.dtype, layout.shape, layout.stride, layout.nbytes)
+        else:
+            host, stored.block = self.arena.alloc_tensor(layout.dtype, (layout.numel,), (1,), layout.nbytes)
+        stored.host = host
+        host.copy_(source if source.shape == host.shape else source.view(host.shape), non_blocking=non_blocking)
 
     # ------------------------------------------------------------------ fetching
 
@@ -298,7 +311,7 @@ class Transfers:
         """``nbytes`` of host memory: an arena block, or fresh pageable memory when the arena is full."""
         block = self.arena.alloc(nbytes)
         if block is not None:
-            return block.view, block
+            return self.arena.tensor(block, torch.uint8, (nbytes,)), block
         return torch.empty(nbytes, dtype=torch.uint8), None
 
     def _copy_packed_to_host(self, stored: Stored, packed: Packed) -> None:
@@ -316,6 +329,11 @@ class Transfers:
 
     def _rebuild(self, stored: Stored) -> torch.Tensor:
         layout = stored.layout
+        if stored.action is Action.SWAP and layout.plain:
+            host = stored.host
+            assert host is not None
+            # The host copy has the tensor's shape and strides: one copy into a fresh tensor.
+            return host.to(self.device, non_blocking=True, copy=True) if self.cuda else host.clone()
         flat, result = layout.allocate(self.device)
         if stored.action is Action.SWAP:
             assert stored.host is not None

@@ -76,7 +76,16 @@ POLICY_REASONS: Mapping[str, str] = MappingProxyType({name: POLICY_TABLE[name].r
 
 
 def _dtype_name(dtype: torch.dtype | str) -> str:
-    return dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
+    if isinstance(dtype, str):
+        return dtype
+    name = _DTYPE_NAMES.get(dtype)
+    return name if name is not None else str(dtype).removeprefix("torch.")
+
+
+# The pack hook names a dtype per saved tensor: looked up, not formatted.
+_DTYPE_NAMES: Mapping[torch.dtype, str] = MappingProxyType(
+    {value: name for name, value in vars(torch).items() if isinstance(value, torch.dtype) and str(value) == f"torch.{name}"}
+)
 
 
 def constrained(action: Action, nbytes: int, dtype: torch.dtype | str, min_bytes: int) -> tuple[Action, str | None]:
@@ -283,6 +292,8 @@ class Plan:
         object.__setattr__(self, "recomputed", MappingProxyType(dict(self.recomputed)))
         # Run-time decisions that differ from the planned ones, latest per key (see rows()).
         object.__setattr__(self, "_resolved", {})
+        # The pack hook reads decisions once per saved tensor: a plain dict, not the read-only proxy.
+        object.__setattr__(self, "_decisions_table", dict(self.decisions))
 
     def lookup(self, key: int, shape: tuple[int, ...], dtype: str) -> Decision | None:
         """The planned decision for ``key`` if its guard matches ``shape`` and ``dtype``, else ``None``."""
@@ -320,10 +331,25 @@ class Plan:
             decision made now from the policy's default and the rules (:func:`constrained`), with
             its launch configs. Either way it is recorded, so :meth:`rows` shows it.
         """
-        name = _dtype_name(dtype)
-        planned = self.decisions.get(key)
-        if planned is not None and not planned.matches(shape, name, nbytes):
+        planned = self._decisions_table.get(key)  # type: ignore[attr-defined]
+        if planned is not None and not planned.matches(shape, _dtype_name(dtype), nbytes):
             planned = None
+        if planned is not None and (
+            (never_moved is not None and planned.action is Action.KEEP and planned.reason == never_moved)
+            or (duplicate_of is not None and planned.action is duplicate_of.action)
+            or (
+                never_moved is None
+                and duplicate_of is None
+                and (self.budget_bytes is None or planned.action.offloads or planned.action is self.fallback_action)
+            )
+        ):
+            # The pack hook's common case, decided without building anything: the planned
+            # decision, whose guard holds, and no budget check can change it.
+            resolved: dict[int, Decision] = self._resolved  # type: ignore[attr-defined]
+            if resolved:
+                resolved.pop(key, None)
+            return planned
+        name = _dtype_name(dtype)
         module = planned.module if planned is not None else ""
         facts: dict[str, Any] = dict(key=key, shape=shape, dtype=name, nbytes=nbytes, sparsity=0.0, module=module, planned=False)
         if never_moved is not None:
@@ -345,7 +371,7 @@ class Plan:
             decision = Decision(**facts, action=action, reason=reason, raw_unless_smaller=self.raw_unless_smaller, **launches)
         if never_moved is None and duplicate_of is None and not (shares_kept and decision.action is Action.KEEP):
             decision = self._within_budget(decision, resident_bytes)
-        resolved: dict[int, Decision] = self._resolved  # type: ignore[attr-defined]
+        resolved = self._resolved  # type: ignore[attr-defined]
         if decision is planned:
             resolved.pop(key, None)
         else:

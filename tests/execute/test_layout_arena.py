@@ -63,7 +63,11 @@ def test_arena_first_fit_alignment_and_coalescing() -> None:
     a, b, c = arena.alloc(100), arena.alloc(1), arena.alloc(200)
     assert [blk.offset for blk in (a, b, c)] == [0, 128, 192]
     assert all(blk.offset % ALIGN_BYTES == 0 for blk in (a, b, c))
-    assert (a.view.numel(), b.view.numel(), c.view.numel()) == (100, 1, 200)
+    assert [arena.tensor(blk, torch.uint8, (n,)).numel() for blk, n in ((a, 100), (b, 1), (c, 200))] == [100, 1, 200]
+    assert (a.size, b.size, c.size) == (128, 64, 256)
+    doubles = arena.tensor(c, torch.float64, (5, 5), (5, 1))  # typed, shaped, from the block's first byte
+    doubles.fill_(1.0)
+    assert doubles.data_ptr() == arena.tensor(c, torch.uint8, (200,)).data_ptr() and doubles.sum().item() == 25.0
     arena.free(a)
     arena.free(b)  # coalesces with a's block: 192 free bytes at the start
     d = arena.alloc(192)

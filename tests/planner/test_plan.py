@@ -133,3 +133,20 @@ def test_resolve_covers_every_case_and_rows_show_it() -> None:
     # The profiled graph again: the planned decision is the row again.
     assert plan.resolve(0, (1024,), torch.float32, 4096) is planned
     assert plan.rows()[0] is planned
+
+
+@pytest.mark.parametrize("planned_action", (Action.KEEP, Action.ZVC_KEEP, Action.SWAP))
+def test_a_planned_decision_under_a_budget_is_still_checked_against_it(planned_action: Action) -> None:
+    planned = Decision(key=0, shape=(1024,), dtype="float32", nbytes=4096, sparsity=0.0, action=planned_action, reason="planned",
+                       compressed_nbytes=4096.0, planned=True)
+    plan = Plan(policy="cswap", epoch=0, default_action=Action.SWAP, decisions={0: planned}, budget_bytes=8192,
+                fallback_action=Action.SWAP)
+    assert plan.resolve(0, (1024,), torch.float32, 4096, resident_bytes=0) is planned  # room for it
+    late = plan.resolve(0, (1024,), torch.float32, 4096, resident_bytes=6000)
+    if planned_action is Action.SWAP:
+        assert late is planned  # it leaves the device: the budget cannot object
+    else:
+        assert (late.action, late.budget_fallback, late.planned) == (Action.SWAP, True, False)
+        assert plan.rows()[0] is late
+    assert plan.resolve(0, (1024,), "float32", 4096) is planned  # a dtype given by name matches too
+    assert plan.rows()[0] is planned
