@@ -157,10 +157,11 @@ class HostArena:
 
     def alloc_tensor(self, dtype: torch.dtype, shape: tuple[int, ...], stride: tuple[int, ...], nbytes: int) -> tuple[torch.Tensor, ArenaBlock | None]:
         """A host tensor of ``dtype``, ``shape`` and ``stride`` spanning ``nbytes``: in an arena block
-        (returned with it), or, when no chunk has room, fresh memory (a miss; the block is ``None``)."""
+        (returned with it), or, when no chunk has room, fresh pageable memory (a miss; the block is
+        ``None``): pinning now would synchronise the device in the middle of an iteration."""
         block = self.alloc(nbytes)
         if block is None:
-            return torch.empty_strided(shape, stride, dtype=dtype, pin_memory=self.pin_memory), None
+            return torch.empty_strided(shape, stride, dtype=dtype), None
         typed = self._chunks[block.chunk].of_dtype(dtype)
         return typed.as_strided(shape, stride, block.offset // dtype.itemsize), block
 
