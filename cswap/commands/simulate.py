@@ -6,13 +6,15 @@ Example:
     $ cswap simulate --model resnet50 --hardware h100-pcie5 --plot resnet50.png
     $ cswap simulate --model resnet50 --memory-budget 0.25 --json
     $ cswap simulate --model vgg16 --memory-budget 1.0,0.75,0.5,0.25 --plot budgets.png
+    $ cswap simulate --model llama-3-8b --seq-len 4096 --batch-size 1 --dtype bfloat16 --hardware h100-pcie5
+    $ cswap simulate --model gpt3-175b-layer --attention eager --layers 2 --policies none,swap,cswap
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import typer
 from rich.console import Console
@@ -25,7 +27,7 @@ __all__ = ["register", "run_simulate"]
 
 def run_simulate(
     model: str = "vgg16",
-    batch_size: int = 64,
+    batch_size: int | None = None,
     resolution: int = 224,
     hardware: str = "v100-pcie3",
     policies: str = "all",
@@ -35,14 +37,20 @@ def run_simulate(
     prefetch_depth: int = 1,
     max_inflight_offloads: int | None = None,
     paper_size: bool = False,
-    dtype: str = "float32",
+    dtype: str | None = None,
     memory_budget: str | None = None,
     time_limit_s: float = 30.0,
+    seq_len: int | None = None,
+    num_layers: int | None = None,
+    attention: str | None = None,
 ) -> dict[str, Any]:
     """Simulate and return the JSON-ready report (``policies`` maps each policy to its figures).
 
     With ``trace_path`` the trace is read from a file (``rt.trace().to_json(...)``) and its own
-    compute times are used; otherwise a meta trace of ``model`` is built for ``hardware``.
+    compute times are used; otherwise a meta trace of ``model`` is built for ``hardware``: an image
+    model's, or a transformer's with ``seq_len``, ``num_layers`` and ``attention``
+    (:func:`cswap.simulate.modeltrace.trace_model`; ``batch_size`` and ``dtype`` default to 64
+    float32 images or one bfloat16 sequence).
 
     With ``memory_budget`` (any form :func:`cswap.budget.parse_budget` reads; several, comma
     separated, for a sweep) every policy is planned under the budget
@@ -53,9 +61,10 @@ def run_simulate(
     Raises:
         ValueError: unknown model, hardware or policy (naming the valid ones), or a bad trace file.
     """
-    from cswap.simulate import SimConfig, Simulator, load_hardware, meta_trace
+    from cswap.simulate import SimConfig, Simulator, load_hardware
     from cswap.simulate.engine import DEFAULT_MIN_BYTES
     from cswap.simulate.metatrace import SparsityModel
+    from cswap.simulate.modeltrace import trace_model
     from cswap.simulate.policies import resolve_policies
     from cswap.profile.trace import Trace
 
@@ -65,8 +74,16 @@ def run_simulate(
     if trace_path is not None:
         trace = Trace.from_json(trace_path)
     else:
-        trace = meta_trace(
-            model, batch_size, resolution, profile, sparsity=None if sparsity is None else SparsityModel(relu=sparsity), dtype=dtype
+        trace = trace_model(
+            model,
+            batch_size,
+            profile,
+            dtype=dtype,
+            sparsity=None if sparsity is None else SparsityModel(relu=sparsity),
+            resolution=resolution,
+            seq_len=seq_len,
+            num_layers=num_layers,
+            attention=attention,
         )
     config = SimConfig(
         min_bytes=DEFAULT_MIN_BYTES if min_bytes is None else min_bytes,
@@ -83,6 +100,8 @@ def run_simulate(
         "trace": str(trace_path) if trace_path is not None else None,
         "saved_bytes": sum(r.nbytes for r in trace.tensors if r.offloadable),
     }
+    if trace.meta.get("seq_len"):  # a transformer's trace: what shaped it
+        header.update({k: trace.meta.get(k) for k in ("seq_len", "num_layers", "attention", "dtype")})
     if budgets:
         from cswap.simulate.sweep import budget_sweep
 
@@ -98,12 +117,7 @@ def run_simulate(
         return {**report, "_results": results, "_sweep": sweep}
     results = simulator.run_all(names)
     return {
-        "model": trace.meta.get("model", model),
-        "hardware": profile.name,
-        "batch_size": trace.meta.get("batch_size", batch_size),
-        "resolution": trace.meta.get("resolution", resolution),
-        "trace": str(trace_path) if trace_path is not None else None,
-        "saved_bytes": sum(r.nbytes for r in trace.tensors if r.offloadable),
+        **header,
         "policies": {name: result.to_dict() for name, result in results.items()},
         "_results": results,
     }
@@ -135,11 +149,19 @@ def _budget_policies(policies: str) -> tuple[str, ...]:
     return names
 
 
+def _what(report: dict[str, Any]) -> str:
+    """``vgg16 batch 64``, or for a transformer ``gpt2 batch 1 x 1024 tokens, 12 layers, bfloat16, sdpa``."""
+    what = f"{report['model']} batch {report['batch_size']}"
+    if report.get("seq_len"):
+        what += f" x {report['seq_len']} tokens, {report.get('num_layers')} layers, {report.get('dtype')}, {report.get('attention')}"
+    return what
+
+
 def _table(report: dict[str, Any]) -> Table:
     base = report["policies"].get("none", {}).get("iteration_s")
     compute_s = next((row["compute_s"] for row in report["policies"].values() if "compute_s" in row), 0.0)
     title = (
-        f"{report['model']} batch {report['batch_size']} on {report['hardware']}: "
+        f"{_what(report)} on {report['hardware']}: "
         f"{compute_s * 1e3:.1f} ms compute, {report['saved_bytes'] / 1e9:.2f} GB saved activations"
     )
     if "budget_bytes" in report:
@@ -169,9 +191,19 @@ def register(app: typer.Typer) -> None:
 
     @app.command("simulate")
     def simulate(
-        model: str = typer.Option("vgg16", help="Model name (cswap.models.MODEL_NAMES), ignored with --trace."),
-        batch_size: int = typer.Option(64, min=1, help="Images per iteration."),
+        model: str = typer.Option(
+            "vgg16",
+            help="An image model (cswap.models.MODEL_NAMES), a transformer preset (gpt2, gpt2-xl, llama-3.2-1b, "
+            "llama-3-8b, bert-base, bert-large, gpt3-175b-layer), hf:<model_type>, a transformer config path "
+            "(.yaml, config.json), or package.module:function (a transformer with --seq-len); ignored with --trace.",
+        ),
+        batch_size: Optional[int] = typer.Option(None, min=1, help="Images or sequences per iteration [default: 64 images, 1 sequence]."),
         resolution: int = typer.Option(224, min=1, help="Image side in pixels."),
+        seq_len: Optional[int] = typer.Option(None, min=1, help="Tokens per sequence of a transformer [default: the preset's]."),
+        layers: Optional[int] = typer.Option(None, min=1, help="Transformer layers, replacing the preset's (e.g. 80)."),
+        attention: Optional[str] = typer.Option(
+            None, help="Transformer attention: sdpa (a fused kernel, no s*s tensors saved) or eager [default: sdpa]."
+        ),
         hardware: str = typer.Option("v100-pcie3", help="Hardware profile name (configs/hardware) or YAML path."),
         policies: str = typer.Option(
             "all",
@@ -185,7 +217,9 @@ def register(app: typer.Typer) -> None:
         prefetch_depth: int = typer.Option(1, min=1, help="Swap-ins issued ahead of need, in tensors."),
         max_inflight: int = typer.Option(None, min=1, help="Swap-outs in flight before compute waits (default: unbounded)."),
         paper_size: bool = typer.Option(False, help="Size compressed tensors as Size*(1-Sparsity), as the paper does."),
-        dtype: str = typer.Option("float32", help="Parameter and activation dtype of the meta trace."),
+        dtype: Optional[str] = typer.Option(
+            None, help="Parameter and activation dtype of the meta trace [default: float32 images, bfloat16 transformers]."
+        ),
         memory_budget: str = typer.Option(
             None,
             help="Plan every policy under this budget for saved activations: bytes, '2GiB', '1.5GB', or a fraction "
@@ -222,8 +256,11 @@ def register(app: typer.Typer) -> None:
                 dtype=dtype,
                 memory_budget=memory_budget,
                 time_limit_s=time_limit,
+                seq_len=seq_len,
+                num_layers=layers,
+                attention=attention,
             )
-        except (ValueError, FileNotFoundError) as error:
+        except (ValueError, FileNotFoundError, ImportError) as error:
             raise fail(error) from None
         results = report.pop("_results")
         sweep = report.pop("_sweep", None)
@@ -231,7 +268,7 @@ def register(app: typer.Typer) -> None:
             if plot is not None:
                 from cswap.simulate.plot import plot_budget_sweep
 
-                plot_budget_sweep(sweep, plot, title=f"{report['model']} batch {report['batch_size']} on {report['hardware']}")
+                plot_budget_sweep(sweep, plot, title=f"{_what(report)} on {report['hardware']}")
             if as_json:
                 typer.echo(json.dumps(report))
             else:
@@ -244,7 +281,7 @@ def register(app: typer.Typer) -> None:
         if plot is not None:
             from cswap.simulate.plot import plot_breakdown
 
-            title = f"{report['model']} batch {report['batch_size']} on {report['hardware']}"
+            title = f"{_what(report)} on {report['hardware']}"
             plot_breakdown(results, plot, title=title)
         if as_json:
             typer.echo(json.dumps(report))
