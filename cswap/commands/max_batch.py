@@ -1,8 +1,13 @@
 """``cswap max-batch``: the largest batch each policy trains on this GPU, or, without one, the
 largest whose plan fits (planned on meta traces, never run: :mod:`cswap.training.maxbatch`).
 
+A transformer (a preset such as ``llama-3-8b``, ``hf:<model_type>``, a config path) is always
+planned: the micro-batch of ``--seq-len`` tokens, with AdamW's state counted
+(:func:`cswap.training.maxbatch.planned_max_batch_transformer`).
+
 Example:
     $ cswap max-batch --model resnet50 --policies all --memory-limit 16GiB
+    $ cswap max-batch --model llama-3.2-1b --seq-len 2048 --dtype bfloat16 --mixed-precision --memory-limit 80GiB
 """
 
 from __future__ import annotations
@@ -24,25 +29,65 @@ def register(app: typer.Typer) -> None:
 
     @app.command("max-batch")
     def max_batch_command(
-        model: str = typer.Option("resnet50", help="Model name."),
+        model: str = typer.Option(
+            "resnet50",
+            help="An image model, a transformer preset (gpt2, gpt2-xl, llama-3.2-1b, llama-3-8b, bert-base, bert-large, "
+            "gpt3-175b-layer), hf:<model_type>, a transformer config path, or package.module:function.",
+        ),
         policies: str = typer.Option("none,swap,compress-swap,cswap,compress-keep", "--policies", "--policy",
                                      help="Comma-separated policies to compare, or 'all'."),
         memory_limit: Optional[str] = typer.Option(None, help="Emulate a smaller GPU, e.g. 16GiB (needed without a GPU)."),
         resolution: Optional[int] = typer.Option(None, help="Input resolution (default: the model's)."),
+        seq_len: Optional[int] = typer.Option(None, min=1, help="Tokens per sequence of a transformer [default: the preset's]."),
+        layers: Optional[int] = typer.Option(None, min=1, help="Transformer layers, replacing the preset's."),
+        attention: Optional[str] = typer.Option(None, help="Transformer attention: sdpa or eager [default: sdpa]."),
+        dtype: Optional[str] = typer.Option(None, help="A transformer's weights, gradients and activations [default: bfloat16]."),
+        mixed_precision: bool = typer.Option(
+            False, "--mixed-precision", help="A 16-bit transformer keeps float32 master weights too (4 more bytes a parameter)."
+        ),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:
-        """Binary-search the largest batch under each policy: measured on a GPU, planned without one."""
+        """Binary-search the largest batch under each policy: measured on a GPU, planned without one (a
+        transformer is always planned, counting its weights, gradients and AdamW's two float32 moments,
+        plus float32 master weights with --mixed-precision)."""
         import torch
 
         from cswap.training.maxbatch import max_batch, parse_bytes
 
+        from cswap.simulate.modeltrace import is_transformer_model, unknown_model
+
         console = Console()
-        planned = not torch.cuda.is_available()
+        transformer = is_transformer_model(model, seq_len)
+        planned = transformer or not torch.cuda.is_available()
         extra: dict[str, object] = {}
         try:
             limit = parse_bytes(memory_limit) if memory_limit else None
             chosen = [p.strip() for p in policies.split(",") if p.strip()]
-            if planned:
+            if not transformer:
+                from cswap import models
+                from cswap._userfn import is_spec
+
+                given = [flag for flag, value in (("--layers", layers), ("--attention", attention), ("--dtype", dtype)) if value is not None]
+                if given or mixed_precision:
+                    raise ValueError(f"{', '.join(given) or '--mixed-precision'} apply to transformers; {model!r} is an image model")
+                if model not in models.MODEL_NAMES and not is_spec(model):
+                    raise unknown_model(model)
+            if transformer:
+                from cswap.planner import POLICY_ACTIONS
+                from cswap.training.maxbatch import planned_max_batch_transformer
+
+                if limit is None and torch.cuda.is_available():
+                    limit = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+                if limit is None:
+                    raise ValueError("without a GPU the batch is planned, not measured: give --memory-limit, e.g. 16GiB")
+                chosen = list(POLICY_ACTIONS) if chosen == ["all"] else chosen
+                outcome = planned_max_batch_transformer(
+                    model, chosen, limit, seq_len=seq_len, dtype=dtype or "bfloat16", attention=attention or "sdpa",
+                    num_layers=layers, mixed_precision=mixed_precision,
+                )
+                result = outcome.batches
+                extra = {k: v for k, v in outcome.to_dict().items() if k not in ("model", "memory_limit_bytes", "max_batch")}
+            elif planned:
                 from cswap.training.maxbatch import planned_max_batch
                 from cswap.planner import POLICY_ACTIONS
 
@@ -59,19 +104,27 @@ def register(app: typer.Typer) -> None:
                     chosen = list(POLICIES)
                 result = max_batch(model, chosen, memory_limit_bytes=limit, resolution=resolution)
                 extra = {"method": "measured"}
-        except (ValueError, RuntimeError) as error:
+        except (ValueError, RuntimeError, ImportError) as error:
             raise fail(error) from None
         baseline = result.get("none")
         if as_json:
             print(json.dumps({"model": model, "memory_limit_bytes": limit, "max_batch": result, **extra}))
             return
-        how = (
-            f"planned on meta traces, not run (no GPU): weights, gradients, {extra['optimizer']} state and a "
-            f"{extra['workspace_bytes'] / 2**30:.2f} GiB workspace counted"
-            if planned
-            else "measured on this GPU"
-        )
-        table = Table(title=f"Largest batch of {model}" + (f" in {memory_limit}" if memory_limit else "") + f" ({how})")
+        if transformer:
+            how = (
+                f"planned on meta traces, not run: {extra['parameters']:,} parameters with {extra['optimizer']}, and a "
+                f"{extra['workspace_bytes'] / 2**30:.2f} GiB workspace counted"
+            )
+            what = f"{model} micro-batch of {extra['seq_len']}-token sequences"
+        else:
+            how = (
+                f"planned on meta traces, not run (no GPU): weights, gradients, {extra['optimizer']} state and a "
+                f"{extra['workspace_bytes'] / 2**30:.2f} GiB workspace counted"
+                if planned
+                else "measured on this GPU"
+            )
+            what = f"batch of {model}"
+        table = Table(title=f"Largest {what}" + (f" in {memory_limit}" if memory_limit else "") + f" ({how})")
         for column in ("policy", "max batch", "vs none"):
             table.add_column(column, justify="right")
         for policy, batch in result.items():

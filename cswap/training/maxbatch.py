@@ -16,6 +16,17 @@ with the optimizer SGD with momentum (one state tensor per parameter: ``optimize
 Adam has 2) and a workspace allowance (``workspace_fraction`` of the limit, for convolution
 workspaces, the allocator's fragmentation and the CUDA context).
 
+A transformer (:func:`planned_max_batch_transformer`: a preset, ``hf:<model_type>`` or a config
+path, traced by :func:`cswap.simulate.lmtrace.transformer_trace`) searches the micro-batch of
+``seq_len``-token sequences, with the state of AdamW training in ``dtype`` counted per parameter:
+
+    weights (dtype) + gradients (dtype) + AdamW's two moments (float32: 8 bytes)
+        [+ float32 master weights (4 bytes) with ``mixed_precision`` and a 16-bit dtype]
+
+so 12 bytes a parameter for pure bfloat16 training, 16 for mixed precision (the 2 + 2 + 12 of
+Rajbhandari et al., "ZeRO", SC 2020) and 16 for float32; the input batch is the token ids and
+labels (int64). Transformers are always planned, also on a GPU (not measured yet).
+
 Both search the same way (:func:`largest_fitting`): double the batch until it fails, then bisect
 between the last success and the first failure.
 
@@ -25,6 +36,9 @@ Example:
     >>> result = planned_max_batch("vgg11", ("none", "swap"), 64 * 2**20, resolution=32, width_mult=0.125)
     >>> result.batches["none"] <= result.batches["swap"], result.method
     (True, 'planned')
+    >>> lm = planned_max_batch_transformer("gpt2", ("none",), 2 * 2**30, seq_len=64, num_layers=1, ceiling=64)
+    >>> lm.optimizer, lm.state_bytes == 12 * lm.parameters
+    ('AdamW (2 float32 moments), bfloat16 weights and gradients', True)
 """
 
 from __future__ import annotations
@@ -38,9 +52,19 @@ import torch
 from torch import nn
 
 from cswap import models
+from cswap.profile.trace import Trace
 from cswap.runtime import Runtime
 
-__all__ = ["DEFAULT_WORKSPACE_FRACTION", "PlannedMaxBatch", "batch_fits", "largest_fitting", "max_batch", "parse_bytes", "planned_max_batch"]
+__all__ = [
+    "DEFAULT_WORKSPACE_FRACTION",
+    "PlannedMaxBatch",
+    "batch_fits",
+    "largest_fitting",
+    "max_batch",
+    "parse_bytes",
+    "planned_max_batch",
+    "planned_max_batch_transformer",
+]
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
@@ -171,6 +195,9 @@ class PlannedMaxBatch:
         workspace_bytes: the workspace allowance.
         optimizer: what the optimizer state assumes.
         method: ``"planned"`` (never run).
+        minimum_bytes: policy -> batch -> the least activation budget its plan meets, for the batches tried.
+        parameters: the model's parameter count (0 where not counted).
+        seq_len: tokens per sequence of a transformer, else None.
     """
 
     model: str
@@ -181,10 +208,12 @@ class PlannedMaxBatch:
     optimizer: str
     method: str = "planned"
     minimum_bytes: dict[str, dict[int, int]] = field(default_factory=dict)
+    parameters: int = 0
+    seq_len: int | None = None
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready."""
-        return {
+        report: dict[str, object] = {
             "model": self.model,
             "memory_limit_bytes": self.memory_limit_bytes,
             "method": self.method,
@@ -193,6 +222,9 @@ class PlannedMaxBatch:
             "workspace_bytes": self.workspace_bytes,
             "optimizer": self.optimizer,
         }
+        if self.seq_len is not None:
+            report.update(parameters=self.parameters, seq_len=self.seq_len)
+        return report
 
 
 def planned_max_batch(
@@ -224,22 +256,61 @@ def planned_max_batch(
     Raises:
         ValueError: a limit that is not positive, a bad fraction or count, or an unknown policy.
     """
-    from cswap.planner import POLICY_ACTIONS, minimum_bytes
-    from cswap.simulate import SimConfig, Simulator, meta_trace
-    from cswap.simulate.budgeted import planning_problem
+    from cswap.simulate import meta_trace
+
+    _check_settings(policies, memory_limit_bytes, workspace_fraction)
+    if optimizer_states < 0:
+        raise ValueError(f"optimizer_states must be >= 0 (SGD momentum: 1, Adam: 2), got {optimizer_states}")
+    network = models.build(model, num_classes=1000, width_mult=width_mult)
+    weight_bytes = sum(p.numel() * p.element_size() for p in network.parameters())
+    state_bytes = weight_bytes * (2 + optimizer_states)  # weights, gradients, optimizer state
+    optimizer = {0: "SGD without momentum", 1: "SGD with momentum", 2: "Adam"}.get(optimizer_states, f"{optimizer_states} states per parameter")
+    batches, minimums, workspace_bytes = _search(
+        policies,
+        memory_limit_bytes,
+        trace_at=lambda batch: meta_trace(model, batch, resolution, hardware, width_mult=width_mult),
+        fixed_bytes=state_bytes,
+        input_bytes=lambda batch: batch * 3 * resolution * resolution * 4,
+        hardware=hardware,
+        workspace_fraction=workspace_fraction,
+        ceiling=ceiling,
+        time_limit_s=time_limit_s,
+    )
+    parameters = sum(p.numel() for p in network.parameters())
+    return PlannedMaxBatch(
+        model, int(memory_limit_bytes), batches, state_bytes, workspace_bytes, optimizer, minimum_bytes=minimums, parameters=parameters
+    )
+
+
+def _check_settings(policies: Sequence[str], memory_limit_bytes: int, workspace_fraction: float) -> None:
+    from cswap.planner import POLICY_ACTIONS
 
     if memory_limit_bytes <= 0:
         raise ValueError(f"memory limit must be positive, got {memory_limit_bytes} bytes")
     if not 0 <= workspace_fraction < 1:
         raise ValueError(f"workspace_fraction must be in [0, 1), got {workspace_fraction}")
-    if optimizer_states < 0:
-        raise ValueError(f"optimizer_states must be >= 0 (SGD momentum: 1, Adam: 2), got {optimizer_states}")
     unknown = [p for p in policies if p not in POLICY_ACTIONS]
     if unknown:
         raise ValueError(f"policies {unknown} cannot be planned: choose from {', '.join(POLICY_ACTIONS)}")
-    network = models.build(model, num_classes=1000, width_mult=width_mult)
-    weight_bytes = sum(p.numel() * p.element_size() for p in network.parameters())
-    state_bytes = weight_bytes * (2 + optimizer_states)  # weights, gradients, optimizer state
+
+
+def _search(
+    policies: Sequence[str],
+    memory_limit_bytes: int,
+    trace_at: Callable[[int], Trace],
+    fixed_bytes: int,
+    input_bytes: Callable[[int], int],
+    hardware: str,
+    workspace_fraction: float,
+    ceiling: int,
+    time_limit_s: float,
+) -> tuple[dict[str, int], dict[str, dict[int, int]], int]:
+    """Per policy, the largest batch whose least activation budget fits what the limit leaves
+    (module docstring); each batch's trace and problem are built once for every policy."""
+    from cswap.planner import minimum_bytes
+    from cswap.simulate import SimConfig, Simulator
+    from cswap.simulate.budgeted import planning_problem
+
     workspace_bytes = int(workspace_fraction * memory_limit_bytes)
     problems: dict[int, object] = {}
     minimums: dict[str, dict[int, int]] = {p: {} for p in policies}
@@ -247,19 +318,83 @@ def planned_max_batch(
     def least(policy: str, batch: int) -> int:
         if batch not in minimums[policy]:
             if batch not in problems:
-                trace = meta_trace(model, batch, resolution, hardware, width_mult=width_mult)
-                problems[batch] = planning_problem(Simulator(trace, hardware, SimConfig()))[0]
+                problems[batch] = planning_problem(Simulator(trace_at(batch), hardware, SimConfig()))[0]
             minimums[policy][batch] = minimum_bytes(problems[batch], policy, time_limit_s)  # type: ignore[arg-type]
         return minimums[policy][batch]
 
     def fits(policy: str) -> Callable[[int], bool]:
         def check(batch: int) -> bool:
-            input_bytes = batch * 3 * resolution * resolution * 4
-            left = memory_limit_bytes - state_bytes - workspace_bytes - input_bytes
+            left = memory_limit_bytes - fixed_bytes - workspace_bytes - input_bytes(batch)
             return left > 0 and least(policy, batch) <= left
 
         return check
 
     batches = {policy: largest_fitting(fits(policy), ceiling=ceiling) for policy in policies}
-    optimizer = {0: "SGD without momentum", 1: "SGD with momentum", 2: "Adam"}.get(optimizer_states, f"{optimizer_states} states per parameter")
-    return PlannedMaxBatch(model, int(memory_limit_bytes), batches, state_bytes, workspace_bytes, optimizer, minimum_bytes=minimums)
+    return batches, minimums, workspace_bytes
+
+
+def planned_max_batch_transformer(
+    model: str,
+    policies: Sequence[str],
+    memory_limit_bytes: int,
+    seq_len: int | None = None,
+    dtype: str = "bfloat16",
+    attention: str = "sdpa",
+    num_layers: int | None = None,
+    mixed_precision: bool = False,
+    hardware: str = "a100-pcie4",
+    workspace_fraction: float = DEFAULT_WORKSPACE_FRACTION,
+    ceiling: int = 4096,
+    time_limit_s: float = 30.0,
+) -> PlannedMaxBatch:
+    """The largest micro-batch of a transformer per policy whose plan fits ``memory_limit_bytes``.
+
+    The state counted is AdamW training's (module docstring); the rest as :func:`planned_max_batch`.
+
+    Args:
+        model: a transformer preset, ``hf:<model_type>``, a config path or ``"package.module:function"``.
+        policies: policies with an action set (:data:`cswap.planner.POLICY_ACTIONS`).
+        memory_limit_bytes: the device memory.
+        seq_len: tokens per sequence (default: the preset's).
+        dtype: weights, gradients and activations.
+        attention: ``sdpa`` or ``eager``.
+        num_layers: transformer layers, replacing the preset's.
+        mixed_precision: also count float32 master weights (only with a 16-bit ``dtype``).
+        hardware: the profile the trace's times come from.
+        workspace_fraction, ceiling, time_limit_s: as :func:`planned_max_batch` takes them.
+
+    Raises:
+        ValueError: a limit that is not positive, a bad fraction, an unknown policy or model.
+    """
+    from cswap.simulate.modeltrace import is_transformer_model, trace_model
+
+    _check_settings(policies, memory_limit_bytes, workspace_fraction)
+
+    if not is_transformer_model(model, seq_len):
+        raise ValueError(f"{model!r} is not a transformer: give a preset, hf:<model_type>, a config path, or a seq_len with 'package.module:function'")
+
+    def trace_at(batch: int) -> Trace:
+        return trace_model(model, batch, hardware, dtype=dtype, seq_len=seq_len, num_layers=num_layers, attention=attention)
+
+    first = trace_at(1)
+    parameters, weight_bytes = int(first.meta["param_count"]), int(first.meta["param_bytes"])
+    master = mixed_precision and dtype in ("float16", "bfloat16")
+    state_bytes = 2 * weight_bytes + 8 * parameters + (4 * parameters if master else 0)
+    optimizer = f"AdamW (2 float32 moments), {dtype} weights and gradients" + (", float32 master weights" if master else "")
+    tokens = int(first.meta["seq_len"])
+    batches, minimums, workspace_bytes = _search(
+        policies,
+        memory_limit_bytes,
+        trace_at=lambda batch: first if batch == 1 else trace_at(batch),
+        fixed_bytes=state_bytes,
+        input_bytes=lambda batch: 2 * batch * tokens * 8,  # input ids and labels, int64
+        hardware=hardware,
+        workspace_fraction=workspace_fraction,
+        ceiling=ceiling,
+        time_limit_s=time_limit_s,
+    )
+    name = str(first.meta["model"])
+    return PlannedMaxBatch(
+        name, int(memory_limit_bytes), batches, state_bytes, workspace_bytes, optimizer, minimum_bytes=minimums,
+        parameters=parameters, seq_len=tokens,
+    )
