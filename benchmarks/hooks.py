@@ -18,7 +18,8 @@ alike, and each reports the median of its rounds.
 
 Output: one JSON line per (workload, run): median iteration seconds, the ratio to plain and to
 ``save_on_cpu`` of the same round set, saved tensors per iteration, microseconds per saved tensor
-over plain, and for the runtimes the hooks' own time per pack and unpack from their counters.
+over plain, and for the runtimes the hooks' own time per pack and unpack from their counters and
+what a profiling iteration costs against a planned one.
 A budget a policy cannot meet is reported with its least budget instead of a time.
 
 Example:
@@ -36,7 +37,7 @@ import time
 import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -98,6 +99,7 @@ class _Run:
     context: Callable[[], AbstractContextManager[None]]
     runtime: cswap.Runtime | None = None
     error: BudgetError | None = None
+    profiling_s: list[float] = field(default_factory=list)
 
 
 def _runs(model: nn.Module, policies: tuple[str, ...], budgets: tuple[float | None, ...]) -> list[_Run]:
@@ -112,6 +114,8 @@ def _runs(model: nn.Module, policies: tuple[str, ...], budgets: tuple[float | No
 
 def _warm_up(run: _Run, model: nn.Module, x: torch.Tensor, iterations: int) -> None:
     for _ in range(iterations):
+        profiled = run.runtime.stats().profiled_iterations if run.runtime is not None else 0
+        started = time.perf_counter()
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -120,6 +124,8 @@ def _warm_up(run: _Run, model: nn.Module, x: torch.Tensor, iterations: int) -> N
         except BudgetError as error:
             run.error = error
             return
+        if run.runtime is not None and run.runtime.stats().profiled_iterations > profiled:
+            run.profiling_s.append(time.perf_counter() - started)
 
 
 def measure(workload: Workload, rounds: int, policies: tuple[str, ...] = RUNTIME_POLICIES,
@@ -164,6 +170,9 @@ def measure(workload: Workload, rounds: int, policies: tuple[str, ...] = RUNTIME
                     unpack_us=round((stats.unpack_s - start.unpack_s) / max(unpacks, 1) * 1e6, 2),
                     profiled_iterations=stats.profiled_iterations,
                 )
+            if run.profiling_s:
+                # the last profiling iteration of the warm-up (the first also pays one-off set-up)
+                row.update(profiling_s=round(run.profiling_s[-1], 6), profiling_vs_planned=round(run.profiling_s[-1] / median, 2))
         row.update(torch_threads=torch.get_num_threads(), cpus=os.cpu_count(), torch=torch.__version__,
                    python=sys.version.split()[0], date=time.strftime("%Y-%m-%d"))
         rows.append(row)

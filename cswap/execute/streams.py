@@ -91,7 +91,8 @@ class Transfers:
 
     Attributes:
         side_stream: the stream all traffic runs on (``None`` on CPU).
-        in_flight: ``(event, bytes)`` of device-to-host copies whose sources are still counted, oldest first.
+        in_flight: ``(event, bytes)`` of device-to-host copies whose sources are still counted, oldest
+            first; all run on the side stream, so they finish in this order.
         unsized: stored entries whose compressed size is not read back yet, oldest first.
     """
 
@@ -104,7 +105,7 @@ class Transfers:
         self.cuda = device.type == "cuda"
         self.side_stream = torch.cuda.Stream(device) if self.cuda else None
         self.defer_sizes = self.cuda if defer_sizes is None else defer_sizes
-        self.in_flight: list[tuple[Any, int]] = []
+        self.in_flight: collections.deque[tuple[Any, int]] = collections.deque()
         self.unsized: collections.deque[Stored] = collections.deque()
         self._slots = ReadbackSlots(pin_memory=self.cuda) if self.defer_sizes else None
 
@@ -114,14 +115,10 @@ class Transfers:
         """Finish the compressions whose size has arrived and stop counting the sources of finished copies."""
         while self.unsized and self.unsized[0].unsized.ready():  # type: ignore[union-attr]
             self._finish_unsized(self.unsized.popleft())
-        if self.in_flight:
-            pending = []
-            for event, nbytes in self.in_flight:
-                if event.query():
-                    self.counters.resident_bytes -= nbytes
-                else:
-                    pending.append((event, nbytes))
-            self.in_flight = pending
+        in_flight = self.in_flight
+        # One stream runs them in order: the first copy still running means the rest are too.
+        while in_flight and in_flight[0][0].query():
+            self.counters.resident_bytes -= in_flight.popleft()[1]
 
     def settle_all_sizes(self) -> None:
         """Read back every compressed size now (exact counts; waiting is fine outside the hooks)."""
@@ -140,7 +137,7 @@ class Transfers:
         counters = self.counters
         while counters.resident_bytes > budget_bytes:
             if self.in_flight:
-                event, nbytes = self.in_flight.pop(0)
+                event, nbytes = self.in_flight.popleft()
                 event.synchronize()
                 counters.resident_bytes -= nbytes
             elif self.unsized:

@@ -3,6 +3,7 @@ with gradients bit-identical to plain PyTorch throughout."""
 
 from __future__ import annotations
 
+import collections
 import logging
 import warnings
 from collections.abc import Callable
@@ -229,7 +230,7 @@ class _CopyEvent:
 def test_pack_waits_for_the_oldest_copies_while_resident_bytes_pass_the_budget() -> None:
     executor = Executor(torch.device("cpu"), backend="cpu", prefetch_bytes=0)
     events = [_CopyEvent() for _ in range(3)]
-    executor.transfers.in_flight = [(event, 100) for event in events]
+    executor.transfers.in_flight = collections.deque((event, 100) for event in events)
     executor.counters.add_resident(350)
     executor.transfers.wait_for_budget(200)  # 350 -> 250 -> 150: the two oldest copies are waited for
     assert [e.waited for e in events] == [True, True, False]
@@ -438,3 +439,16 @@ def test_a_budget_above_the_devices_memory_warns(monkeypatch: pytest.MonkeyPatch
     with pytest.warns(UserWarning, match=r"is more than the 0\.10 MiB \(100000 bytes\) of memory of device cpu"):
         _, rt = train(_cnn, CNN_BATCHES[:1], 1, runtime_for("swap", memory_budget=1.0))
     assert rt.resolved_budget.nbytes > 100_000
+
+
+def test_copies_settle_in_stream_order_and_stop_at_the_first_running() -> None:
+    executor = Executor(torch.device("cpu"), backend="cpu", prefetch_bytes=0)
+    events = [_CopyEvent() for _ in range(3)]
+    events[0].waited = events[2].waited = True  # the second still runs: the third cannot have finished before it
+    executor.transfers.in_flight = collections.deque((event, 100) for event in events)
+    executor.counters.add_resident(300)
+    executor.transfers.settle()
+    assert [nbytes for _, nbytes in executor.transfers.in_flight] == [100, 100] and executor.counters.resident_bytes == 200
+    events[1].waited = True
+    executor.transfers.settle()
+    assert not executor.transfers.in_flight and executor.counters.resident_bytes == 0
