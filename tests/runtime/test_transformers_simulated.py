@@ -1,0 +1,129 @@
+"""Small Hugging Face transformers under every policy at 0.4 of ``none``'s peak, against the simulator.
+
+GPT-2 (dropout, GELU), Llama (RMSNorm, SiLU-gated MLP, grouped-query attention, RoPE) and BERT are
+built from their config classes with the library's defaults, only the sizes made small (two layers,
+hidden 256). Under each runtime policy the budget is held, with gradients bit-identical to plain
+PyTorch, or the policy raises a :class:`~cswap.budget.BudgetError` whose least budget a fresh run
+then holds. The simulator, given the runtime's own profile of the model and this machine's CPU
+profile, plans the same policies under the same budget: where both can meet it, the runtime's
+measured peak is within 5% of the simulated one.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import warnings
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import nn
+
+import cswap
+from cswap.budget import BudgetError
+from cswap.planner.actions import RUNTIME_POLICIES
+from tests.runtime.helpers import assert_bit_equal
+
+transformers = pytest.importorskip("transformers")
+
+FRACTION = 0.4
+SEQ_LEN = 128
+VOCAB = 2048
+
+
+def _gpt2() -> nn.Module:
+    return transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=VOCAB, n_positions=SEQ_LEN, n_embd=256, n_layer=2, n_head=4))
+
+
+def _llama() -> nn.Module:
+    config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=256, intermediate_size=688, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=SEQ_LEN)
+    return transformers.LlamaForCausalLM(config)
+
+
+def _bert() -> nn.Module:
+    config = transformers.BertConfig(vocab_size=VOCAB, hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=1024, max_position_embeddings=SEQ_LEN)
+    return transformers.BertForMaskedLM(config)
+
+
+MODELS: dict[str, Callable[[], nn.Module]] = {"gpt2": _gpt2, "llama": _llama, "bert": _bert}
+
+
+@functools.cache
+def _model(name: str) -> nn.Module:
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return MODELS[name]().train()
+
+
+def _ids() -> torch.Tensor:
+    return torch.randint(0, VOCAB, (2, SEQ_LEN), generator=torch.Generator().manual_seed(1))
+
+
+def _step(model: nn.Module) -> list[torch.Tensor]:
+    """One forward and backward with the model's own loss; the same dropout masks every call."""
+    model.zero_grad(set_to_none=True)
+    ids = _ids()
+    torch.manual_seed(7)
+    model(input_ids=ids, labels=ids).loss.backward()
+    return [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+
+@functools.cache
+def _plain(name: str) -> tuple[torch.Tensor, ...]:
+    return tuple(_step(copy.deepcopy(_model(name))))
+
+
+def _train(name: str, policy: str, budget: float | int, iterations: int = 3) -> tuple[cswap.Runtime, list[torch.Tensor]]:
+    """``iterations`` steps of ``name`` under ``policy`` and ``budget``: the runtime and the last gradients."""
+    model = copy.deepcopy(_model(name))
+    rt = cswap.Runtime(policy, device="cpu", model=model, memory_budget=budget)
+    grads: list[torch.Tensor] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(iterations):
+            with rt.iteration():
+                grads = _step(model)
+    return rt, grads
+
+
+@functools.cache
+def _simulated(name: str) -> dict[str, object]:
+    """Every budget policy planned and simulated at :data:`FRACTION` on the runtime's profile of ``name``."""
+    from cswap.simulate import SimConfig, Simulator
+    from cswap.simulate.budgeted import budget_policies, run_budgets
+    from cswap.simulate.validate import cpu_profile
+
+    model = copy.deepcopy(_model(name))
+    rt = cswap.Runtime("none", device="cpu", model=model)
+    with rt.iteration():
+        _step(model)
+    simulator = Simulator(rt.trace(), cpu_profile(), SimConfig(min_bytes=rt.options.min_bytes))
+    return dict(run_budgets(simulator, budget_policies(), budget=FRACTION))
+
+
+@pytest.mark.parametrize("policy", RUNTIME_POLICIES)
+@pytest.mark.parametrize("name", MODELS)
+def test_budget_held_or_honestly_refused_and_peak_as_simulated(name: str, policy: str) -> None:
+    try:
+        rt, grads = _train(name, policy, FRACTION)
+    except BudgetError as error:
+        # Honest: a fresh run at the least budget it names holds it, gradients unchanged.
+        assert error.minimum_fraction is not None and error.minimum_fraction > FRACTION
+        rt, grads = _train(name, policy, error.minimum_bytes)
+        assert rt.stats().iteration_peak_resident_bytes <= error.minimum_bytes
+        assert_bit_equal(_plain(name), grads, what=f"{name} {policy} gradient at its least budget")
+        return
+    assert rt.resolved_budget is not None
+    budget_bytes = rt.resolved_budget.nbytes
+    assert rt.resolved_budget.fraction_of_none == pytest.approx(FRACTION, abs=1e-3)
+    measured = rt.stats().iteration_peak_resident_bytes
+    assert measured <= budget_bytes
+    assert_bit_equal(_plain(name), grads, what=f"{name} {policy} gradient")
+    outcome = _simulated(name)[policy]
+    if not outcome.infeasible:
+        simulated = outcome.result.peak_bytes
+        assert abs(measured / simulated - 1.0) <= 0.05, f"measured peak {measured:,d} B, simulated {simulated:,d} B"
