@@ -34,8 +34,12 @@ def register(app: typer.Typer) -> None:
             help="An image model, a transformer preset (gpt2, gpt2-xl, llama-3.2-1b, llama-3-8b, bert-base, bert-large, "
             "gpt3-175b-layer), hf:<model_type>, a transformer config path, or package.module:function.",
         ),
-        policies: str = typer.Option("none,swap,compress-swap,cswap,compress-keep", "--policies", "--policy",
-                                     help="Comma-separated policies to compare, or 'all'."),
+        policies: str = typer.Option(
+            "none,swap,compress-swap,cswap,compress-keep",
+            "--policies",
+            "--policy",
+            help="Comma-separated policies to compare, or 'all'.",
+        ),
         memory_limit: Optional[str] = typer.Option(None, help="Emulate a smaller GPU, e.g. 16GiB (needed without a GPU)."),
         resolution: Optional[int] = typer.Option(None, help="Input resolution (default: the model's)."),
         seq_len: Optional[int] = typer.Option(None, min=1, help="Tokens per sequence of a transformer [default: the preset's]."),
@@ -67,9 +71,15 @@ def register(app: typer.Typer) -> None:
                 from cswap import models
                 from cswap._userfn import is_spec
 
-                given = [flag for flag, value in (("--layers", layers), ("--attention", attention), ("--dtype", dtype)) if value is not None]
+                given = [
+                    flag
+                    for flag, value in (("--layers", layers), ("--attention", attention), ("--dtype", dtype))
+                    if value is not None
+                ]
                 if given or mixed_precision:
-                    raise ValueError(f"{', '.join(given) or '--mixed-precision'} apply to transformers; {model!r} is an image model")
+                    raise ValueError(
+                        f"{', '.join(given) or '--mixed-precision'} apply to transformers; {model!r} is an image model"
+                    )
                 if model not in models.MODEL_NAMES and not is_spec(model):
                     raise unknown_model(model)
             if transformer:
@@ -82,8 +92,14 @@ def register(app: typer.Typer) -> None:
                     raise ValueError("without a GPU the batch is planned, not measured: give --memory-limit, e.g. 16GiB")
                 chosen = list(POLICY_ACTIONS) if chosen == ["all"] else chosen
                 outcome = planned_max_batch_transformer(
-                    model, chosen, limit, seq_len=seq_len, dtype=dtype or "bfloat16", attention=attention or "sdpa",
-                    num_layers=layers, mixed_precision=mixed_precision,
+                    model,
+                    chosen,
+                    limit,
+                    seq_len=seq_len,
+                    dtype=dtype or "bfloat16",
+                    attention=attention or "sdpa",
+                    num_layers=layers,
+                    mixed_precision=mixed_precision,
                 )
                 result = outcome.batches
                 extra = {k: v for k, v in outcome.to_dict().items() if k not in ("model", "memory_limit_bytes", "max_batch")}

@@ -264,7 +264,9 @@ def planned_max_batch(
     network = models.build(model, num_classes=1000, width_mult=width_mult)
     weight_bytes = sum(p.numel() * p.element_size() for p in network.parameters())
     state_bytes = weight_bytes * (2 + optimizer_states)  # weights, gradients, optimizer state
-    optimizer = {0: "SGD without momentum", 1: "SGD with momentum", 2: "Adam"}.get(optimizer_states, f"{optimizer_states} states per parameter")
+    optimizer = {0: "SGD without momentum", 1: "SGD with momentum", 2: "Adam"}.get(
+        optimizer_states, f"{optimizer_states} states per parameter"
+    )
     batches, minimums, workspace_bytes = _search(
         policies,
         memory_limit_bytes,
@@ -278,7 +280,14 @@ def planned_max_batch(
     )
     parameters = sum(p.numel() for p in network.parameters())
     return PlannedMaxBatch(
-        model, int(memory_limit_bytes), batches, state_bytes, workspace_bytes, optimizer, minimum_bytes=minimums, parameters=parameters
+        model,
+        int(memory_limit_bytes),
+        batches,
+        state_bytes,
+        workspace_bytes,
+        optimizer,
+        minimum_bytes=minimums,
+        parameters=parameters,
     )
 
 
@@ -371,7 +380,9 @@ def planned_max_batch_transformer(
     _check_settings(policies, memory_limit_bytes, workspace_fraction)
 
     if not is_transformer_model(model, seq_len):
-        raise ValueError(f"{model!r} is not a transformer: give a preset, hf:<model_type>, a config path, or a seq_len with 'package.module:function'")
+        raise ValueError(
+            f"{model!r} is not a transformer: give a preset, hf:<model_type>, a config path, or a seq_len with 'package.module:function'"
+        )
 
     def trace_at(batch: int) -> Trace:
         return trace_model(model, batch, hardware, dtype=dtype, seq_len=seq_len, num_layers=num_layers, attention=attention)
@@ -395,6 +406,13 @@ def planned_max_batch_transformer(
     )
     name = str(first.meta["model"])
     return PlannedMaxBatch(
-        name, int(memory_limit_bytes), batches, state_bytes, workspace_bytes, optimizer, minimum_bytes=minimums,
-        parameters=parameters, seq_len=tokens,
+        name,
+        int(memory_limit_bytes),
+        batches,
+        state_bytes,
+        workspace_bytes,
+        optimizer,
+        minimum_bytes=minimums,
+        parameters=parameters,
+        seq_len=tokens,
     )

@@ -57,7 +57,12 @@ def test_every_preset_states_its_source(name: str) -> None:
 def test_llama_3_2_1b_has_the_shape_asked_for() -> None:
     with torch.device("meta"):
         config = build_transformer("llama-3.2-1b").config
-    assert (config.num_hidden_layers, config.hidden_size, config.num_attention_heads, config.num_key_value_heads) == (16, 2048, 32, 8)
+    assert (config.num_hidden_layers, config.hidden_size, config.num_attention_heads, config.num_key_value_heads) == (
+        16,
+        2048,
+        32,
+        8,
+    )
     assert (config.intermediate_size, config.vocab_size, config.tie_word_embeddings) == (8192, 128256, True)
     assert config.rope_parameters["rope_theta"] == 500000.0
 
@@ -94,7 +99,14 @@ def test_hf_model_types_take_the_library_defaults() -> None:
 
 
 def test_config_paths(tmp_path) -> None:
-    config = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 2, "n_embd": 64, "n_head": 4, "n_positions": 256}
+    config = {
+        "model_type": "gpt2",
+        "architectures": ["GPT2LMHeadModel"],
+        "n_layer": 2,
+        "n_embd": 64,
+        "n_head": 4,
+        "n_positions": 256,
+    }
     (tmp_path / "config.json").write_text(json.dumps(config))
     spec = load_transformer_spec(str(tmp_path / "config.json"))
     assert (spec.model_type, spec.task, spec.seq_len, spec.config["n_embd"]) == ("gpt2", "causal-lm", 256, 64)
@@ -107,7 +119,10 @@ def test_config_paths(tmp_path) -> None:
 @pytest.mark.parametrize(
     "name, match",
     [
-        ("llama-3-9b", r"unknown transformer 'llama-3-9b': choose a preset \(bert-base, bert-large, gpt2, gpt2-xl, gpt3-175b-layer"),
+        (
+            "llama-3-9b",
+            r"unknown transformer 'llama-3-9b': choose a preset \(bert-base, bert-large, gpt2, gpt2-xl, gpt3-175b-layer",
+        ),
         ("hf:nosuchmodel", "unknown transformers model type 'nosuchmodel'"),
         ("missing.yaml", "is not a file"),
     ],

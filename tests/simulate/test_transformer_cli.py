@@ -39,27 +39,64 @@ def test_simulate_json_reports_the_transformer_shape(runner, attention) -> None:
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
-    assert (report["model"], report["seq_len"], report["num_layers"], report["attention"], report["dtype"]) == ("gpt2", 128, 2, attention, "bfloat16")
+    assert (report["model"], report["seq_len"], report["num_layers"], report["attention"], report["dtype"]) == (
+        "gpt2",
+        128,
+        2,
+        attention,
+        "bfloat16",
+    )
     assert report["resolution"] is None and list(report["policies"]) == ["none", "swap"]
     assert report["policies"]["none"]["iteration_s"] > 0
 
 
 def test_simulate_a_config_path_and_a_budget(runner, tmp_path) -> None:
-    config = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
-              "num_hidden_layers": 2, "vocab_size": 256, "max_position_embeddings": 128}
+    config = {
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 2,
+        "vocab_size": 256,
+        "max_position_embeddings": 128,
+    }
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
-    result = runner.invoke(app, ["simulate", "--model", str(path), "--seq-len", "32", "--memory-budget", "0.75", "--min-bytes", "0", "--policies", "swap", "--json"])
+    result = runner.invoke(
+        app,
+        [
+            "simulate",
+            "--model",
+            str(path),
+            "--seq-len",
+            "32",
+            "--memory-budget",
+            "0.75",
+            "--min-bytes",
+            "0",
+            "--policies",
+            "swap",
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
-    assert report["seq_len"] == 32 and report["num_layers"] == 2 and report["policies"]["swap"]["peak_bytes"] <= report["budget_bytes"]
+    assert (
+        report["seq_len"] == 32
+        and report["num_layers"] == 2
+        and report["policies"]["swap"]["peak_bytes"] <= report["budget_bytes"]
+    )
 
 
 @pytest.mark.parametrize(
     "args, message",
     [
         (["--model", "llama-3-9b"], "unknown model 'llama-3-9b': choose one of alexnet"),
-        (["--model", "llama-3-9b"], "a transformer preset (bert-base, bert-large, gpt2, gpt2-xl, gpt3-175b-layer, llama-3-8b, llama-3.2-1b)"),
+        (
+            ["--model", "llama-3-9b"],
+            "a transformer preset (bert-base, bert-large, gpt2, gpt2-xl, gpt3-175b-layer, llama-3-8b, llama-3.2-1b)",
+        ),
         (["--model", "gpt2", "--attention", "flash"], "attention must be one of sdpa, eager, got 'flash'"),
         (["--model", "gpt2", "--seq-len", "4096"], "seq_len 4096 is longer than gpt2's 1024 positions"),
         (["--model", "vgg11", "--layers", "2"], "--layers apply to transformers; 'vgg11' is an image model"),
@@ -74,7 +111,19 @@ def test_errors_name_the_valid_choices(runner, args, message) -> None:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the planned path without a GPU")
 def test_max_batch_plans_a_transformer(runner) -> None:
-    args = ["max-batch", "--model", "gpt2", "--seq-len", "64", "--layers", "2", "--memory-limit", "2GiB", "--policies", "none,swap"]
+    args = [
+        "max-batch",
+        "--model",
+        "gpt2",
+        "--seq-len",
+        "64",
+        "--layers",
+        "2",
+        "--memory-limit",
+        "2GiB",
+        "--policies",
+        "none,swap",
+    ]
     result = runner.invoke(app, [*args, "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)

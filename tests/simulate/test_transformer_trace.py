@@ -36,22 +36,34 @@ S, H, A, B = 2048, 12288, 96, 1
 
 TINY = {
     "gpt2": TransformerSpec(
-        "gpt2-tiny", "gpt2", config=dict(n_layer=2, n_embd=128, n_head=4, n_positions=256, vocab_size=512), source="test", seq_len=64
+        "gpt2-tiny",
+        "gpt2",
+        config=dict(n_layer=2, n_embd=128, n_head=4, n_positions=256, vocab_size=512),
+        source="test",
+        seq_len=64,
     ),
     "llama": TransformerSpec(
         "llama-tiny",
         "llama",
         config=dict(
-            num_hidden_layers=2, hidden_size=128, num_attention_heads=4, num_key_value_heads=2, intermediate_size=256,
-            vocab_size=512, max_position_embeddings=256,
+            num_hidden_layers=2,
+            hidden_size=128,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=256,
+            vocab_size=512,
+            max_position_embeddings=256,
         ),
         source="test",
         seq_len=64,
     ),
     "bert": TransformerSpec(
-        "bert-tiny", "bert", task="masked-lm",
+        "bert-tiny",
+        "bert",
+        task="masked-lm",
         config=dict(num_hidden_layers=2, hidden_size=128, num_attention_heads=4, intermediate_size=512, vocab_size=512),
-        source="test", seq_len=64,
+        source="test",
+        seq_len=64,
     ),
 }
 
@@ -63,7 +75,10 @@ def _activation_bytes(trace: Trace) -> int:
 @pytest.fixture(scope="module")
 def gpt3_layers() -> dict[int, Trace]:
     """Eager traces of 1 and 2 GPT-3 175B layers (bfloat16 activations, the presets' dropout of 0.1)."""
-    return {n: transformer_trace("gpt3-175b-layer", batch_size=B, seq_len=S, num_layers=n, attention="eager", dtype="bfloat16") for n in (1, 2)}
+    return {
+        n: transformer_trace("gpt3-175b-layer", batch_size=B, seq_len=S, num_layers=n, attention="eager", dtype="bfloat16")
+        for n in (1, 2)
+    }
 
 
 def test_gpt3_layer_saves_the_papers_bytes(gpt3_layers) -> None:
@@ -87,16 +102,15 @@ def test_gpt3_layer_records_are_the_papers_terms(gpt3_layers) -> None:
     """Each saved tensor of layer 1, in units of s*b*h bytes, against Section 4.1's list."""
     sbh = S * B * H
     terms = sorted(
-        (round(r.nbytes / sbh, 4), r.dtype)
-        for r in gpt3_layers[2].tensors
-        if r.offloadable and layer_index(r.module) == 1
+        (round(r.nbytes / sbh, 4), r.dtype) for r in gpt3_layers[2].tensors if r.offloadable and layer_index(r.module) == 1
     )
     attention_square = 2 * A * S / H  # 2*a*s*s*b bytes in sbh units: 32
     assert terms == sorted(
         [
             (2.0, "bfloat16"),  # LayerNorm 1 input
             (2.0, "bfloat16"),  # QKV projection input (LayerNorm 1 output)
-            (2.0, "bfloat16"), (2.0, "bfloat16"),  # Q and K for Q K^T
+            (2.0, "bfloat16"),
+            (2.0, "bfloat16"),  # Q and K for Q K^T
             (attention_square, "bfloat16"),  # softmax output
             (attention_square / 2, "bool"),  # attention dropout mask
             (attention_square, "bfloat16"),  # dropped-out probabilities, for the product with V
@@ -152,7 +166,10 @@ def _tiny(family: str, **kwargs) -> Trace:
 
 def test_eager_saves_square_tensors_and_sdpa_does_not(family: str) -> None:
     s = TINY[family].seq_len
-    square = {att: [r for r in _tiny(family, attention=att).tensors if r.offloadable and r.shape[-2:] == (s, s)] for att in ("eager", "sdpa")}
+    square = {
+        att: [r for r in _tiny(family, attention=att).tensors if r.offloadable and r.shape[-2:] == (s, s)]
+        for att in ("eager", "sdpa")
+    }
     assert square["sdpa"] == []
     assert len(square["eager"]) >= 2 * 2  # at least two per layer: the probabilities and their copy or mask
     eager, sdpa = _tiny(family, attention="eager"), _tiny(family, attention="sdpa")
