@@ -5,7 +5,11 @@
 * :mod:`~cswap.planner.from_trace`: the problem from a profiled trace (what the runtime calls);
 * :mod:`~cswap.planner.solve`: plan a policy within a budget, or find its least budget, by
   :mod:`~cswap.planner.milp` (SciPy ``milp``, HiGHS, with a greedy alongside) or Capuchin's greedy
-  (:mod:`~cswap.planner.capuchin`).
+  (:mod:`~cswap.planner.capuchin`);
+* :mod:`~cswap.planner.fastpath`: for a large problem whose layers repeat
+  (:mod:`~cswap.planner.repeats`), the same program with blocks of layers tied
+  (:mod:`~cswap.planner.tied`), and the least budget certified by its floor
+  (:mod:`~cswap.planner.bounds`).
 
 Its public names load lazily, so that a light module of the package (the policy table in
 :mod:`~cswap.planner.actions`) imports without torch or SciPy.

@@ -47,7 +47,8 @@ from types import MappingProxyType
 
 from cswap.budget import BudgetError
 from cswap.planner.actions import KEEP, RECOMPUTE, SWAP
-from cswap.planner.milp import BudgetPlan, budget_plan_of, least_peak
+from cswap.planner.fastpath import least_peak_fast
+from cswap.planner.milp import BudgetPlan, budget_plan_of
 from cswap.planner.problem import Option, PlanningProblem, TensorOptions
 
 __all__ = ["CAPUCHIN_ROUNDS", "Candidate", "CapuchinPlan", "capuchin_minimum_bytes", "plan_capuchin", "plan_capuchin_budget"]
@@ -208,7 +209,7 @@ def capuchin_minimum_bytes(problem: PlanningProblem, time_limit_s: float = 30.0)
         >>> capuchin_minimum_bytes(build_problem(specs, events, [0, 1, 2, 3, 4, 5], 2.5, LinkModel(1e-6, 1e-6, async_copies=False)))
         2000
     """
-    low = least_peak(problem, "capuchin", time_limit_s)
+    low = least_peak_fast(problem, "capuchin", time_limit_s)
     keeps = [_cheapest(t, KEEP, problem) for t in problem.tensors]
     high = max(int(sum(problem.holds(o) for o in keeps if o is not None).max(initial=0)) if keeps else 0, 1)
     if low >= high or _greedy_plan(problem, max(low, 1)) is not None:

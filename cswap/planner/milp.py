@@ -92,7 +92,9 @@ class BudgetPlan:
         binding_event: the event with the least slack (the constraint that binds, if any does).
         slack_bytes: ``budget_bytes - timeline_bytes[binding_event]``.
         status: ``optimal``, ``time-limit`` (the solver's best when time ran out) or ``greedy``
-            (the solver found nothing in time, or the greedy was better).
+            (the solver found nothing in time, or the greedy was better); from the fast path
+            (:mod:`cswap.planner.tied`) ``tied``, ``tied-time-limit`` or ``tied-greedy``, the same
+            among plans whose blocks of repeated layers share decisions.
         solve_s: seconds spent planning (solver and greedy).
         greedy_s: the greedy plan's predicted seconds (``None``: it found no feasible plan).
         greedy_gap_s: ``greedy_s`` minus the solver's objective (``None`` without both).

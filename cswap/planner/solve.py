@@ -2,7 +2,10 @@
 
 A policy is planned by the planner of the system it reproduces: ``capuchin`` by Capuchin's own
 greedy (:mod:`cswap.planner.capuchin`), every other policy by the exact program over its actions
-(:mod:`cswap.planner.milp`: SciPy's ``milp`` with a greedy alongside). This module only chooses.
+(:mod:`cswap.planner.milp`: SciPy's ``milp`` with a greedy alongside). A large problem whose layers
+repeat (a transformer's) takes the fast path first (:mod:`cswap.planner.fastpath`): the same program
+with repeated layers' decisions tied in blocks, which keeps the budget at every event; the exact
+program answers when no tied plan fits, or always with ``exact=True``. This module only chooses.
 
 Example:
     >>> from cswap.planner.lifetime import lifetimes_from_orders
@@ -19,22 +22,29 @@ Example:
 
 from __future__ import annotations
 
+from cswap.budget import BudgetError
 from cswap.planner.capuchin import capuchin_minimum_bytes, plan_capuchin_budget
+from cswap.planner.fastpath import least_peak_fast, repeated_layers
 from cswap.planner.milp import BudgetPlan, least_peak, solve_milp
 from cswap.planner.problem import PlanningProblem
+from cswap.planner.tied import plan_tied
 
 __all__ = ["minimum_bytes", "plan_budget"]
 
 
-def minimum_bytes(problem: PlanningProblem, policy: str, time_limit_s: float = 30.0) -> int:
+def minimum_bytes(problem: PlanningProblem, policy: str, time_limit_s: float = 30.0, exact: bool = False) -> int:
     """The least budget ``policy`` can meet on ``problem``; planning at it succeeds.
 
     ``capuchin``'s is the least its greedy meets (:func:`cswap.planner.capuchin.capuchin_minimum_bytes`);
-    every other policy's is the least peak of its actions (:func:`cswap.planner.milp.least_peak`).
+    every other policy's is the least peak of its actions (:func:`cswap.planner.milp.least_peak`),
+    found without the solver where a floor certifies it (:func:`cswap.planner.fastpath.least_peak_fast`;
+    ``exact=True``: always by the solver).
     """
     if policy == "capuchin":
         return capuchin_minimum_bytes(problem, time_limit_s)
-    return least_peak(problem, policy, time_limit_s)
+    if exact:
+        return least_peak(problem, policy, time_limit_s)
+    return least_peak_fast(problem, policy, time_limit_s)
 
 
 def plan_budget(
@@ -43,6 +53,7 @@ def plan_budget(
     budget_bytes: int,
     time_limit_s: float = 30.0,
     greedy: bool = True,
+    exact: bool = False,
 ) -> BudgetPlan:
     """The least-time plan of ``policy`` whose timeline stays within ``budget_bytes``.
 
@@ -50,8 +61,9 @@ def plan_budget(
         problem: every tensor's options.
         policy: a policy with an action set (:data:`cswap.planner.actions.POLICY_ACTIONS`).
         budget_bytes: the budget.
-        time_limit_s: the solver's time limit.
+        time_limit_s: the solver's time limit (per solve: the fast path's, then the exact one's).
         greedy: also run the solver's greedy (for its gap, and as the fallback); not for ``capuchin``.
+        exact: skip the fast path (to measure its gap to the exact optimum).
 
     Raises:
         BudgetError: the policy cannot meet the budget; it carries :func:`minimum_bytes`.
@@ -59,4 +71,14 @@ def plan_budget(
     """
     if policy == "capuchin":
         return plan_capuchin_budget(problem, budget_bytes, time_limit_s)
+    if budget_bytes <= 0:
+        raise ValueError(f"budget_bytes must be positive, got {budget_bytes}")
+    repeats = None if exact else repeated_layers(problem)
+    if repeats is not None:
+        plan = plan_tied(problem, policy, budget_bytes, repeats, time_limit_s, greedy)
+        if plan is not None:
+            return plan
+        least = minimum_bytes(problem, policy, time_limit_s)
+        if budget_bytes < least:
+            raise BudgetError(least, policy, budget_bytes)
     return solve_milp(problem, policy, budget_bytes, time_limit_s, greedy)
