@@ -162,7 +162,9 @@ def transformer_trace(
 
     Returns:
         A :class:`Trace` with ``meta["source"] == "meta"``, ``meta["attention_core_keys"]`` (see
-        :func:`attention_core_keys`), times in simulated seconds and the hidden times filled.
+        :func:`attention_core_keys`), ``meta["module_calls"]`` (each module's first call:
+        :func:`cswap.simulate.metatrace.module_calls`), times in simulated seconds and the hidden
+        times filled.
 
     Raises:
         ValueError: an unknown model (listing the presets), non-positive sizes, a sequence longer
@@ -234,6 +236,7 @@ def transformer_trace(
             "relu_sparsity": sparsity_model.relu,
             "measured_sparsity": bool(sparsity_model.by_producer),
             "attention_core_keys": list(run.probability_keys),
+            "module_calls": [call.to_dict() for call in run.calls],
         },
     )
     return with_hidden_times(trace)

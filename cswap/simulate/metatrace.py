@@ -46,7 +46,7 @@ from torch.utils.flop_counter import flop_registry
 from cswap.profile.trace import Trace, TensorRecord
 from cswap.simulate.hardware import HardwareProfile, load_hardware
 
-__all__ = ["MetaRun", "SparsityModel", "meta_trace", "run_on_meta", "with_hidden_times"]
+__all__ = ["MetaRun", "ModuleCall", "SparsityModel", "meta_trace", "module_calls", "run_on_meta", "with_hidden_times"]
 
 _aten = torch.ops.aten
 _RELU_LIKE = (_aten.relu, _aten.threshold, _aten.relu6)
@@ -251,6 +251,82 @@ class _Handle:
         self.tensor = tensor
 
 
+@dataclass(frozen=True)
+class ModuleCall:
+    """A module's first call in forward, on the trace's clock: what checkpointing the call would
+    re-run and hold.
+
+    Attributes:
+        path: the module's path in the model (``"transformer.h.3"``; ``""`` for the model itself).
+        start_s, end_s: when its forward began and ended, seconds since forward began.
+        input_shape, input_dtype, input_nbytes: its first positional tensor input that is not a
+            parameter (a transformer layer's hidden states), or ``None``, ``None``, 0 without one:
+            what a checkpoint of the call holds until its backward.
+        input_key: the record whose storage that input is (saved by some operator anyway), or ``None``.
+        input_keys: the records whose storage is any of its tensor inputs (positional or keyword).
+
+    Example:
+        >>> call = ModuleCall("h.0", 0.5, 1.5, (1, 8, 256), "float16", 4096, None, (3,))
+        >>> ModuleCall.from_dict(call.to_dict()) == call, call.forward_s
+        (True, 1.0)
+    """
+
+    path: str
+    start_s: float
+    end_s: float
+    input_shape: tuple[int, ...] | None = None
+    input_dtype: str | None = None
+    input_nbytes: int = 0
+    input_key: int | None = None
+    input_keys: tuple[int, ...] = ()
+
+    @property
+    def forward_s(self) -> float:
+        """Seconds its forward took: what recomputing the call costs."""
+        return self.end_s - self.start_s
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (a trace's ``meta["module_calls"]`` holds these)."""
+        return {
+            "path": self.path,
+            "start_s": self.start_s,
+            "end_s": self.end_s,
+            "input_shape": None if self.input_shape is None else list(self.input_shape),
+            "input_dtype": self.input_dtype,
+            "input_nbytes": self.input_nbytes,
+            "input_key": self.input_key,
+            "input_keys": list(self.input_keys),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ModuleCall:
+        """Inverse of :meth:`to_dict`."""
+        shape, key = data.get("input_shape"), data.get("input_key")
+        return cls(
+            path=str(data["path"]),
+            start_s=float(data["start_s"]),
+            end_s=float(data["end_s"]),
+            input_shape=None if shape is None else tuple(int(n) for n in shape),
+            input_dtype=data.get("input_dtype"),
+            input_nbytes=int(data.get("input_nbytes", 0)),
+            input_key=None if key is None else int(key),
+            input_keys=tuple(int(k) for k in data.get("input_keys", ())),
+        )
+
+
+def module_calls(trace: Trace) -> tuple[ModuleCall, ...]:
+    """The first call of every module of a meta trace, in the order they began (empty for a trace
+    that does not record them: a profiled one, or one written before they were recorded).
+
+    Example:
+        >>> trace = meta_trace("alexnet", batch_size=2, resolution=64, width_mult=0.25)
+        >>> calls = {c.path: c for c in module_calls(trace)}
+        >>> calls["features.0"].input_shape, calls["features.0"].input_key, calls[""].end_s <= trace.forward_s
+        ((2, 3, 64, 64), 0, True)
+    """
+    return tuple(ModuleCall.from_dict(c) for c in trace.meta.get("module_calls") or ())
+
+
 class _Recorder:
     def __init__(self, clock: _Clock, fixed_storages: set[int]) -> None:
         self.clock = clock
@@ -261,6 +337,9 @@ class _Recorder:
         self.naming: str | None = None
         self.producer_of_pack: dict[int, str] = {}
         self.modules: list[str] = []  # the running modules' labels, innermost last
+        # per module path, its first call: start, end and its tensor inputs (held, so that their
+        # storages are still theirs when matched against the saved ones after the run)
+        self.calls: dict[str, list[Any]] = {}
 
     def pack(self, t: torch.Tensor) -> _Handle:
         key = _storage_key(t)
@@ -297,19 +376,55 @@ class _Recorder:
         """Hooks that keep :attr:`modules` current while ``root`` runs, each module labelled
         ``path (Type)`` as the runtime's profiler labels them; returns the hook handles."""
 
-        def enter(label: str) -> Callable[..., None]:
-            return lambda module, args: self.modules.append(label)
+        def enter(label: str, path: str) -> Callable[..., None]:
+            def hook(module: nn.Module, args: Any, kwargs: Any) -> None:
+                self.modules.append(label)
+                if path not in self.calls:
+                    self.calls[path] = [self.clock.clock_s, None, _tensors(args), _tensors(kwargs)]
 
-        def leave(module: nn.Module, args: Any, output: Any) -> None:
-            if self.modules:
-                self.modules.pop()
+            return hook
+
+        def leave(path: str) -> Callable[..., None]:
+            def hook(module: nn.Module, args: Any, output: Any) -> None:
+                if self.modules:
+                    self.modules.pop()
+                call = self.calls.get(path)
+                if call is not None and call[1] is None:
+                    call[1] = self.clock.clock_s
+
+            return hook
 
         handles = []
         for name, module in root.named_modules():
             label = f"{name} ({type(module).__name__})" if name else type(module).__name__
-            handles.append(module.register_forward_pre_hook(enter(label)))
-            handles.append(module.register_forward_hook(leave, always_call=True))
+            handles.append(module.register_forward_pre_hook(enter(label, name), with_kwargs=True))
+            handles.append(module.register_forward_hook(leave(name), always_call=True))
         return handles
+
+    def module_calls(self) -> tuple[ModuleCall, ...]:
+        """Each module's first call, in the order they began (after the run)."""
+
+        def saved_as(t: torch.Tensor) -> int | None:
+            key = self.by_storage.get(_storage_key(t))
+            return key if key is not None and self.saved[key].offloadable else None
+
+        found = []
+        for path, (start_s, end_s, positional, keyword) in self.calls.items():
+            first = next((t for t in positional if _storage_key(t) not in self.fixed_storages and not isinstance(t, nn.Parameter)), None)
+            keys = {saved_as(t) for t in positional + keyword} - {None}
+            found.append(
+                ModuleCall(
+                    path=path,
+                    start_s=start_s,
+                    end_s=start_s if end_s is None else end_s,
+                    input_shape=None if first is None else tuple(first.shape),
+                    input_dtype=None if first is None else str(first.dtype).removeprefix("torch."),
+                    input_nbytes=0 if first is None else first.numel() * first.element_size(),
+                    input_key=None if first is None else saved_as(first),
+                    input_keys=tuple(sorted(k for k in keys if k is not None)),
+                )
+            )
+        return tuple(sorted(found, key=lambda c: c.start_s))
 
     def name_producers(self, root: Any) -> None:
         """Visit the graph and read every ``_saved_*`` attribute: each read unpacks with the node's name."""
@@ -398,6 +513,7 @@ class MetaRun:
         saved_slots: pack hook calls (a storage saved twice counts twice).
         param_bytes: bytes of the module's parameters.
         probability_keys: keys of the offloadable records that hold attention probabilities.
+        calls: every module's first call (:class:`ModuleCall`), in the order they began.
     """
 
     records: tuple[TensorRecord, ...]
@@ -406,6 +522,7 @@ class MetaRun:
     saved_slots: int
     param_bytes: int
     probability_keys: tuple[int, ...] = ()
+    calls: tuple[ModuleCall, ...] = ()
 
 
 def run_on_meta(
@@ -480,6 +597,7 @@ def run_on_meta(
         saved_slots=recorder.packs,
         param_bytes=sum(p.numel() * p.element_size() for p in module.parameters()),
         probability_keys=tuple(k for k, saved in enumerate(recorder.saved) if saved.probabilities and saved.offloadable),
+        calls=recorder.module_calls(),
     )
 
 
@@ -542,6 +660,7 @@ def meta_trace(
             "saved_slots": run.saved_slots,
             "relu_sparsity": sparsity_model.relu,
             "measured_sparsity": bool(sparsity_model.by_producer),
+            "module_calls": [call.to_dict() for call in run.calls],
         },
     )
     return with_hidden_times(trace)
