@@ -503,6 +503,8 @@ class Runtime:
             time_model = self._codec_time_model() if compresses else NO_CODEC
             plan, budget_bytes, error = budget_plan(trace, self.policy, budget, time_model, self._backend, self._options.min_bytes,
                                                     self._epoch, self._plan.launches, profiled_peak)
+        if plan.host_pool is None:
+            plan = plan.with_host_pool(trace)
         if budget is not None and error is None and budget_bytes is not None:
             resolved = ResolvedBudget(budget, budget_bytes, plan.planner.get("none_peak_bytes"))
             if self._resolved_budget is None:  # said once, at the start of training
@@ -603,8 +605,10 @@ class Runtime:
                 **{name: getattr(counters, name) for name in _COUNTED_FIELDS},
                 actions=MappingProxyType(dict(counters.actions)),
                 arena_bytes=arena.capacity_bytes,
-                arena_used_bytes=arena.used_bytes,
+                arena_used_bytes=arena.held_bytes,
                 arena_misses=arena.misses,
+                host_pool_bytes=arena.pool_bytes,
+                host_pool_fallbacks=arena.pool_fallbacks,
                 iteration_s=self._iteration_s,
                 budget_bytes=self._budget_bytes,
                 graph_changes=self._graph_changes,

@@ -111,6 +111,10 @@ class RuntimeStats:
         arena_bytes: host arena capacity now.
         arena_used_bytes: host arena bytes held by live saved tensors now.
         arena_misses: host allocations that did not fit in the arena (they used fresh memory).
+        host_pool_bytes: bytes of the plan's host pool, laid out before the iteration (included in
+            ``arena_bytes``; 0: every host copy takes a first-fit block).
+        host_pool_fallbacks: planned swaps whose pool slot was still held or too small, which took a
+            first-fit block instead.
         iteration_s: wall seconds spent inside ``rt.iteration()`` (host time).
         budget_bytes: the memory budget in bytes (``None``: no budget, or a fraction not yet
             resolved by a profile); ``peak_resident_bytes`` stays within it.
@@ -160,6 +164,8 @@ class RuntimeStats:
     evicted_tensors: int = 0
     budget_evictions: int = 0
     graph_changes: int = 0
+    host_pool_bytes: int = 0
+    host_pool_fallbacks: int = 0
     history: tuple[EpochStats, ...] = field(default_factory=tuple)
 
     @property

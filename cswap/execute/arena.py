@@ -8,6 +8,14 @@ A request that does not fit returns ``None``; the caller falls back to ordinary 
 miss is counted, so the next :meth:`reserve` can grow. Growing adds a chunk while blocks are live
 and merges everything into one chunk when the arena is empty.
 
+A plan that lays its swaps out ahead of time (:class:`~cswap.planner.hostpool.PoolLayout`) gets its
+**pool** carved from the start of the first chunk by :meth:`HostArena.plan_pool`, between
+iterations: a planned key's host copy then goes to its own offset (:meth:`HostArena.alloc_tensor`
+with the key), a view made once and reused every iteration, with nothing allocated or freed. A key
+whose bytes are still held (by a block of another key sharing them, alive longer than profiled, or
+by its own last copy) or that outgrew its slot takes a first-fit block instead, counted in
+``pool_fallbacks``. First-fit blocks live in the rest of the arena.
+
 Not thread-safe on its own: the executor calls it under its lock.
 
 Example:
@@ -27,7 +35,9 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["ALIGN_BYTES", "ArenaBlock", "HostArena", "aligned"]
+from cswap.planner.hostpool import PoolLayout
+
+__all__ = ["ALIGN_BYTES", "ArenaBlock", "HostArena", "PoolSlot", "aligned"]
 
 #: Every block starts on a multiple of this many bytes (any dtype view of a block is aligned).
 ALIGN_BYTES = 64
@@ -59,6 +69,43 @@ def _row_major(shape: tuple[int, ...]) -> tuple[int, ...]:
         stride.append(step)
         step *= max(size, 1)
     return tuple(reversed(stride))
+
+
+class PoolSlot(NamedTuple):
+    """A planned key's place in the pool, held by the stored data in its host copy (released with it)."""
+
+    pool: _Pool
+    key: int
+
+
+class _Pool:
+    """The planned region at the start of a chunk: per key, its offset, its reused view, whether held."""
+
+    def __init__(self, layout: PoolLayout, chunk: _Chunk) -> None:
+        self.layout = layout
+        self.chunk = chunk
+        # per key: the (dtype, shape, stride) its view was made for, the view, and its slot marker
+        self.views: dict[int, tuple[torch.dtype, tuple[int, ...], tuple[int, ...], torch.Tensor, PoolSlot]] = {}
+        self.conflicts = {key: frozenset(keys) for key, keys in layout.conflicts.items()}
+        self.held: set[int] = set()
+        self.hits = 0
+        self.fallbacks = 0
+
+    def take(self, key: int, dtype: torch.dtype, shape: tuple[int, ...], stride: tuple[int, ...], nbytes: int) -> tuple[torch.Tensor, PoolSlot] | None:
+        """The view of ``key``'s slot as ``dtype``, ``shape``, ``stride``, now held, and its marker;
+        ``None`` (counted) when the key has no slot, outgrew it, or bytes of its slot are still held."""
+        size = self.layout.sizes.get(key)
+        held = self.held
+        if size is None or nbytes > size or key in held or not held.isdisjoint(self.conflicts[key]):
+            self.fallbacks += 1
+            return None
+        cached = self.views.get(key)
+        if cached is None or cached[0] is not dtype or cached[1] != shape or cached[2] != stride:
+            view = self.chunk.of_dtype(dtype).as_strided(shape, stride, self.layout.offsets[key] // dtype.itemsize)
+            cached = self.views[key] = (dtype, shape, stride, view, PoolSlot(self, key))
+        held.add(key)
+        self.hits += 1
+        return cached[3], cached[4]
 
 
 class _Chunk:
@@ -106,8 +153,11 @@ class HostArena:
         pin_memory: page-lock the chunks (only possible, and only useful, with a GPU).
 
     Attributes:
-        capacity_bytes: bytes of all chunks.
-        used_bytes: bytes in live blocks.
+        capacity_bytes: bytes of all chunks (the pool's included).
+        pool_bytes: bytes of the planned pool (0: none).
+        pool_hits, pool_fallbacks: planned keys placed in the pool, and those that took a first-fit
+            block instead (cumulative over every pool).
+        used_bytes: bytes in live first-fit blocks.
         peak_used_bytes: the most ``used_bytes`` reached since :meth:`reset_peak`.
         missed_bytes: bytes requested since :meth:`reset_peak` that did not fit.
         misses: requests that did not fit, ever.
@@ -116,6 +166,8 @@ class HostArena:
     def __init__(self, pin_memory: bool) -> None:
         self.pin_memory = pin_memory
         self._chunks: list[_Chunk] = []
+        self._pool: _Pool | None = None
+        self._pool_counts = (0, 0)  # hits and fallbacks of the pools before the current one
         self.used_bytes = 0
         self.peak_used_bytes = 0
         self.missed_bytes = 0
@@ -125,6 +177,52 @@ class HostArena:
     def capacity_bytes(self) -> int:
         """Bytes of all chunks."""
         return sum(chunk.buffer.numel() for chunk in self._chunks)
+
+    @property
+    def pool_bytes(self) -> int:
+        """Bytes of the planned pool (0: none)."""
+        return self._pool.layout.pool_bytes if self._pool is not None else 0
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes held by live host copies now: first-fit blocks and held pool slots."""
+        pool = self._pool
+        return self.used_bytes + (sum(pool.layout.sizes[key] for key in pool.held) if pool is not None else 0)
+
+    @property
+    def pool_hits(self) -> int:
+        """Planned keys placed in a pool, ever."""
+        return self._pool_counts[0] + (self._pool.hits if self._pool is not None else 0)
+
+    @property
+    def pool_fallbacks(self) -> int:
+        """Planned keys that took a first-fit block instead of their pool slot, ever."""
+        return self._pool_counts[1] + (self._pool.fallbacks if self._pool is not None else 0)
+
+    def plan_pool(self, layout: PoolLayout | None, other_bytes: int) -> None:
+        """Lay the arena out for a plan, between iterations: ``layout``'s pool at the start of one
+        chunk, and at least ``other_bytes`` for first-fit blocks after it (``layout`` ``None``: all
+        first fit). While blocks of the last layout are still held (a graph kept across iterations),
+        nothing moves: the old layout stays and only the first-fit room grows.
+
+        Args:
+            layout: the plan's pool, or ``None``.
+            other_bytes: the first-fit room wanted besides the pool.
+        """
+        current = self._pool.layout if self._pool is not None else None
+        if layout is current or self.used_bytes or (self._pool is not None and self._pool.held):
+            self.reserve(self.pool_bytes + other_bytes)
+            return
+        if self._pool is not None:
+            self._pool_counts = (self.pool_hits, self.pool_fallbacks)
+        pool_bytes = layout.pool_bytes if layout is not None else 0
+        total = aligned(pool_bytes + other_bytes)
+        if len(self._chunks) != 1 or self.capacity_bytes < total:
+            self._chunks = [_Chunk(max(total, self.capacity_bytes), self.pin_memory)]
+        chunk = self._chunks[0]
+        capacity = chunk.buffer.numel()
+        chunk.free = [(pool_bytes, capacity - pool_bytes)] if capacity > pool_bytes else []
+        self._pool = _Pool(layout, chunk) if layout is not None else None
 
     def reserve(self, nbytes: int) -> None:
         """Make the arena hold at least ``nbytes``; call between iterations (it may pin memory).
@@ -136,9 +234,9 @@ class HostArena:
         capacity = self.capacity_bytes
         if nbytes <= capacity:
             return
-        if self.used_bytes == 0:
+        if self.used_bytes == 0 and self._pool is None:
             self._chunks = [_Chunk(nbytes, self.pin_memory)]
-        else:
+        else:  # live blocks, or the pool, stay where they are
             self._chunks.append(_Chunk(nbytes - capacity, self.pin_memory))
 
     def alloc(self, nbytes: int) -> ArenaBlock | None:
@@ -155,10 +253,18 @@ class HostArena:
         self.missed_bytes += size
         return None
 
-    def alloc_tensor(self, dtype: torch.dtype, shape: tuple[int, ...], stride: tuple[int, ...], nbytes: int) -> tuple[torch.Tensor, ArenaBlock | None]:
-        """A host tensor of ``dtype``, ``shape`` and ``stride`` spanning ``nbytes``: in an arena block
-        (returned with it), or, when no chunk has room, fresh pageable memory (a miss; the block is
-        ``None``): pinning now would synchronise the device in the middle of an iteration."""
+    def alloc_tensor(
+        self, dtype: torch.dtype, shape: tuple[int, ...], stride: tuple[int, ...], nbytes: int, key: int | None = None
+    ) -> tuple[torch.Tensor, ArenaBlock | PoolSlot | None]:
+        """A host tensor of ``dtype``, ``shape`` and ``stride`` spanning ``nbytes``: planned ``key``'s
+        pool slot, else an arena block (returned with it), or, when no chunk has room, fresh
+        pageable memory (a miss; the block is ``None``): pinning now would synchronise the device
+        in the middle of an iteration."""
+        pool = self._pool
+        if key is not None and pool is not None:
+            taken = pool.take(key, dtype, shape, stride, nbytes)
+            if taken is not None:
+                return taken
         block = self.alloc(nbytes)
         if block is None:
             return torch.empty_strided(shape, stride, dtype=dtype), None
@@ -175,8 +281,11 @@ class HostArena:
         start = block.offset // dtype.itemsize
         return typed.as_strided(shape, _row_major(shape) if stride is None else stride, start)
 
-    def free(self, block: ArenaBlock) -> None:
+    def free(self, block: ArenaBlock | PoolSlot) -> None:
         """Return ``block`` (exactly once)."""
+        if type(block) is PoolSlot:
+            block.pool.held.discard(block.key)
+            return
         self._chunks[block.chunk].release(block.offset, block.size)
         self.used_bytes -= block.size
 

@@ -72,7 +72,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from cswap.codecs import value_range
-from cswap.execute.arena import ArenaBlock, HostArena
+from cswap.execute.arena import ArenaBlock, HostArena, PoolSlot
 from cswap.execute.layout import Layout
 from cswap.execute.stored import Counters, Handle, Stored
 from cswap.execute.streams import Transfers
@@ -197,7 +197,7 @@ class Executor:
         self._dedupe: dict[tuple[Any, ...], weakref.ref[Stored]] = {}
         # storage id -> the kept entry counting that storage's bytes
         self._kept_storages: weakref.WeakValueDictionary[int, Stored] = weakref.WeakValueDictionary()
-        self._released: collections.deque[tuple[int, ArenaBlock | None, int, int, Any]] = collections.deque()
+        self._released: collections.deque[tuple[int, ArenaBlock | PoolSlot | None, int, int, Any]] = collections.deque()
         # A rebuilt tensor handed to backward counts until its storage dies; the storage's weak
         # reference posts itself to _dead_storages then (no scan of what is still alive).
         self._handed_out: dict[weakref.ref[torch.UntypedStorage], tuple[int, int]] = {}  # -> (bytes, key)
@@ -205,6 +205,7 @@ class Executor:
         self._prefetched_bytes = 0
         self._rebuilt: dict[int, tuple[StorageWeakRef, int]] = {}  # storage id -> (ref, bytes)
         self._protected: tuple[Plan, weakref.ref[torch.nn.Module], frozenset[int]] | None = None
+        self._arena_plan: Plan | None = None
 
     # ------------------------------------------------------------------ iterations
 
@@ -223,11 +224,16 @@ class Executor:
         """
         with self._lock:
             self._drain()
-            observed = self.arena.peak_used_bytes + self.arena.missed_bytes
-            need = max(plan.host_bytes, observed)
-            if need:
-                self.arena.reserve(int(need * (1.0 + self.arena_slack)))
-            self.arena.reset_peak()
+            arena = self.arena
+            pool = plan.host_pool
+            # What first-fit blocks will need besides the pool: the plan's estimate, and what the
+            # last iteration of this same plan used (a profiling iteration's use says nothing here).
+            need = max(plan.host_bytes - (pool.lower_bound_bytes if pool is not None else 0), 0)
+            if plan is self._arena_plan:
+                need = max(need, arena.peak_used_bytes + arena.missed_bytes)
+            arena.plan_pool(pool, int(need * (1.0 + self.arena_slack)))
+            self._arena_plan = plan
+            arena.reset_peak()
             self.counters.iteration_peak_resident_bytes = self.counters.resident_bytes
         return IterationState(plan, profiler, self._protected_storages(plan, model))
 
@@ -504,10 +510,11 @@ class Executor:
             # The common case stays off every Python layer it can: one host view, one copy (on a
             # GPU, on the side stream with its event).
             transfers = self.transfers
+            pool_key = key if decision.planned else None  # its slot in the plan's host pool, if it has one
             if transfers.side_stream is None:
-                transfers.copy_to_host(stored, tensor, non_blocking=False)
+                transfers.copy_to_host(stored, tensor, non_blocking=False, pool_key=pool_key)
             else:
-                transfers.store(stored, tensor, action, None)
+                transfers.store(stored, tensor, action, None, pool_key=pool_key)
             counters.offloaded_bytes += layout.nbytes
             counters.transferred_bytes += layout.nbytes
             return stored, zeros

@@ -31,7 +31,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from cswap.codecs import Unsized
 from cswap.codecs.format import Packed
-from cswap.execute.arena import ArenaBlock
+from cswap.execute.arena import ArenaBlock, PoolSlot
 from cswap.execute.layout import Layout
 from cswap.planner.plan import Action, Decision
 
@@ -120,7 +120,7 @@ class Stored:
         self.tensor: torch.Tensor | None = None
         self.packed: Packed | None = None
         self.host: torch.Tensor | None = None
-        self.block: ArenaBlock | None = None
+        self.block: ArenaBlock | PoolSlot | None = None
         self.held_bytes = 0
         self.ready: Any = None
         self.prefetched: tuple[torch.Tensor, Any] | None = None

@@ -148,20 +148,21 @@ class Transfers:
 
     # ------------------------------------------------------------------ storing
 
-    def store(self, stored: Stored, flat: torch.Tensor, action: Action, launch: Any) -> None:
+    def store(self, stored: Stored, flat: torch.Tensor, action: Action, launch: Any, pool_key: int | None = None) -> None:
         """Copy ``flat`` to the host (``swap``), or compress it and keep or copy the result, on the side stream.
 
         ``flat`` is the compact form (:meth:`Layout.compact`); for a swap of a
-        :attr:`~cswap.execute.layout.Layout.plain` layout, the tensor itself (:meth:`copy_to_host`).
+        :attr:`~cswap.execute.layout.Layout.plain` layout, the tensor itself (:meth:`copy_to_host`,
+        with ``pool_key``).
 
         A copy's source stays counted as resident until its event passes; a compression kept on
         the device is ready for a rebuild once ``stored.ready`` has passed.
         """
         if self.side_stream is None:
-            self._store_on_stream(stored, flat, action, launch)
+            self._store_on_stream(stored, flat, action, launch, pool_key)
             return
         with self._on_side_stream(flat):
-            self._store_on_stream(stored, flat, action, launch)
+            self._store_on_stream(stored, flat, action, launch, pool_key)
             event = self._side_event()
         if action.offloads:
             self.counters.add_resident(stored.layout.nbytes)
@@ -189,16 +190,17 @@ class Transfers:
         self.counters.add_resident(stored.held_bytes)
         self.unsized.append(stored)
 
-    def copy_to_host(self, stored: Stored, source: torch.Tensor, non_blocking: bool) -> None:
+    def copy_to_host(self, stored: Stored, source: torch.Tensor, non_blocking: bool, pool_key: int | None = None) -> None:
         """Copy ``source`` into a host block of ``stored`` (on the current stream).
 
         ``source`` is the compact form, or, for a :attr:`~cswap.execute.layout.Layout.plain`
         layout, the tensor itself: the host copy then has its shape and strides, so that the
-        rebuild is one copy into a fresh tensor.
+        rebuild is one copy into a fresh tensor, and goes to planned ``pool_key``'s slot in the
+        plan's host pool when it has one.
         """
         layout = stored.layout
         if layout.plain:
-            host, stored.block = self.arena.alloc_tensor(layout.dtype, layout.shape, layout.stride, layout.nbytes)
+            host, stored.block = self.arena.alloc_tensor(layout.dtype, layout.shape, layout.stride, layout.nbytes, pool_key)
         else:
             host, stored.block = self.arena.alloc_tensor(layout.dtype, (layout.numel,), (1,), layout.nbytes)
         stored.host = host
@@ -256,10 +258,10 @@ class Transfers:
         event.record(self.side_stream)
         return event
 
-    def _store_on_stream(self, stored: Stored, flat: torch.Tensor, action: Action, launch: Any) -> None:
+    def _store_on_stream(self, stored: Stored, flat: torch.Tensor, action: Action, launch: Any, pool_key: int | None = None) -> None:
         """The copies and compression of one tensor, on the current stream."""
         if action is Action.SWAP:
-            self.copy_to_host(stored, flat, non_blocking=self.cuda)
+            self.copy_to_host(stored, flat, non_blocking=self.cuda, pool_key=pool_key)
             return
         with torch_threads_kept():
             packed = encode(flat, backend=self.backend, launch=launch)

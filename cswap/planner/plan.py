@@ -33,6 +33,8 @@ from typing import Any
 import torch
 
 from cswap.codecs.encoding import dtype_named, encodable
+from cswap.planner.hostpool import PoolLayout, host_pool_of
+from cswap.profile.trace import Trace
 from cswap.codecs.launch import Launch, LaunchLookup
 from cswap.planner.actions import POLICY_TABLE, RUNTIME_POLICIES
 
@@ -264,6 +266,9 @@ class Plan:
             any, ``decisions`` are keyed by the ordinals the packs get with those regions enabled.
         recomputed: per profiled key, the decision of a tensor the regions drop and rebuild (never
             packed, so not among ``decisions``).
+        host_pool: where each planned swap's host copy lives, laid out before the iteration from
+            the profile's lifetimes (:func:`cswap.planner.hostpool.host_pool_of`; ``None``: every
+            host copy takes a first-fit block).
     """
 
     policy: str
@@ -286,6 +291,7 @@ class Plan:
     raw_unless_smaller: bool = False
     recompute_regions: tuple[str, ...] = ()
     recomputed: Mapping[int, Decision] = field(default_factory=dict)
+    host_pool: PoolLayout | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "decisions", MappingProxyType(dict(self.decisions)))
@@ -294,6 +300,15 @@ class Plan:
         object.__setattr__(self, "_resolved", {})
         # The pack hook reads decisions once per saved tensor: a plain dict, not the read-only proxy.
         object.__setattr__(self, "_decisions_table", dict(self.decisions))
+
+    def with_host_pool(self, trace: Trace) -> Plan:
+        """This plan with its swaps' host copies laid out in a pool from its profile ``trace``
+        (:func:`cswap.planner.hostpool.host_pool_of`). A plan with recompute regions numbers its
+        packs with the regions enabled, not as profiled: it stays without a pool (first fit)."""
+        if self.recompute_regions:
+            return self
+        swapped = {key for key, decision in self.decisions.items() if decision.action is Action.SWAP}
+        return replace(self, host_pool=host_pool_of(trace, swapped))
 
     def lookup(self, key: int, shape: tuple[int, ...], dtype: str) -> Decision | None:
         """The planned decision for ``key`` if its guard matches ``shape`` and ``dtype``, else ``None``."""
