@@ -41,7 +41,7 @@ from cswap.planner.costmodel import TimeModel, decide
 from cswap.profile.trace import TensorRecord, Trace
 from cswap.simulate.formula import formula_times
 from cswap.simulate.hardware import HardwareProfile, load_hardware
-from cswap.simulate.policies import Action, POLICIES, candidates, resolve_policies, static_plan, tensor_costs
+from cswap.simulate.policies import Action, POLICIES, RecomputeRegion, TensorCost, candidates, resolve_policies, static_plan, tensor_costs
 from cswap.simulate.queues import QueueParams, run_queues
 from cswap.simulate.timeline import Timeline, hidden_windows
 
@@ -302,22 +302,27 @@ class Simulator:
         plan: str = "given",
         params: QueueParams | None = None,
         fetch_after: Sequence[int | None] | None = None,
+        regions: Sequence[RecomputeRegion] = (),
     ) -> PolicyResult:
         """Simulate explicit per-record ``actions`` in both models (hooks are installed unless ``policy`` is ``none``).
 
         ``params`` replaces the queue model's settings (a memory budget); ``fetch_after`` is a
-        plan's prefetch schedule (:func:`cswap.simulate.queues.run_queues`).
+        plan's prefetch schedule; ``regions`` are records rebuilt together by running a piece of
+        forward again (:func:`cswap.simulate.queues.run_queues`). The per-tensor formula charges a
+        region's forward seconds once.
         """
         actions = tuple(Action(a) for a in actions)
         if len(actions) != len(self.costs):
             raise ValueError(f"need one action per trace record: {len(self.costs)} records, {len(actions)} actions")
         hooked = policy != "none"
-        outcome = run_queues(self.timeline, self.costs, actions, params or self.params, self.counted, hooked=hooked, fetch_after=fetch_after)
+        outcome = run_queues(
+            self.timeline, self.costs, actions, params or self.params, self.counted, hooked=hooked, fetch_after=fetch_after, regions=regions
+        )
         moved = [i for i, a in enumerate(actions) if a.transfers]
         hidden_f, hidden_b = hidden_windows(self.timeline, moved, self.config.prefetch_depth)
         link = self.hardware.link
         compute, exposed, codec = formula_times(
-            self.timeline, self.costs, actions, hidden_f, hidden_b, link.d2h_gbps, link.h2d_gbps, link.async_copies
+            self.timeline, self._region_costs(regions), actions, hidden_f, hidden_b, link.d2h_gbps, link.h2d_gbps, link.async_copies
         )
         host_bytes = sum(
             self.costs[i].compressed_nbytes if actions[i] is not Action.SWAP else self.costs[i].nbytes for i in moved
@@ -334,6 +339,19 @@ class Simulator:
             host_bytes=host_bytes,
             plan=plan,
         )
+
+    def _region_costs(self, regions: Sequence[RecomputeRegion]) -> tuple[TensorCost, ...]:
+        """The costs with each region's forward seconds on the first of its records backward needs
+        (and nothing on the others): the per-tensor formula then charges each region once."""
+        if not regions:
+            return self.costs
+        costs = list(self.costs)
+        for region in regions:
+            needed = [i for i in region.records if self.timeline.consumed_s[i] is not None]
+            first = min(needed, key=lambda i: (self.timeline.consumed_s[i], i), default=None)
+            for i in region.records:
+                costs[i] = replace(costs[i], recompute_s=region.forward_s if i == first else 0.0)
+        return tuple(costs)
 
     def run(self, policy: str) -> PolicyResult:
         """Simulate ``policy`` (one of :data:`~cswap.simulate.policies.POLICIES`)."""

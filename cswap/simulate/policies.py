@@ -37,7 +37,7 @@ from cswap.planner.actions import POLICY_TABLE, uncompressed
 from cswap.planner.costmodel import TimeModel, paper_compressed_nbytes, zvc_nbytes_for
 from cswap.profile.trace import Trace
 
-__all__ = ["Action", "POLICIES", "TensorCost", "candidates", "resolve_policies", "static_plan", "tensor_costs"]
+__all__ = ["Action", "POLICIES", "RecomputeRegion", "TensorCost", "candidates", "resolve_policies", "static_plan", "tensor_costs"]
 
 #: Every policy the simulator knows, from plain PyTorch to FreeLunch: those of
 #: :data:`cswap.planner.actions.POLICY_TABLE` that move tensors without recompute regions.
@@ -63,6 +63,34 @@ class Action(str, Enum):
     def device_codec(self) -> bool:
         """Whether the device compresses and decompresses it."""
         return self in (Action.ZVC_SWAP, Action.ZVC_KEEP)
+
+
+@dataclass(frozen=True)
+class RecomputeRegion:
+    """Records dropped in forward and rebuilt together by running one piece of forward again in
+    backward, as activation checkpointing does with a module call: when backward first needs one of
+    them, compute runs ``forward_s`` again and all of them are resident from then until each one's
+    own use ends.
+
+    Attributes:
+        records: indices of the records (trace order); each takes :attr:`Action.RECOMPUTE`.
+        forward_s: seconds the piece of forward takes again.
+        label: what it runs again (a module path).
+
+    Example:
+        >>> RecomputeRegion((3, 4, 5), forward_s=1e-3, label="transformer.h.0").records
+        (3, 4, 5)
+    """
+
+    records: tuple[int, ...]
+    forward_s: float
+    label: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.records:
+            raise ValueError(f"recompute region {self.label!r} has no records")
+        if not self.forward_s >= 0:
+            raise ValueError(f"recompute region {self.label!r}: forward_s must be >= 0 seconds, got {self.forward_s}")
 
 
 @dataclass(frozen=True)

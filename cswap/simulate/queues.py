@@ -34,6 +34,11 @@ a tensor that would take the count past the budget, compute waits for the oldest
 flight to finish; a swap-in is issued ahead of need only within the budget (else when its tensor
 is needed, after the previous operator's tensors are freed). The wait is exposed transfer time.
 
+Recompute regions (activation checkpointing): the records of a :class:`RecomputeRegion` are
+dropped once written in forward; when backward first needs one of them, compute runs the region's
+forward seconds again and all of them are held from then until each one's own use ends. A record
+recomputed outside every region is rebuilt alone, for its producing op's seconds, when it is needed.
+
 Memory: a tensor occupies the device from production until its swap-out ends (compressed size
 after compression), again from the start of its swap-in (and full size from the start of its
 decompression), until the backward operator that uses it ends, i.e. until compute reaches the
@@ -41,7 +46,7 @@ next use. Kept tensors stay from production to use. Only offloadable records are
 
 Example:
     >>> from cswap.simulate.timeline import Timeline
-    >>> from cswap.simulate.policies import Action, TensorCost
+    >>> from cswap.simulate.policies import Action, RecomputeRegion, TensorCost
     >>> tl = Timeline(forward_s=1.0, backward_s=1.0, produced_s=(0.0,), consumed_s=(1.0,))
     >>> cost = TensorCost(2_000_000_000, 1e9, 0.5, 4, 0.0, 0.0, 0.0, 0.0)
     >>> out = run_queues(tl, [cost], [Action.SWAP], QueueParams(d2h_gbps=1.0, h2d_gbps=1.0))
@@ -56,7 +61,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cswap.simulate.policies import Action, TensorCost
+from cswap.simulate.policies import Action, RecomputeRegion, TensorCost
 from cswap.simulate.timeline import Timeline
 
 __all__ = ["QueueOutcome", "QueueParams", "run_queues"]
@@ -144,6 +149,25 @@ def _peak(events: list[tuple[float, float]]) -> int:
     return int(round(peak))
 
 
+def _region_of(
+    regions: Sequence[RecomputeRegion], actions: Sequence[Action], timeline: Timeline
+) -> dict[int, tuple[int, tuple[int, ...], RecomputeRegion]]:
+    """Per region record backward needs: (the region's first such record, all of them, the region)."""
+    found: dict[int, tuple[int, tuple[int, ...], RecomputeRegion]] = {}
+    seen: set[int] = set()
+    for region in regions:
+        for i in region.records:
+            if i in seen:
+                raise ValueError(f"record {i} lies in two recompute regions")
+            seen.add(i)
+            if actions[i] is not Action.RECOMPUTE:
+                raise ValueError(f"record {i} of recompute region {region.label!r} has action {actions[i].value}, not recompute")
+        needed = sorted((i for i in region.records if timeline.consumed_s[i] is not None), key=lambda i: (timeline.consumed_s[i], i))
+        for i in needed:
+            found[i] = (needed[0], tuple(needed), region)
+    return found
+
+
 def run_queues(
     timeline: Timeline,
     costs: Sequence[TensorCost],
@@ -152,6 +176,7 @@ def run_queues(
     counted: Sequence[bool] | None = None,
     hooked: bool = False,
     fetch_after: Sequence[int | None] | None = None,
+    regions: Sequence[RecomputeRegion] = (),
 ) -> QueueOutcome:
     """Replay one iteration under ``actions`` (one per record) and return its times and peak memory.
 
@@ -166,11 +191,17 @@ def run_queues(
         fetch_after: a plan's prefetch schedule: per record, the position in backward order from
             which its swap-in may be issued (-1: when forward ends; ``None``: when needed). It
             replaces ``prefetch_depth`` and ``prefetch_bytes``.
+        regions: records rebuilt together (module docstring); each of them takes ``recompute``.
+
+    Raises:
+        ValueError: lengths that do not match, or a region record that is not recomputed or lies
+            in two regions.
     """
     count = len(timeline)
     if not len(costs) == len(actions) == count:
         raise ValueError(f"need one cost and one action per record: {count} records, {len(costs)} costs, {len(actions)} actions")
     counted = [True] * count if counted is None else list(counted)
+    region_of = _region_of(regions, actions, timeline)
     events: list[tuple[float, float]] = []
 
     # bytes asked for so far (a hold counts from when it is asked for, a release from when it is
@@ -358,10 +389,18 @@ def run_queues(
                 exposed += end - t
                 t = end
         if action is Action.RECOMPUTE and timeline.consumed_s[i] is not None:
-            t = make_room(t, cost.nbytes, i)
-            hold(t, cost.nbytes, i)
-            t += cost.recompute_s or 0.0
-            recompute += cost.recompute_s or 0.0
+            if i not in region_of:
+                t = make_room(t, cost.nbytes, i)
+                hold(t, cost.nbytes, i)
+                t += cost.recompute_s or 0.0
+                recompute += cost.recompute_s or 0.0
+            elif region_of[i][0] == i:  # the region's first record backward needs: run it again
+                _, members, region = region_of[i]
+                t = make_room(t, sum(costs[j].nbytes for j in members), i)
+                for j in members:
+                    hold(t, costs[j].nbytes, j)
+                t += region.forward_s
+                recompute += region.forward_s
         if action.device_codec:
             hold(t, cost.nbytes, i)
             t += cost.decompress_s
