@@ -30,15 +30,16 @@ from cswap.planner.bounds import least_footprint_peak, peak_floor
 from cswap.planner.milp import least_peak
 from cswap.planner.problem import PlanningProblem
 from cswap.planner.repeats import RepeatedLayers, find_repeats
-from cswap.planner.tied import DEFAULT_EDGE_LAYERS, tied_least_peak
+from cswap.planner.tied import DEFAULT_BLOCKS, DEFAULT_EDGE_LAYERS, tied_least_peak
 
 __all__ = ["FAST_PATH_MIN_LAYERS", "FAST_PATH_MIN_TENSORS", "least_peak_fast", "repeated_layers"]
 
 #: Problems with fewer tensors are solved exactly: the exact program takes under a second there
 #: (ResNet-50's 212 saved tensors).
 FAST_PATH_MIN_TENSORS = 256
-#: The fewest repeated layers worth tying: both edges planned layer by layer, and a block of two between.
-FAST_PATH_MIN_LAYERS = 2 * DEFAULT_EDGE_LAYERS + 2
+#: The fewest repeated layers worth tying: both edges planned layer by layer, and one block of two
+#: layers among those between (fewer, and every block would hold one layer: the exact program).
+FAST_PATH_MIN_LAYERS = 2 * DEFAULT_EDGE_LAYERS + DEFAULT_BLOCKS + 1
 
 
 def repeated_layers(problem: PlanningProblem, min_tensors: int | None = None) -> RepeatedLayers | None:

@@ -15,25 +15,28 @@ The restriction is exact where it is made: the bytes a tied binary holds at each
 of what every layer of its block holds there under that option, measured from each layer's own
 holds, and its cost is the sum of their seconds. So a plan of this program keeps the budget at
 every event of the full timeline, as the exact one does; it is the best plan among those that share
-decisions within blocks, and the exact optimum can only be cheaper. A layer whose pruning left no
+decisions within blocks, and the exact optimum is never dearer. A layer whose pruning left no
 option of a tied label (a prefetch distance that collapses near the end of forward) takes, for that
-label, the option of the same action and wait with the longest prefetch distance below it (the one
-that dominated it), else the cheapest option of that action. Rows are kept only at events where the
+label, the option of the same action and wait with the longest prefetch distance below it (what
+pruning keeps when a longer distance hides no more), else the cheapest option of that action. Rows are kept only at events where the
 most every tensor could hold passes the budget.
 
 Example:
     >>> from cswap.planner.lifetime import lifetimes_from_orders
     >>> from cswap.planner.problem import LinkModel, TensorSpec, build_problem
     >>> from cswap.planner.repeats import find_repeats
-    >>> sizes = [100, 300, 200] * 8                       # eight layers of three tensors
-    >>> events = lifetimes_from_orders(list(range(24)), list(range(23, -1, -1)))
+    >>> sizes = [100, 300, 200] * 16                      # sixteen layers of three tensors
+    >>> events = lifetimes_from_orders(list(range(48)), list(range(47, -1, -1)))
     >>> specs = [TensorSpec(key=k, nbytes=n, lifetime=lt, recompute_s=1e-3 * n)
     ...          for k, (n, lt) in enumerate(zip(sizes, events.lifetimes))]
-    >>> problem = build_problem(specs, events, list(range(48)), 23.5, LinkModel(1e-6, 1e-6, async_copies=False))
-    >>> plan = plan_tied(problem, "recompute", 2000, find_repeats(problem))
-    >>> plan.status, plan.peak_bytes <= 2000, plan.action_counts(), round(plan.predicted_s, 6)
-    ('tied', True, {'keep': 13, 'recompute': 11}, 2.8)
-    >>> tied_least_peak(problem, "recompute", find_repeats(problem))
+    >>> problem = build_problem(specs, events, list(range(96)), 47.5, LinkModel(1e-6, 1e-6, async_copies=False))
+    >>> repeats = find_repeats(problem)
+    >>> len(tie_layers(problem, "recompute", repeats).units)   # 4 edge layers and 8 blocks, 3 positions each
+    36
+    >>> plan = plan_tied(problem, "recompute", 3000, repeats)
+    >>> plan.status, plan.peak_bytes <= 3000, plan.action_counts(), round(plan.predicted_s, 6)
+    ('tied', True, {'recompute': 34, 'keep': 14}, 6.6)
+    >>> tied_least_peak(problem, "recompute", repeats)
     500
 """
 
@@ -57,7 +60,7 @@ __all__ = ["DEFAULT_BLOCKS", "DEFAULT_EDGE_LAYERS", "TiedProgram", "plan_tied", 
 #: Repeated layers at each end planned one by one.
 DEFAULT_EDGE_LAYERS = 2
 #: Blocks the repeated layers between the edges are cut into.
-DEFAULT_BLOCKS = 4
+DEFAULT_BLOCKS = 8
 
 # constraint rows in MiB keep HiGHS's coefficients near 1 (as in the exact program)
 _SCALE = 1.0 / 2**20

@@ -19,6 +19,8 @@ POLICIES = ("cswap", "swap", "recompute", "compress-swap", "compress-keep")
 FRACTIONS = (0.5, 0.25, 0.1)
 #: The gap to the exact optimum the tied plans are held to (the benchmark measures 0 on these shapes).
 STATED_GAP = 0.01
+#: Layers of the synthetic problems: two at each edge, and eight blocks of two between.
+LAYERS = 20
 
 
 def repeated_problem(layers: int, seed: int = 0, differ: bool = False, per_layer: int = 4):
@@ -50,14 +52,14 @@ def repeated_problem(layers: int, seed: int = 0, differ: bool = False, per_layer
 
 @pytest.fixture(scope="module")
 def gpt2_problem():
-    """A 12-layer GPT-2 of hidden size 64 on the meta device, as the simulator plans it."""
+    """A 16-layer GPT-2 of hidden size 64 on the meta device, as the simulator plans it."""
     pytest.importorskip("transformers")
     from cswap.models.transformer import TransformerSpec
     from cswap.simulate import SimConfig, Simulator
     from cswap.simulate.budgeted import planning_problem
     from cswap.simulate.lmtrace import transformer_trace
 
-    spec = TransformerSpec("gpt2-tiny", "gpt2", config=dict(n_layer=12, n_embd=64, n_head=4, n_positions=128, vocab_size=512,
+    spec = TransformerSpec("gpt2-tiny", "gpt2", config=dict(n_layer=16, n_embd=64, n_head=4, n_positions=128, vocab_size=512,
                                                             bos_token_id=0, eos_token_id=0), source="test", seq_len=64)
     trace = transformer_trace(spec, batch_size=2, seq_len=64, hardware="h100-pcie5", dtype="float32")
     return planning_problem(Simulator(trace, "h100-pcie5", SimConfig(min_bytes=0)))[0]
@@ -65,7 +67,7 @@ def gpt2_problem():
 
 @pytest.fixture(params=["synthetic", "gpt2"])
 def problem(request):
-    return repeated_problem(12, seed=1) if request.param == "synthetic" else request.getfixturevalue("gpt2_problem")
+    return repeated_problem(LAYERS, seed=1) if request.param == "synthetic" else request.getfixturevalue("gpt2_problem")
 
 
 def _chosen_options(problem, plan):
@@ -85,8 +87,8 @@ def test_the_repeated_layers_are_found(layers, per_layer):
 
 
 def test_layers_that_differ_do_not_repeat():
-    assert find_repeats(repeated_problem(12, differ=True), min_layers=fastpath.FAST_PATH_MIN_LAYERS) is None
-    assert fastpath.repeated_layers(repeated_problem(12, differ=True), min_tensors=0) is None
+    assert find_repeats(repeated_problem(LAYERS, differ=True), min_layers=fastpath.FAST_PATH_MIN_LAYERS) is None
+    assert fastpath.repeated_layers(repeated_problem(LAYERS, differ=True), min_tensors=0) is None
 
 
 @pytest.mark.parametrize("policy", ["cswap", "swap", "recompute"])
@@ -133,7 +135,7 @@ def test_minimum_bytes_agrees_with_the_exact_program(problem, policy):
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("policy", ["cswap", "recompute"])
 def test_plan_budget_takes_the_fast_path_by_itself(monkeypatch, seed, policy):
-    problem = repeated_problem(12, seed=seed)
+    problem = repeated_problem(LAYERS, seed=seed)
     monkeypatch.setattr(fastpath, "FAST_PATH_MIN_TENSORS", 0)
     least = minimum_bytes(problem, policy)
     budget = max(int(0.3 * minimum_bytes(problem, "none")), least)
@@ -147,7 +149,7 @@ def test_plan_budget_takes_the_fast_path_by_itself(monkeypatch, seed, policy):
 
 
 def test_layers_that_differ_take_the_exact_program(monkeypatch):
-    problem = repeated_problem(12, differ=True)
+    problem = repeated_problem(LAYERS, differ=True)
     monkeypatch.setattr(fastpath, "FAST_PATH_MIN_TENSORS", 0)
     budget = int(0.3 * minimum_bytes(problem, "none"))
     plan = plan_budget(problem, "cswap", budget)
@@ -158,7 +160,7 @@ def test_layers_that_differ_take_the_exact_program(monkeypatch):
 def test_no_tied_plan_falls_back_to_the_exact_program(monkeypatch):
     import cswap.planner.solve as solve
 
-    problem = repeated_problem(12, seed=2)
+    problem = repeated_problem(LAYERS, seed=2)
     monkeypatch.setattr(fastpath, "FAST_PATH_MIN_TENSORS", 0)
     monkeypatch.setattr(solve, "plan_tied", lambda *args, **kwargs: None)
     budget = int(0.3 * minimum_bytes(problem, "none"))
@@ -167,6 +169,6 @@ def test_no_tied_plan_falls_back_to_the_exact_program(monkeypatch):
 
 
 def test_small_problems_are_planned_exactly():
-    problem = repeated_problem(12)  # 51 tensors, under the fast path's size
+    problem = repeated_problem(LAYERS)  # 83 tensors, under the fast path's size
     assert len(problem.tensors) < fastpath.FAST_PATH_MIN_TENSORS and fastpath.repeated_layers(problem) is None
     assert plan_budget(problem, "swap", int(0.5 * minimum_bytes(problem, "none"))).status in ("optimal", "greedy")
