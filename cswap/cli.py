@@ -20,6 +20,14 @@ from cswap.commands import fail, one_line
 __all__ = ["OneLineErrors", "app", "main"]
 
 
+def _untyped_flags(command: Any, ctx: Any) -> None:
+    """Give ``command``'s flags (``--json``, ``--help``) an empty metavar: typer's rich help would
+    print ``<bool>`` after each, as if the flag took a value."""
+    for param in command.get_params(ctx):
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+
+
 class OneLineErrors(TyperGroup):
     """The ``cswap`` group: a flag the parser rejects is one ``error:`` line on stderr, exit 2, like every
     other bad input (typer would draw a framed panel over several lines).
@@ -30,6 +38,16 @@ class OneLineErrors(TyperGroup):
         >>> result.exit_code, result.stderr.count("\\n"), result.stderr.startswith("error: Invalid value for '--epochs'")
         (2, 1, True)
     """
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        command = super().get_command(ctx, cmd_name)
+        if command is not None:
+            _untyped_flags(command, ctx)
+        return command
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        _untyped_flags(self, ctx)
+        super().format_help(ctx, formatter)
 
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
              complete_var: str | None = None, standalone_mode: bool = True, **extra: Any) -> Any:

@@ -42,3 +42,13 @@ def test_help_explains_the_columns_and_policies(command: str, phrases: list[str]
                                     "host CPU compresses", "progress bar"])
 def test_readme_command_line_section_explains_them(phrase: str) -> None:
     assert phrase in _command_line_section()
+
+
+@pytest.mark.parametrize("command", ["train", "simulate", "max-batch", "calibrate", "tune", "configs", "demo", "serve", None])
+def test_flags_show_no_value_type_and_options_do(command: str | None) -> None:
+    args = [command, "--help"] if command else ["--help"]
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "<bool>" not in result.output  # a flag takes no value
+    if command == "train":
+        assert "<int>" in result.output  # --epochs does
