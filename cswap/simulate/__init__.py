@@ -9,6 +9,11 @@ The pieces, bottom up:
 * :mod:`~cswap.simulate.formula` and :mod:`~cswap.simulate.queues`: the paper's per-tensor model
   and the queue model;
 * :mod:`~cswap.simulate.engine`: :class:`Simulator`, :func:`simulate`, :func:`simulate_policies`;
+* :mod:`~cswap.simulate.budgeted`: every policy planned under a memory budget;
+* :mod:`~cswap.simulate.strategies`: what users pick instead (activation checkpointing, selective
+  recompute, torchtune's and Megatron-LM's offloading, a recompute knapsack, an exact keep /
+  recompute / swap program), read from the trace's layers (:mod:`~cswap.simulate.layers`), and
+  :mod:`~cswap.simulate.versus`: policies and strategies side by side under one budget;
 * :mod:`~cswap.simulate.sweep`, :mod:`~cswap.simulate.validate`, :mod:`~cswap.simulate.plot`:
   the sparsity x bandwidth sweep, the check against measured iterations, and the figures.
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from cswap.budget import BudgetError, MemoryBudget, parse_budget
+from cswap.planner.actions import ACTIONS
 from cswap.planner.lifetime import lifetimes_from_orders
 from cswap.planner import (
     DEFAULT_PREFETCH_DISTANCES,
@@ -40,7 +41,7 @@ from cswap.simulate.engine import PolicyResult, Simulator
 from cswap.simulate.policies import Action
 from cswap.simulate.timeline import hidden_windows
 
-__all__ = ["BudgetOutcome", "budget_policies", "none_peak_bytes", "planning_problem", "run_budget", "run_budgets"]
+__all__ = ["BudgetOutcome", "budget_policies", "none_peak_bytes", "planning_problem", "replay_plan", "run_budget", "run_budgets"]
 
 
 @dataclass(frozen=True)
@@ -48,11 +49,12 @@ class BudgetOutcome:
     """One policy under a budget: a simulated plan, or the least budget it could meet.
 
     Attributes:
-        policy: the policy.
+        policy: the policy (or strategy: :mod:`cswap.simulate.strategies`).
         budget_bytes: the budget.
         minimum_bytes: the least budget the policy can meet.
         result: the queue model's result of the plan (``None`` when infeasible).
-        plan: the planner's plan (``None`` when infeasible).
+        plan: the planner's plan (``None`` when infeasible, and for a strategy the planner did not plan).
+        note: what the figures rest on, where a reader needs to know (a strategy's).
     """
 
     policy: str
@@ -60,6 +62,7 @@ class BudgetOutcome:
     minimum_bytes: int
     result: PolicyResult | None = None
     plan: BudgetPlan | None = None
+    note: str = ""
 
     @property
     def infeasible(self) -> bool:
@@ -67,14 +70,17 @@ class BudgetOutcome:
         return self.result is None
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: the result's figures plus the plan's, or ``infeasible`` with ``minimum_bytes``."""
-        if self.result is None or self.plan is None:
-            return {"infeasible": True, "minimum_bytes": self.minimum_bytes}
+        """JSON-ready: the result's figures plus the plan's (when the planner made it), or
+        ``infeasible`` with ``minimum_bytes``; and the ``note``, when there is one."""
+        noted = {"note": self.note} if self.note else {}
+        if self.result is None:
+            return {"infeasible": True, "minimum_bytes": self.minimum_bytes, **noted}
         row = self.result.to_dict()
+        row.update({"infeasible": False, "minimum_bytes": self.minimum_bytes, **noted})
+        if self.plan is None:
+            return row
         row.update(
             {
-                "infeasible": False,
-                "minimum_bytes": self.minimum_bytes,
                 "predicted_s": self.plan.predicted_s,
                 "planned_peak_bytes": self.plan.peak_bytes,
                 "binding_event": self.plan.binding_event,
@@ -94,9 +100,14 @@ def budget_policies() -> tuple[str, ...]:
 
 
 def planning_problem(
-    simulator: Simulator, prefetch_distances: Sequence[int] = DEFAULT_PREFETCH_DISTANCES
+    simulator: Simulator,
+    prefetch_distances: Sequence[int] = DEFAULT_PREFETCH_DISTANCES,
+    actions: Sequence[str] = ACTIONS,
 ) -> tuple[PlanningProblem, tuple[int, ...]]:
-    """The planner's problem for ``simulator``'s trace, and the record index of each of its tensors."""
+    """The planner's problem for ``simulator``'s trace, and the record index of each of its tensors.
+
+    ``actions``: the actions to offer options for (all of them by default).
+    """
     timeline, costs = simulator.timeline, simulator.costs
     records = tuple(i for i, counted in enumerate(simulator.counted) if counted)
     forward = sorted(records, key=lambda i: (timeline.produced_s[i], i))
@@ -126,7 +137,7 @@ def planning_problem(
         )
     link = simulator.hardware.link
     model = LinkModel(d2h_gbps=link.d2h_gbps, h2d_gbps=link.h2d_gbps, async_copies=link.async_copies)
-    problem = build_problem(specs, events, times, timeline.forward_s, model, prefetch_distances)
+    problem = build_problem(specs, events, times, timeline.forward_s, model, prefetch_distances, actions)
     return problem, records
 
 
@@ -135,7 +146,9 @@ def none_peak_bytes(problem: PlanningProblem) -> int:
     return minimum_bytes(problem, "none")
 
 
-def _simulate_plan(simulator: Simulator, problem: PlanningProblem, plan: BudgetPlan, policy: str, label: str) -> PolicyResult:
+def replay_plan(simulator: Simulator, problem: PlanningProblem, plan: BudgetPlan, policy: str, label: str) -> PolicyResult:
+    """The queue model's result of a planner's ``plan`` for ``problem`` (of ``simulator``'s trace),
+    with its budget enforced and its prefetch schedule, reported as ``policy`` with plan ``label``."""
     order = simulator.timeline.backward_order()
     position = {i: p for p, i in enumerate(order)}
     unpacked = [i for i in order if simulator.counted[i]]  # the record of each backward event
@@ -192,7 +205,7 @@ def run_budget(
         plan = planned(policy)
     except BudgetError as error:  # the solver's tolerance, at the edge: report what it measured
         return BudgetOutcome(policy, budget_bytes, error.minimum_bytes)
-    best = _simulate_plan(simulator, problem, plan, policy, f"budget {plan.status}")
+    best = replay_plan(simulator, problem, plan, policy, f"budget {plan.status}")
     best_plan = plan
     if policy == "cswap":
         for other in POLICY_ACTIONS:
@@ -202,7 +215,7 @@ def run_budget(
                 candidate = planned(other)
             except BudgetError:  # capuchin's greedy may miss a budget its actions could meet
                 continue
-            result = _simulate_plan(simulator, problem, candidate, policy, f"budget {other} plan")
+            result = replay_plan(simulator, problem, candidate, policy, f"budget {other} plan")
             if result.iteration_s < best.iteration_s:
                 best, best_plan = result, candidate
     return BudgetOutcome(policy, budget_bytes, least(policy), best, best_plan)

@@ -6,8 +6,8 @@ profile's link bandwidth (both ways) with each value, then simulates ``swap``, `
 and ``cswap``. The break-even sparsity at a bandwidth is where ``compress-swap`` and ``swap`` take
 the same time (linear interpolation between grid points); below it static compression loses.
 
-:func:`budget_sweep` plans and simulates each policy at each of several memory budgets: the
-iteration time a user pays for each budget (:func:`cswap.simulate.plot.plot_budget_sweep`).
+:func:`budget_sweep` plans and simulates each policy and strategy at each of several memory
+budgets: the iteration time a user pays for each budget (:func:`cswap.simulate.plot.plot_budget_sweep`).
 
 Example:
     >>> result = sweep("vgg11", batch_size=2, resolution=32, width_mult=0.125,
@@ -25,10 +25,12 @@ from typing import Any
 import numpy as np
 
 from cswap.budget import parse_budget
-from cswap.simulate.budgeted import BudgetOutcome, none_peak_bytes, planning_problem, run_budgets
+from cswap.simulate.budgeted import BudgetOutcome, none_peak_bytes, planning_problem
 from cswap.simulate.engine import SimConfig, Simulator
 from cswap.simulate.hardware import HardwareProfile, load_hardware
 from cswap.simulate.metatrace import SparsityModel, meta_trace
+from cswap.simulate.strategies import Strategies
+from cswap.simulate.versus import run_side_by_side
 
 __all__ = ["BudgetSweep", "SweepResult", "budget_sweep", "sweep", "with_link"]
 
@@ -195,7 +197,9 @@ def budget_sweep(
     budgets: Sequence[float | int | str],
     time_limit_s: float = 30.0,
 ) -> BudgetSweep:
-    """Plan and simulate every policy at every budget (any form :func:`cswap.budget.parse_budget` reads).
+    """Plan and simulate every policy and strategy (:mod:`cswap.simulate.strategies`) at every budget
+    (any form :func:`cswap.budget.parse_budget` reads), side by side
+    (:func:`cswap.simulate.versus.run_side_by_side`: ``cswap`` takes a strategy's plan where it is faster).
 
     Example:
         >>> from cswap.simulate.metatrace import meta_trace
@@ -212,7 +216,10 @@ def budget_sweep(
         if parsed is None:
             raise ValueError("a budget sweep needs budgets, got None")
         resolved.append(parsed.resolve(none_peak))
-    outcomes = tuple(run_budgets(simulator, policies, nbytes, time_limit_s, problem=problem) for nbytes in resolved)
+    strategies = Strategies(simulator, time_limit_s)
+    outcomes = tuple(
+        run_side_by_side(simulator, policies, nbytes, time_limit_s, problem=problem, strategies=strategies) for nbytes in resolved
+    )
     return BudgetSweep(
         model=str(simulator.trace.meta.get("model", "")),
         hardware=simulator.hardware.name,
