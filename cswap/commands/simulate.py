@@ -8,6 +8,7 @@ Example:
     $ cswap simulate --model vgg16 --memory-budget 1.0,0.75,0.5,0.25 --plot budgets.png
     $ cswap simulate --model llama-3-8b --seq-len 4096 --batch-size 1 --dtype bfloat16 --hardware h100-pcie5
     $ cswap simulate --model gpt3-175b-layer --attention eager --layers 2 --policies none,swap,cswap
+    $ cswap simulate --model gpt2-xl --attention eager --hardware h100-pcie5 --policies all --memory-budget 0.5,0.25,0.1
 """
 
 from __future__ import annotations
@@ -54,22 +55,24 @@ def run_simulate(
 
     With ``memory_budget`` (any form :func:`cswap.budget.parse_budget` reads; several, comma
     separated, for a sweep) every policy is planned under the budget
-    (:mod:`cswap.simulate.budgeted`): ``budget_bytes`` is the budget, and each policy has its
-    figures with ``peak_bytes`` within it, or ``infeasible: true`` with ``minimum_bytes``. A sweep
-    has ``budgets``: one such report per budget.
+    (:mod:`cswap.simulate.budgeted`) and every strategy a user would pick instead runs within it
+    (:mod:`cswap.simulate.strategies`; ``all`` names every policy and every strategy that can run
+    on the trace, and ``skipped`` says why the others cannot): ``budget_bytes`` is the budget, and
+    each has its figures with ``peak_bytes`` within it, or ``infeasible: true`` with
+    ``minimum_bytes``. A sweep has ``budgets``: one such report per budget.
 
     Raises:
-        ValueError: unknown model, hardware or policy (naming the valid ones), or a bad trace file.
+        ValueError: unknown model, hardware, policy or strategy (naming the valid ones), a strategy
+            without a budget or one that cannot run on the trace, or a bad trace file.
     """
     from cswap.simulate import SimConfig, Simulator, load_hardware
     from cswap.simulate.engine import DEFAULT_MIN_BYTES
     from cswap.simulate.metatrace import SparsityModel
     from cswap.simulate.modeltrace import trace_model
-    from cswap.simulate.policies import resolve_policies
     from cswap.profile.trace import Trace
 
     budgets = _budgets(memory_budget)
-    names = _budget_policies(policies) if budgets else resolve_policies(policies)
+    names = _budget_policies(policies) if budgets else _unbudgeted_policies(policies)
     profile = load_hardware(hardware)
     if trace_path is not None:
         trace = Trace.from_json(trace_path)
@@ -103,11 +106,19 @@ def run_simulate(
     if trace.meta.get("seq_len"):  # a transformer's trace: what shaped it
         header.update({k: trace.meta.get(k) for k in ("seq_len", "num_layers", "attention", "dtype")})
     if budgets:
+        from cswap.simulate.strategies import STRATEGIES, Strategies
         from cswap.simulate.sweep import budget_sweep
 
+        skipped = {}
+        if policies.strip() == "all":  # every strategy that can run on this trace
+            strategies = Strategies(simulator, time_limit_s)
+            skipped = {name: strategies.unavailable(name) for name in names if name in STRATEGIES and strategies.unavailable(name)}
+            names = tuple(name for name in names if name not in skipped)
         sweep = budget_sweep(simulator, names, budgets, time_limit_s)
         rows = sweep.rows()
         report = {**header, "none_peak_bytes": sweep.none_peak_bytes}
+        if skipped:
+            report["skipped"] = skipped
         if len(rows) == 1:
             report.update(rows[0])
             results = {name: o.result for name, o in sweep.outcomes[0].items() if o.result is not None}
@@ -137,16 +148,30 @@ def _budgets(memory_budget: str | None) -> list[str]:
 
 
 def _budget_policies(policies: str) -> tuple[str, ...]:
-    from cswap.simulate.budgeted import budget_policies
+    from cswap.simulate.versus import comparable_names
 
-    known = budget_policies()
+    known = comparable_names()
     if policies.strip() == "all":
         return known
     names = tuple(dict.fromkeys(p.strip() for p in policies.split(",") if p.strip()))
     unknown = [p for p in names if p not in known]
     if unknown or not names:
-        raise ValueError(f"policies {unknown or '(none given)'} cannot be planned under a memory budget: choose from {', '.join(known)} or 'all'")
+        raise ValueError(
+            f"policies {unknown or '(none given)'} cannot be planned under a memory budget: choose from {', '.join(known)} or 'all'"
+        )
     return names
+
+
+def _unbudgeted_policies(policies: str) -> tuple[str, ...]:
+    """The policies to simulate without a budget; a strategy asks for one."""
+    from cswap.simulate.policies import resolve_policies
+    from cswap.simulate.strategies import STRATEGIES
+
+    named = [p.strip() for p in policies.split(",") if p.strip()]
+    strategies = [p for p in named if p in STRATEGIES]
+    if strategies:
+        raise ValueError(f"strategies {strategies} are compared under a memory budget: add --memory-budget (e.g. 0.5,0.25,0.1)")
+    return resolve_policies(policies)
 
 
 def _what(report: dict[str, Any]) -> str:
@@ -186,6 +211,12 @@ def _table(report: dict[str, Any]) -> Table:
     return table
 
 
+def _print_skipped(console: Console, report: dict[str, Any]) -> None:
+    """Say which strategies 'all' left out, and why."""
+    for name, reason in report.get("skipped", {}).items():
+        console.print(f"{name}: not run, {reason}")
+
+
 def register(app: typer.Typer) -> None:
     """Add ``simulate`` to the ``cswap`` command."""
 
@@ -209,7 +240,9 @@ def register(app: typer.Typer) -> None:
             "all",
             help="'all' or a comma-separated list of: none, swap, cpu-compress-swap (vDNN++: copy out in full, "
             "then the host CPU compresses it; decompress on the host before the copy back), compress-swap, "
-            "cswap, compress-keep.",
+            "cswap, compress-keep; with --memory-budget also recompute, capuchin and the strategies users pick "
+            "instead: ac-full, ac-selective, offload-all, offload-all+ac, megatron-offload, recompute-knapsack, "
+            "ilp-kro (cswap.simulate.strategies; 'all' takes those that can run on the trace).",
         ),
         trace: Path = typer.Option(None, help="A profiled trace (rt.trace().to_json(path)) instead of a meta trace."),
         sparsity: float = typer.Option(None, min=0.0, max=1.0, help="ReLU-output sparsity of the meta trace (default 0.5)."),
@@ -275,6 +308,7 @@ def register(app: typer.Typer) -> None:
                 console = Console() if Console().is_terminal else Console(width=120)
                 for row in report["budgets"]:
                     console.print(_table({**report, **row}))
+                _print_skipped(console, report)
                 if plot is not None:
                     console.print(f"wrote {plot}")
             return
@@ -290,5 +324,6 @@ def register(app: typer.Typer) -> None:
             if not console.is_terminal:  # piped: rich would squeeze the table into 80 columns
                 console = Console(width=120)
             console.print(_table(report))
+            _print_skipped(console, report)
             if plot is not None:
                 console.print(f"wrote {plot}")
