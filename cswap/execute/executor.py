@@ -206,6 +206,8 @@ class Executor:
         self._rebuilt: dict[int, tuple[StorageWeakRef, int]] = {}  # storage id -> (ref, bytes)
         self._protected: tuple[Plan, weakref.ref[torch.nn.Module], frozenset[int]] | None = None
         self._arena_plan: Plan | None = None
+        self._arena_profiling = False  # the last iteration begun was a profiling one
+        self._profiling_bytes = 0  # the most host bytes a profiling iteration took in first-fit blocks
 
     # ------------------------------------------------------------------ iterations
 
@@ -226,13 +228,20 @@ class Executor:
             self._drain()
             arena = self.arena
             pool = plan.host_pool
-            # What first-fit blocks will need besides the pool: the plan's estimate, and what the
-            # last iteration of this same plan used (a profiling iteration's use says nothing here).
+            used = arena.peak_used_bytes + arena.missed_bytes  # by the iteration before this one
+            if self._arena_profiling:
+                self._profiling_bytes = max(self._profiling_bytes, used)
+            # What first-fit blocks will need besides the pool: the plan's estimate, what the last
+            # iteration of this same plan used, and for a profiling iteration (it moves every
+            # tensor) what the last profiling one used; a profile's use says nothing of a plan's.
             need = max(plan.host_bytes - (pool.lower_bound_bytes if pool is not None else 0), 0)
             if plan is self._arena_plan:
-                need = max(need, arena.peak_used_bytes + arena.missed_bytes)
+                need = max(need, used)
+            if profiler is not None:
+                need = max(need, self._profiling_bytes)
             arena.plan_pool(pool, int(need * (1.0 + self.arena_slack)))
             self._arena_plan = plan
+            self._arena_profiling = profiler is not None
             arena.reset_peak()
             self.counters.iteration_peak_resident_bytes = self.counters.resident_bytes
         return IterationState(plan, profiler, self._protected_storages(plan, model))

@@ -98,3 +98,17 @@ def test_a_slot_still_held_falls_back_to_first_fit_with_the_right_values() -> No
     assert_bit_equal(expected, got, what="gradient beside a kept graph")
     kept.backward()  # the kept graph's copies were never overwritten
     assert_bit_equal(expected, [p.grad - g for p, g in zip(model.parameters(), got)], what="the kept graph's gradient")
+
+
+def test_a_later_profile_finds_the_room_the_first_one_needed() -> None:
+    model = _model()
+    x = torch.randn(32, 64)
+    rt = make_runtime("swap", model=model)
+    for epoch in range(3):
+        rt.new_epoch()
+        for _ in range(2):
+            with rt.iteration():
+                _grads(model, x)
+        if epoch == 0:
+            misses = rt.stats().arena_misses  # the first profile sizes the arena
+    assert rt.stats().arena_misses == misses and rt.stats().profiled_iterations == 3
