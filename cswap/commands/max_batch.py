@@ -42,10 +42,10 @@ def register(app: typer.Typer) -> None:
         ),
         memory_limit: Optional[str] = typer.Option(None, help="Emulate a smaller GPU, e.g. 16GiB (needed without a GPU)."),
         resolution: Optional[int] = typer.Option(None, help="Input resolution (default: the model's)."),
-        seq_len: Optional[int] = typer.Option(None, min=1, help="Tokens per sequence of a transformer [default: the preset's]."),
+        seq_len: Optional[int] = typer.Option(None, min=1, help="Tokens per sequence of a transformer (default: the preset's)."),
         layers: Optional[int] = typer.Option(None, min=1, help="Transformer layers, replacing the preset's."),
-        attention: Optional[str] = typer.Option(None, help="Transformer attention: sdpa or eager [default: sdpa]."),
-        dtype: Optional[str] = typer.Option(None, help="A transformer's weights, gradients and activations [default: bfloat16]."),
+        attention: Optional[str] = typer.Option(None, help="Transformer attention: sdpa or eager (default: sdpa)."),
+        dtype: Optional[str] = typer.Option(None, help="A transformer's weights, gradients and activations (default: bfloat16)."),
         mixed_precision: bool = typer.Option(
             False, "--mixed-precision", help="A 16-bit transformer keeps float32 master weights too (4 more bytes a parameter)."
         ),
