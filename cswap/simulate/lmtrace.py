@@ -48,7 +48,7 @@ from cswap.models.transformer import ATTENTION_IMPLEMENTATIONS, TransformerSpec,
 from cswap.profile.trace import Trace
 from cswap.simulate.gpukernels import cuda_kernels_on_meta
 from cswap.simulate.hardware import HardwareProfile, load_hardware
-from cswap.simulate.metatrace import SparsityModel, _floating_dtype, _sparsity_model, run_on_meta, with_hidden_times
+from cswap.simulate.metatrace import SparsityModel, _floating_dtype, _sparsity_model, run_on_meta
 
 __all__ = ["attention_core_keys", "layer_index", "transformer_trace"]
 
@@ -211,32 +211,8 @@ def transformer_trace(
     with cuda_kernels_on_meta():
         run = run_on_meta(module, lambda m: _loss(m(**feed)), profile, sparsity_model, qualified_producers=True)
     layers = getattr(config, "num_hidden_layers", None) if config is not None else None
-    trace = Trace(
-        tensors=run.records,
-        device={"kind": "simulated", "name": profile.device.name, "hardware": profile.name},
-        d2h_gbps=profile.link.d2h_gbps,
-        h2d_gbps=profile.link.h2d_gbps,
-        forward_s=run.forward_s,
-        backward_s=run.backward_s,
-        meta={
-            "source": "meta",
-            "model": name,
-            "task": task,
-            "batch_size": batch_size,
-            "seq_len": seq_len,
-            "input_shape": [batch_size, seq_len],
-            "resolution": None,
-            "dtype": dtype,
-            "attention": attention,
-            "num_layers": layers,
-            "hardware": profile.name,
-            "param_bytes": run.param_bytes,
-            "param_count": sum(p.numel() for p in module.parameters()),
-            "saved_slots": run.saved_slots,
-            "relu_sparsity": sparsity_model.relu,
-            "measured_sparsity": bool(sparsity_model.by_producer),
-            "attention_core_keys": list(run.probability_keys),
-            "module_calls": [call.to_dict() for call in run.calls],
-        },
+    return run.trace(
+        profile, sparsity_model, model=name, task=task, batch_size=batch_size, seq_len=seq_len,
+        input_shape=[batch_size, seq_len], resolution=None, dtype=dtype, attention=attention, num_layers=layers,
+        param_count=sum(p.numel() for p in module.parameters()), attention_core_keys=list(run.probability_keys),
     )
-    return with_hidden_times(trace)

@@ -524,6 +524,30 @@ class MetaRun:
     probability_keys: tuple[int, ...] = ()
     calls: tuple[ModuleCall, ...] = ()
 
+    def trace(self, profile: HardwareProfile, sparsity: SparsityModel, **meta: Any) -> Trace:
+        """The :class:`Trace` of this run on ``profile``, hidden times filled: ``meta`` (the model,
+        its input) beside what every meta trace records (the profile, parameters, saved slots,
+        sparsity, module calls)."""
+        trace = Trace(
+            tensors=self.records,
+            device={"kind": "simulated", "name": profile.device.name, "hardware": profile.name},
+            d2h_gbps=profile.link.d2h_gbps,
+            h2d_gbps=profile.link.h2d_gbps,
+            forward_s=self.forward_s,
+            backward_s=self.backward_s,
+            meta={
+                "source": "meta",
+                **meta,
+                "hardware": profile.name,
+                "param_bytes": self.param_bytes,
+                "saved_slots": self.saved_slots,
+                "relu_sparsity": sparsity.relu,
+                "measured_sparsity": bool(sparsity.by_producer),
+                "module_calls": [call.to_dict() for call in self.calls],
+            },
+        )
+        return with_hidden_times(trace)
+
 
 def run_on_meta(
     module: nn.Module,
@@ -641,26 +665,7 @@ def meta_trace(
     shape = tuple(input_shape) if input_shape is not None else (batch_size, 3, resolution, resolution)
     x = torch.empty(shape, device="meta", dtype=torch_dtype)
     run = run_on_meta(module, lambda m: m(x).float().sum(), profile, sparsity_model)
-    trace = Trace(
-        tensors=run.records,
-        device={"kind": "simulated", "name": profile.device.name, "hardware": profile.name},
-        d2h_gbps=profile.link.d2h_gbps,
-        h2d_gbps=profile.link.h2d_gbps,
-        forward_s=run.forward_s,
-        backward_s=run.backward_s,
-        meta={
-            "source": "meta",
-            "model": name,
-            "batch_size": shape[0],
-            "input_shape": list(shape),
-            "resolution": resolution if input_shape is None else None,
-            "dtype": dtype,
-            "hardware": profile.name,
-            "param_bytes": run.param_bytes,
-            "saved_slots": run.saved_slots,
-            "relu_sparsity": sparsity_model.relu,
-            "measured_sparsity": bool(sparsity_model.by_producer),
-            "module_calls": [call.to_dict() for call in run.calls],
-        },
+    return run.trace(
+        profile, sparsity_model, model=name, batch_size=shape[0], input_shape=list(shape),
+        resolution=resolution if input_shape is None else None, dtype=dtype,
     )
-    return with_hidden_times(trace)
