@@ -18,8 +18,15 @@ every event of the full timeline, as the exact one does; it is the best plan amo
 decisions within blocks, and the exact optimum is never dearer. A layer whose pruning left no
 option of a tied label (a prefetch distance that collapses near the end of forward) takes, for that
 label, the option of the same action and wait with the longest prefetch distance below it (what
-pruning keeps when a longer distance hides no more), else the cheapest option of that action. Rows are kept only at events where the
-most every tensor could hold passes the budget.
+pruning keeps when a longer distance hides no more), else the cheapest option of that action.
+
+Blocks make the budget's granularity coarse: where the exact plan switches one position in 5 of a
+block's 7 layers, a tied plan switches all 7 or none. So the tied plan is **refined**: every
+repeated layer is planned on its own, choosing at each position among what its block and the blocks
+on either side chose (one or a few options each). The tied plan is one of these plans, so the
+refined plan is never dearer; it is kept where it is cheaper. Rows are kept only at events where
+the most every unit could hold passes the budget (less what the units left a single option hold
+there), one per distinct row.
 
 Example:
     >>> from cswap.planner.lifetime import lifetimes_from_orders
@@ -31,18 +38,20 @@ Example:
     ...          for k, (n, lt) in enumerate(zip(sizes, events.lifetimes))]
     >>> problem = build_problem(specs, events, list(range(96)), 47.5, LinkModel(1e-6, 1e-6, async_copies=False))
     >>> repeats = find_repeats(problem)
-    >>> len(tie_layers(problem, "recompute", repeats).units)   # 4 edge layers and 8 blocks, 3 positions each
-    36
+    >>> len(tie_layers(problem, "recompute", repeats).units)   # 4 edge layers and 4 blocks, 3 positions each
+    24
     >>> plan = plan_tied(problem, "recompute", 3000, repeats)
     >>> plan.status, plan.peak_bytes <= 3000, plan.action_counts(), round(plan.predicted_s, 6)
-    ('tied', True, {'recompute': 34, 'keep': 14}, 6.6)
+    ('tied', True, {'keep': 16, 'recompute': 32}, 6.6)
     >>> tied_least_peak(problem, "recompute", repeats)
     500
 """
 
 from __future__ import annotations
 
+import itertools
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -60,7 +69,7 @@ __all__ = ["DEFAULT_BLOCKS", "DEFAULT_EDGE_LAYERS", "TiedProgram", "plan_tied", 
 #: Repeated layers at each end planned one by one.
 DEFAULT_EDGE_LAYERS = 2
 #: Blocks the repeated layers between the edges are cut into.
-DEFAULT_BLOCKS = 8
+DEFAULT_BLOCKS = 4
 
 # constraint rows in MiB keep HiGHS's coefficients near 1 (as in the exact program)
 _SCALE = 1.0 / 2**20
@@ -75,15 +84,26 @@ class TiedProgram:
         units: per unit, the problem's tensor indices that share its decision.
         owner: per column, its unit.
         choices: per column, the option each member of its unit takes.
+        labels: per column, the label it was built for: ``(action, wait_offload, prefetch_distance)``.
         cost_s: per column, its members' seconds, summed.
         held_bytes: columns x events, its members' bytes, summed.
+        places: per unit, ``(block, position)`` in the repeated layers, or ``None`` outside them.
+        blocks: the layers of each block.
     """
 
     units: tuple[tuple[int, ...], ...]
     owner: np.ndarray
     choices: tuple[tuple[Option, ...], ...]
+    labels: tuple[_Label, ...]
     cost_s: np.ndarray
     held_bytes: np.ndarray
+    places: tuple[tuple[int, int] | None, ...]
+    blocks: tuple[range, ...]
+
+    @property
+    def starts(self) -> np.ndarray:
+        """Each unit's first column (a unit's columns are consecutive)."""
+        return np.searchsorted(self.owner, np.arange(len(self.units)))
 
     def options_of(self, columns: np.ndarray, tensor_count: int) -> list[Option]:
         """Per problem tensor, its option when each unit takes its column in ``columns``."""
@@ -123,6 +143,7 @@ def tie_layers(
     repeats: RepeatedLayers,
     edge_layers: int = DEFAULT_EDGE_LAYERS,
     blocks: int = DEFAULT_BLOCKS,
+    allowed: Mapping[tuple[int, int], frozenset[_Label]] | None = None,
 ) -> TiedProgram:
     """The columns of the tied program for ``policy`` (see the module docstring).
 
@@ -132,20 +153,32 @@ def tie_layers(
         repeats: the repeated layers of ``problem``.
         edge_layers: layers at each end of the run planned one by one.
         blocks: runs of consecutive layers between the edges whose layers share decisions.
+        allowed: ``(layer, position)`` -> the labels a unit holding that tensor may take (the
+            union over its layers); a tensor not in it may take any of its options.
     """
     units: list[tuple[int, ...]] = []
+    places: list[tuple[int, int] | None] = []
     for rank in range(len(repeats.order)):
         if repeats.layer_of(rank) is None:
             units.append((repeats.order[rank],))
-    for block in _blocks(repeats.layers, edge_layers, blocks):
+            places.append(None)
+    runs = _blocks(repeats.layers, edge_layers, blocks)
+    for index, block in enumerate(runs):
         for position in range(repeats.period):
             units.append(tuple(repeats.tensors_of(layer)[position] for layer in block))
+            places.append((index, position))
     owner: list[int] = []
     choices: list[tuple[Option, ...]] = []
-    for unit, members in enumerate(units):
+    labels: list[_Label] = []
+    for unit, (members, place) in enumerate(zip(units, places, strict=True)):
         offered = [{_label(o): o for o in policy_options(problem.tensors[t], policy)} for t in members]
+        wanted: set[_Label] = {lb for each in offered for lb in each}
+        if allowed is not None and place is not None:
+            limits = [allowed.get((layer, place[1])) for layer in runs[place[0]]]
+            if all(limit is not None for limit in limits):
+                wanted = set().union(*limits)  # type: ignore[arg-type]
         seen: set[tuple[int, ...]] = set()
-        for label in sorted({lb for each in offered for lb in each}, key=repr):
+        for label in sorted(wanted, key=repr):
             column = tuple(_stand_in(each, label) for each in offered)
             ids = tuple(id(o) for o in column)
             if any(o is None for o in column) or ids in seen:
@@ -153,38 +186,39 @@ def tie_layers(
             seen.add(ids)
             owner.append(unit)
             choices.append(column)  # type: ignore[arg-type]
+            labels.append(label)
     held = np.zeros((len(choices), problem.event_count), dtype=np.int64)
     for column, options in enumerate(choices):
         held[column] = resident_bytes(problem.event_count, [s for o in options for s in o.holds])
     cost = np.array([sum(o.cost_s for o in options) for options in choices])
-    return TiedProgram(tuple(units), np.asarray(owner, dtype=np.int64), tuple(choices), cost, held)
+    return TiedProgram(tuple(units), np.asarray(owner, dtype=np.int64), tuple(choices), tuple(labels), cost, held, tuple(places),
+                       tuple(runs))
 
 
 def _most_per_event(program: TiedProgram) -> np.ndarray:
-    most = np.zeros(program.held_bytes.shape[1], dtype=np.int64)
-    for unit in range(len(program.units)):
-        most += program.held_bytes[program.owner == unit].max(axis=0)
-    return most
+    return np.maximum.reduceat(program.held_bytes, program.starts, axis=0).sum(axis=0)
 
 
-def _rows(program: TiedProgram, above_bytes: int) -> np.ndarray:
+def _rows(program: TiedProgram, above_bytes: np.ndarray) -> np.ndarray:
     # only events where the most every unit could hold passes ``above_bytes`` can bind; of events
-    # whose columns hold the same bytes, one row is enough
+    # whose columns hold the same bytes against the same bound, one row is enough
     rows = np.flatnonzero(_most_per_event(program) > above_bytes)
     if rows.size == 0:
         return rows
-    first = np.unique(program.held_bytes[:, rows], axis=1, return_index=True)[1]
+    keyed = np.vstack([program.held_bytes[:, rows], above_bytes[rows]])
+    first = np.unique(keyed, axis=1, return_index=True)[1]
     return rows[np.sort(first)]
 
 
-def _solve(program: TiedProgram, rows: np.ndarray, c: np.ndarray, upper: float | None, floor: float, time_limit_s: float):  # type: ignore[no-untyped-def]
+def _solve(program: TiedProgram, rows: np.ndarray, c: np.ndarray, upper_bytes: np.ndarray | None, floor_bytes: float,
+           time_limit_s: float):  # type: ignore[no-untyped-def]
     count = len(program.choices)
-    peak = 1 if upper is None else 0  # minimise the peak: one more (continuous) variable
+    peak = 1 if upper_bytes is None else 0  # minimise the peak: one more (continuous) variable
     one = csr_matrix((np.ones(count), (program.owner, np.arange(count))), shape=(len(program.units), count + peak))
     memory = program.held_bytes[:, rows].T.astype(float) * _SCALE
     if peak:
         memory = np.hstack([memory, -np.ones((memory.shape[0], 1))])
-    bound = np.zeros(memory.shape[0]) if upper is None else np.full(memory.shape[0], upper * _SCALE)
+    bound = np.zeros(memory.shape[0]) if upper_bytes is None else upper_bytes[rows].astype(float) * _SCALE
     constraints = [LinearConstraint(one, 1, 1)]
     if rows.size:
         constraints.append(LinearConstraint(csr_matrix(memory), -np.inf, bound))
@@ -193,18 +227,66 @@ def _solve(program: TiedProgram, rows: np.ndarray, c: np.ndarray, upper: float |
             c,
             constraints=constraints,
             integrality=np.concatenate([np.ones(count), np.zeros(peak)]),
-            bounds=Bounds(np.concatenate([np.zeros(count), np.full(peak, floor * _SCALE)]),
+            bounds=Bounds(np.concatenate([np.zeros(count), np.full(peak, floor_bytes * _SCALE)]),
                           np.concatenate([np.ones(count), np.full(peak, np.inf)])),
             options={"time_limit": time_limit_s, "mip_rel_gap": 1e-6},
         )
 
 
+def _subset(program: TiedProgram, units: np.ndarray) -> tuple[TiedProgram, np.ndarray]:
+    """The program of the units where ``units`` is true, and its columns' indices in ``program``."""
+    columns = np.flatnonzero(units[program.owner])
+    renumber = np.cumsum(units) - 1
+    kept = np.flatnonzero(units)
+    return TiedProgram(
+        tuple(program.units[u] for u in kept),
+        renumber[program.owner[columns]],
+        tuple(program.choices[c] for c in columns),
+        tuple(program.labels[c] for c in columns),
+        program.cost_s[columns],
+        program.held_bytes[columns],
+        tuple(program.places[u] for u in kept),
+        program.blocks,
+    ), columns
+
+
 def _columns(program: TiedProgram, x: np.ndarray) -> np.ndarray:
-    chosen = np.zeros(len(program.units), dtype=np.int64)
-    for unit in range(len(program.units)):
-        mine = np.flatnonzero(program.owner == unit)
-        chosen[unit] = mine[np.argmax(x[mine])]
-    return chosen
+    bounds = [*program.starts.tolist(), len(program.choices)]
+    return np.array([start + int(np.argmax(x[start:end])) for start, end in itertools.pairwise(bounds)], dtype=np.int64)
+
+
+def _neighbours(program: TiedProgram, columns: np.ndarray) -> dict[tuple[int, int], frozenset[_Label]]:
+    """Per ``(layer, position)`` of a block of several layers: the labels its block and the blocks on
+    either side took (a layer planned alone keeps all its options)."""
+    taken = {place: program.labels[column] for place, column in zip(program.places, columns, strict=True) if place is not None}
+    allowed: dict[tuple[int, int], frozenset[_Label]] = {}
+    for index, position in taken:
+        if len(program.blocks[index]) < 2:
+            continue
+        near = frozenset(taken[(i, position)] for i in (index - 1, index, index + 1) if (i, position) in taken)
+        for layer in program.blocks[index]:
+            allowed[(layer, position)] = near
+    return allowed
+
+
+def _fitting(program: TiedProgram, budget_bytes: int, time_limit_s: float) -> tuple[np.ndarray | None, bool]:
+    """The solver's column per unit within ``budget_bytes`` (``None``: none in time, or a few bytes
+    over), and whether it is proved optimal. Units with one column are taken as given: their bytes
+    come off the budget, event by event, and only the others reach the solver."""
+    found = program.starts.copy()
+    free = np.diff([*program.starts.tolist(), len(program.choices)]) > 1
+    optimal = True
+    if free.any():
+        left = budget_bytes - program.held_bytes[found[~free]].sum(axis=0)
+        sub, columns = _subset(program, free)
+        result = _solve(sub, _rows(sub, left), sub.cost_s, left, 0.0, time_limit_s)
+        if result.x is None:
+            return None, False
+        found[free] = columns[_columns(sub, result.x)]
+        optimal = result.status == 0
+    if program.held_bytes[found].sum(axis=0).max(initial=0) > budget_bytes:
+        return None, False  # the solver's tolerance let a few bytes through: not a plan
+    return found, optimal
 
 
 def plan_tied(
@@ -216,15 +298,19 @@ def plan_tied(
     greedy: bool = True,
     edge_layers: int = DEFAULT_EDGE_LAYERS,
     blocks: int = DEFAULT_BLOCKS,
+    refine: bool = True,
 ) -> BudgetPlan | None:
     """The least-time plan of ``policy`` within ``budget_bytes`` whose blocks of repeated layers share decisions.
 
     Args:
-        problem, policy, budget_bytes, time_limit_s: as :func:`cswap.planner.solve.plan_budget` takes them.
+        problem, policy, budget_bytes: as :func:`cswap.planner.solve.plan_budget` takes them.
         repeats: the repeated layers of ``problem`` (:func:`cswap.planner.repeats.find_repeats`).
+        time_limit_s: the solver's limit for each of its two solves (the tied program, the refinement).
         greedy: also run the exact program's greedy on the tied columns (for its gap, and as the
             fallback when the solver finds nothing in time).
         edge_layers, blocks: how the layers are tied (:func:`tie_layers`).
+        refine: then plan every layer on its own, among the options its block and the blocks on
+            either side took (the refinement in the module docstring).
 
     Returns:
         The plan (status ``tied``, or ``tied-time-limit`` for the solver's best when time ran out,
@@ -233,11 +319,7 @@ def plan_tied(
     """
     started = time.perf_counter()
     program = tie_layers(problem, policy, repeats, edge_layers, blocks)
-    rows = _rows(program, budget_bytes)
-    result = _solve(program, rows, program.cost_s, budget_bytes, 0.0, time_limit_s)
-    found = _columns(program, result.x) if result.x is not None else None
-    if found is not None and program.held_bytes[found].sum(axis=0).max(initial=0) > budget_bytes:
-        found = None  # the solver's tolerance let a few bytes through: not a plan
+    found, optimal = _fitting(program, budget_bytes, time_limit_s)
     arrays = _Arrays(program.choices, program.owner, program.cost_s, program.held_bytes, len(program.units))  # type: ignore[arg-type]
     fallback = _greedy(arrays, budget_bytes) if greedy or found is None else None
     if found is None and fallback is None:
@@ -246,14 +328,25 @@ def plan_tied(
     greedy_s = float(program.cost_s[fallback].sum()) if fallback is not None else None
     # the solver's plan unless the greedy's is cheaper by more than rounding
     if found is not None and (greedy_s is None or solver_s <= greedy_s + 1e-9 * abs(greedy_s)):  # type: ignore[operator]
-        columns, status = found, "tied" if result.status == 0 else "tied-time-limit"
+        columns, status = found, "tied" if optimal else "tied-time-limit"
     else:
         columns, status = fallback, "tied-greedy"
+    choice = program.options_of(columns, len(problem.tensors))  # type: ignore[arg-type]
+    best_s = float(program.cost_s[columns].sum())  # type: ignore[index]
+    if refine and any(len(block) > 1 for block in program.blocks):
+        # every layer alone, choosing among what its block and the neighbouring blocks chose: the
+        # coarse plan is one of these plans, so this one is never dearer
+        fine = tie_layers(problem, policy, repeats, edge_layers, repeats.layers, _neighbours(program, columns))  # type: ignore[arg-type]
+        refined, fine_optimal = _fitting(fine, budget_bytes, time_limit_s)
+        if refined is not None and float(fine.cost_s[refined].sum()) < best_s:
+            choice = fine.options_of(refined, len(problem.tensors))
+            solver_s = float(fine.cost_s[refined].sum())
+            status = "tied" if fine_optimal else "tied-time-limit"
     plan = budget_plan_of(
         problem,
         policy,
         budget_bytes,
-        program.options_of(columns, len(problem.tensors)),  # type: ignore[arg-type]
+        choice,
         status=status,
         solve_s=time.perf_counter() - started,
         greedy_s=greedy_s,
@@ -278,7 +371,7 @@ def tied_least_peak(
     can never hold more are left out.
     """
     program = tie_layers(problem, policy, repeats, edge_layers, blocks)
-    rows = _rows(program, floor_bytes)
+    rows = _rows(program, np.full(problem.event_count, floor_bytes, dtype=np.int64))
     c = np.concatenate([np.zeros(len(program.choices)), [1.0]])
     result = _solve(program, rows, c, None, float(floor_bytes), time_limit_s)
     if result.x is None:

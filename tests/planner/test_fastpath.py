@@ -115,6 +115,18 @@ def test_a_tied_plan_costs_what_the_exact_one_does(problem, policy, fraction):
     assert tied.predicted_s <= exact.predicted_s * (1 + STATED_GAP) + 1e-12
 
 
+@pytest.mark.parametrize(("seed", "policy", "fraction"), [(3, "swap", 0.3), (4, "recompute", 0.5), (5, "cswap", 0.2)])
+def test_the_refinement_finds_what_blocks_miss(seed, policy, fraction):
+    # 30 layers: blocks of 6 or 7, where the exact plan switches a position in only some of a block's layers
+    problem = repeated_problem(30, seed=seed)
+    budget = int(fraction * minimum_bytes(problem, "none"))
+    repeats = find_repeats(problem, fastpath.FAST_PATH_MIN_LAYERS)
+    coarse, refined = plan_tied(problem, policy, budget, repeats, refine=False), plan_tied(problem, policy, budget, repeats)
+    exact = plan_budget(problem, policy, budget, exact=True)
+    assert coarse.predicted_s > exact.predicted_s * 1.0001
+    assert refined.predicted_s == pytest.approx(exact.predicted_s, rel=1e-9) and refined.peak_bytes <= budget
+
+
 def test_blocks_tie_layers_and_edges_stand_alone():
     problem = repeated_problem(12)
     program = tie_layers(problem, "swap", find_repeats(problem), edge_layers=2, blocks=4)
