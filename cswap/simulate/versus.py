@@ -8,9 +8,13 @@ cswap's runtime recomputes as such (:mod:`cswap.planner.regions`), and a recompu
 or knapsack choice is recompute per tensor, as cswap's planner prices it. So every strategy that
 can run on the trace is a candidate for ``cswap``, named or not: where one fits the budget and
 simulates faster than cswap's own plan, cswap takes it (its ``plan`` then says ``"<strategy> plan"``),
-and the least budget cswap meets is the least of its own and theirs. (The runtime recomputes only
-module calls: Hugging Face's eager attention computes its core in a function, not a module, so the
-runtime cannot yet carry out ``ac-selective``'s plan; the simulator prices it as cswap's planner would.)
+and the least budget cswap meets is the least of its own and theirs.
+
+What the runtime can carry out is narrower than what the simulator prices: it recomputes module
+calls only (:mod:`cswap.planner.regions`), so a checkpointed layer it runs as the strategy does,
+but a tensor recomputed on its own (cswap's own planner's choice, the knapsack's, ``ilp-kro``'s)
+only where a module call produces it, and not the eager attention core, which Hugging Face computes
+in a function rather than a module. The simulator prices all of them as cswap's planner does.
 
 Example:
     >>> from cswap.simulate import Simulator
