@@ -416,7 +416,8 @@ class Strategies:
     def _knapsack(self, budget_bytes: int) -> BudgetOutcome:
         """``recompute-knapsack``: the knapsack's capacity is the budget less what cannot be
         recomputed; a plan whose simulated peak passes the budget (a tensor rebuilt in backward
-        while others are still held) is planned again with the capacity less the excess."""
+        while others are still held) is planned again to keep less than it did by the excess; after
+        16 tries, everything that can be recomputed is."""
         sim = self.simulator
         counted = [i for i, c in enumerate(sim.counted) if c]
         unused = {i for i in counted if sim.timeline.consumed_s[i] is None}  # dropped for free
@@ -438,14 +439,16 @@ class Strategies:
         if budget_bytes < floor.peak_bytes:
             return BudgetOutcome("recompute-knapsack", budget_bytes, floor.peak_bytes)
         capacity = budget_bytes - fixed
-        for _ in range(8):
+        for _ in range(16):
             chosen = recompute_knapsack(seconds, sizes, capacity, self.time_limit_s)
             if chosen is None:
                 break
             result = simulate(chosen)
             if result.peak_bytes <= budget_bytes:
                 return BudgetOutcome("recompute-knapsack", budget_bytes, floor.peak_bytes, result)
-            capacity -= result.peak_bytes - budget_bytes
+            # below what this plan keeps, by the excess: the next plan must keep less
+            kept = sum(size for size, recomputed in zip(sizes, chosen) if not recomputed)
+            capacity = min(capacity, kept) - (result.peak_bytes - budget_bytes)
         return BudgetOutcome("recompute-knapsack", budget_bytes, floor.peak_bytes, floor)
 
     def _ilp_kro(self, budget_bytes: int) -> BudgetOutcome:
