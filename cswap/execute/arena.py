@@ -35,17 +35,11 @@ from typing import NamedTuple
 
 import torch
 
-from cswap.planner.hostpool import PoolLayout
+# Blocks and pool slots share one alignment (any dtype view of either is aligned).
+from cswap.planner.hostpool import ALIGN_BYTES, PoolLayout, aligned
 
 __all__ = ["ALIGN_BYTES", "ArenaBlock", "HostArena", "PoolSlot", "aligned"]
 
-#: Every block starts on a multiple of this many bytes (any dtype view of a block is aligned).
-ALIGN_BYTES = 64
-
-
-def aligned(nbytes: int) -> int:
-    """``nbytes`` rounded up to :data:`ALIGN_BYTES`."""
-    return -(-nbytes // ALIGN_BYTES) * ALIGN_BYTES
 
 
 class ArenaBlock(NamedTuple):
@@ -241,7 +235,7 @@ class HostArena:
 
     def alloc(self, nbytes: int) -> ArenaBlock | None:
         """A block of at least ``nbytes``, or ``None`` when no chunk has room (counted as a miss)."""
-        size = -(-max(nbytes, 1) // ALIGN_BYTES) * ALIGN_BYTES
+        size = aligned(max(nbytes, 1))
         for index, chunk in enumerate(self._chunks):
             offset = chunk.alloc(size)
             if offset is not None:

@@ -35,14 +35,19 @@ import numpy as np
 from cswap.planner.lifetime import lifetimes_from_trace
 from cswap.profile.trace import Trace
 
-__all__ = ["HostBlock", "PoolLayout", "first_fit_high_water", "host_pool_of", "live_peak_bytes", "place_blocks"]
+__all__ = ["ALIGN_BYTES", "HostBlock", "PoolLayout", "aligned", "first_fit_high_water", "host_pool_of", "live_peak_bytes", "place_blocks"]
 
 #: Every block's size is rounded up to this, so every offset suits every dtype.
 ALIGN_BYTES = 64
 
 
-def _aligned(nbytes: int) -> int:
-    return -(-max(nbytes, 1) // ALIGN_BYTES) * ALIGN_BYTES
+def aligned(nbytes: int) -> int:
+    """``nbytes`` rounded up to :data:`ALIGN_BYTES`."""
+    return -(-nbytes // ALIGN_BYTES) * ALIGN_BYTES
+
+
+def _aligned(nbytes: int) -> int:  # a block holds at least one aligned unit, even for 0 bytes
+    return aligned(max(nbytes, 1))
 
 
 @dataclass(frozen=True)
