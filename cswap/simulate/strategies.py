@@ -385,6 +385,31 @@ class Strategies:
 
     # ------------------------------------------------------------------ under a budget
 
+    def minimum_bytes(self, name: str) -> int:
+        """The least budget strategy ``name`` meets on this trace, without planning for any budget: a
+        fixed strategy's own peak, the knapsack's peak with everything it may recompute recomputed,
+        ``ilp-kro``'s least from its program. ``run(name, b)`` is feasible for every ``b`` at least this.
+
+        Raises:
+            ValueError: an unknown strategy, or one that cannot run on this trace.
+
+        Example:
+            >>> from cswap.simulate import Simulator
+            >>> from cswap.simulate.lmtrace import transformer_trace
+            >>> strategies = Strategies(Simulator(transformer_trace("gpt2", seq_len=64, num_layers=2), "h100-pcie5"))
+            >>> least = strategies.minimum_bytes("ac-full")
+            >>> least == strategies.result("ac-full").peak_bytes, strategies.run("ac-full", least).infeasible
+            (True, False)
+        """
+        reason = self.unavailable(name)
+        if reason is not None:
+            raise ValueError(f"strategy {name!r} cannot run on this trace: {reason}")
+        if name == "recompute-knapsack":
+            return self._knapsack_least().peak_bytes
+        if name == "ilp-kro":
+            return self._kro_problem()[1]
+        return self.result(name).peak_bytes
+
     def run(self, name: str, budget_bytes: int) -> BudgetOutcome:
         """Strategy ``name`` within ``budget_bytes``: its simulated result when its peak fits, else
         infeasible with the least budget it meets.
@@ -419,23 +444,16 @@ class Strategies:
         while others are still held) is planned again to keep less than it did by the excess; after
         16 tries, everything that can be recomputed is."""
         sim = self.simulator
-        counted = [i for i, c in enumerate(sim.counted) if c]
-        unused = {i for i in counted if sim.timeline.consumed_s[i] is None}  # dropped for free
-        candidates = [i for i in counted if i in unused or sim.costs[i].recompute_s is not None]
-        seconds = [0.0 if i in unused else float(sim.costs[i].recompute_s or 0.0) for i in candidates]
+        candidates, counted = self._knapsack_candidates()
+        # backward never reads them: dropped for free
+        seconds = [0.0 if sim.timeline.consumed_s[i] is None else float(sim.costs[i].recompute_s or 0.0) for i in candidates]
         sizes = [sim.costs[i].nbytes for i in candidates]
         fixed = sum(sim.costs[i].nbytes for i in counted) - sum(sizes)
 
         def simulate(recomputed: Sequence[bool]) -> PolicyResult:
-            actions = [Action.KEEP] * len(sim.costs)
-            for i, chosen in zip(candidates, recomputed, strict=True):
-                if chosen:
-                    actions[i] = Action.RECOMPUTE
-            return sim.run_plan(actions, policy="recompute-knapsack", plan="knapsack")
+            return self._knapsack_plan(candidates, recomputed)
 
-        if self._knapsack_floor is None:
-            self._knapsack_floor = simulate([True] * len(candidates))
-        floor = self._knapsack_floor
+        floor = self._knapsack_least()
         if budget_bytes < floor.peak_bytes:
             return BudgetOutcome("recompute-knapsack", budget_bytes, floor.peak_bytes)
         capacity = budget_bytes - fixed
@@ -451,12 +469,40 @@ class Strategies:
             capacity = min(capacity, kept) - (result.peak_bytes - budget_bytes)
         return BudgetOutcome("recompute-knapsack", budget_bytes, floor.peak_bytes, floor)
 
-    def _ilp_kro(self, budget_bytes: int) -> BudgetOutcome:
-        """``ilp-kro``: cswap's exact program over a problem that offers only keep, recompute and swap."""
+    def _knapsack_candidates(self) -> tuple[list[int], list[int]]:
+        """The records the knapsack may drop (every one it may recompute, and those backward never
+        reads), and the counted ones."""
+        sim = self.simulator
+        counted = [i for i, c in enumerate(sim.counted) if c]
+        unused = {i for i in counted if sim.timeline.consumed_s[i] is None}
+        return [i for i in counted if i in unused or sim.costs[i].recompute_s is not None], counted
+
+    def _knapsack_plan(self, candidates: Sequence[int], recomputed: Sequence[bool]) -> PolicyResult:
+        """The knapsack's choice among ``candidates`` simulated: each chosen one recomputed, the rest kept."""
+        sim = self.simulator
+        actions = [Action.KEEP] * len(sim.costs)
+        for i, chosen in zip(candidates, recomputed, strict=True):
+            if chosen:
+                actions[i] = Action.RECOMPUTE
+        return sim.run_plan(actions, policy="recompute-knapsack", plan="knapsack")
+
+    def _knapsack_least(self) -> PolicyResult:
+        """Everything the knapsack may drop dropped: its least footprint (simulated once)."""
+        if self._knapsack_floor is None:
+            candidates, _ = self._knapsack_candidates()
+            self._knapsack_floor = self._knapsack_plan(candidates, [True] * len(candidates))
+        return self._knapsack_floor
+
+    def _kro_problem(self) -> tuple[PlanningProblem, int]:
+        """``ilp-kro``'s problem (keep, recompute and swap offered) and its least budget, built once."""
         if self._kro is None:
             problem, _ = planning_problem(self.simulator, actions=(KEEP, SWAP, RECOMPUTE))
             self._kro = (problem, minimum_bytes(problem, "cswap", self.time_limit_s))
-        problem, least = self._kro
+        return self._kro
+
+    def _ilp_kro(self, budget_bytes: int) -> BudgetOutcome:
+        """``ilp-kro``: cswap's exact program over a problem that offers only keep, recompute and swap."""
+        problem, least = self._kro_problem()
         if budget_bytes < least:
             return BudgetOutcome("ilp-kro", budget_bytes, least)
         try:
