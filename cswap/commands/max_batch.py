@@ -5,6 +5,10 @@ A transformer (a preset such as ``llama-3-8b``, ``hf:<model_type>``, a config pa
 planned: the micro-batch of ``--seq-len`` tokens, with AdamW's state counted
 (:func:`cswap.training.maxbatch.planned_max_batch_transformer`).
 
+Planned, ``--policies`` takes the strategies users pick instead of a policy too
+(:mod:`cswap.simulate.strategies`: ``ac-full``, ``offload-all``, ...), with the same accounting;
+``all`` is every policy and every strategy that can run on the model.
+
 Example:
     $ cswap max-batch --model resnet50 --policies all --memory-limit 16GiB
     $ cswap max-batch --model llama-3.2-1b --seq-len 2048 --dtype bfloat16 --mixed-precision --memory-limit 80GiB
@@ -38,7 +42,8 @@ def register(app: typer.Typer) -> None:
             "none,swap,compress-swap,cswap,compress-keep",
             "--policies",
             "--policy",
-            help="Comma-separated policies to compare, or 'all'.",
+            help="Comma-separated policies and strategies (ac-full, ac-selective, offload-all, offload-all+ac, "
+            "megatron-offload, recompute-knapsack, ilp-kro; planned only) to compare, or 'all'.",
         ),
         memory_limit: Optional[str] = typer.Option(None, help="Emulate a smaller GPU, e.g. 16GiB (needed without a GPU)."),
         resolution: Optional[int] = typer.Option(None, help="Input resolution (default: the model's)."),
@@ -83,14 +88,12 @@ def register(app: typer.Typer) -> None:
                 if model not in models.MODEL_NAMES and not is_spec(model):
                     raise unknown_model(model)
             if transformer:
-                from cswap.planner import POLICY_ACTIONS
                 from cswap.training.maxbatch import planned_max_batch_transformer
 
                 if limit is None and torch.cuda.is_available():
                     limit = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
                 if limit is None:
                     raise ValueError("without a GPU the batch is planned, not measured: give --memory-limit, e.g. 16GiB")
-                chosen = list(POLICY_ACTIONS) if chosen == ["all"] else chosen
                 outcome = planned_max_batch_transformer(
                     model,
                     chosen,
@@ -105,19 +108,24 @@ def register(app: typer.Typer) -> None:
                 extra = {k: v for k, v in outcome.to_dict().items() if k not in ("model", "memory_limit_bytes", "max_batch")}
             elif planned:
                 from cswap.training.maxbatch import planned_max_batch
-                from cswap.planner import POLICY_ACTIONS
 
                 if limit is None:
                     raise ValueError("without a GPU the batch is planned, not measured: give --memory-limit, e.g. 16GiB")
-                chosen = list(POLICY_ACTIONS) if chosen == ["all"] else chosen
                 outcome = planned_max_batch(model, chosen, limit, resolution=resolution or 224)
                 result = outcome.batches
                 extra = {k: v for k, v in outcome.to_dict().items() if k not in ("model", "memory_limit_bytes", "max_batch")}
             else:
-                if chosen == ["all"]:
-                    from cswap.options import POLICIES
+                from cswap.options import POLICIES
 
+                if chosen == ["all"]:
                     chosen = list(POLICIES)
+                priced = [name for name in chosen if name not in POLICIES]
+                if priced:
+                    raise ValueError(
+                        f"{', '.join(priced)} cannot run on this GPU (the simulator prices the strategies, the runtime does not "
+                        f"carry them out): measure the runtime's policies ({', '.join(POLICIES)}), or plan a strategy with "
+                        "--memory-limit on a machine without a GPU"
+                    )
                 result = max_batch(model, chosen, memory_limit_bytes=limit, resolution=resolution)
                 extra = {"method": "measured"}
         except (ValueError, RuntimeError, ImportError) as error:
@@ -141,8 +149,10 @@ def register(app: typer.Typer) -> None:
             )
             what = f"batch of {model}"
         table = Table(title=f"Largest {what}" + (f" in {memory_limit}" if memory_limit else "") + f" ({how})")
-        for column in ("policy", "max batch", "vs none"):
+        for column in ("policy or strategy", "max batch", "vs none"):
             table.add_column(column, justify="right")
         for policy, batch in result.items():
             table.add_row(policy, str(batch), f"{batch / baseline:.2f}x" if baseline else "-")
         console.print(table)
+        for name, why in dict(extra.get("skipped") or {}).items():  # type: ignore[call-overload]
+            console.print(f"skipped {name}: {why}", markup=False, highlight=False)

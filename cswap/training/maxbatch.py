@@ -27,6 +27,15 @@ so 12 bytes a parameter for pure bfloat16 training, 16 for mixed precision (the 
 Rajbhandari et al., "ZeRO", SC 2020) and 16 for float32; the input batch is the token ids and
 labels (int64). Transformers are always planned, also on a GPU (not measured yet).
 
+The strategies users pick instead of a policy (:mod:`cswap.simulate.strategies`: checkpointing
+every layer, selective recompute, torchtune's and Megatron-LM's offloading, a recompute knapsack,
+an exact keep/recompute/swap program) are searched with the same accounting: a batch fits a
+strategy when the least budget it meets on that batch's trace
+(:meth:`cswap.simulate.strategies.Strategies.minimum_bytes`: a fixed strategy's simulated peak)
+fits in what the limit leaves. ``"all"`` (:data:`ALL`) names every policy with an action set and
+every strategy that can run on the model (a CNN has no transformer layers to checkpoint: those
+are ``skipped``, with the reason).
+
 Both search the same way (:func:`largest_fitting`): double the batch until it fails, then bisect
 between the last success and the first failure.
 
@@ -39,6 +48,9 @@ Example:
     >>> lm = planned_max_batch_transformer("gpt2", ("none",), 2 * 2**30, seq_len=64, num_layers=1, ceiling=64)
     >>> lm.optimizer, lm.state_bytes == 12 * lm.parameters
     ('AdamW (2 float32 moments), bfloat16 weights and gradients', True)
+    >>> ac = planned_max_batch_transformer("gpt2", ("none", "ac-full"), 2 * 2**30, seq_len=64, num_layers=2, ceiling=64)
+    >>> ac.batches["none"] <= ac.batches["ac-full"]
+    True
 """
 
 from __future__ import annotations
@@ -56,6 +68,7 @@ from cswap.profile.trace import Trace
 from cswap.runtime import Runtime
 
 __all__ = [
+    "ALL",
     "DEFAULT_WORKSPACE_FRACTION",
     "PlannedMaxBatch",
     "batch_fits",
@@ -64,6 +77,7 @@ __all__ = [
     "parse_bytes",
     "planned_max_batch",
     "planned_max_batch_transformer",
+    "searchable_names",
 ]
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -182,6 +196,9 @@ def max_batch(
 #: Share of the memory limit set aside for workspaces, fragmentation and the CUDA context.
 DEFAULT_WORKSPACE_FRACTION = 0.1
 
+#: In a list of names, every policy with an action set and every strategy that can run on the model.
+ALL = "all"
+
 
 @dataclass(frozen=True)
 class PlannedMaxBatch:
@@ -198,6 +215,7 @@ class PlannedMaxBatch:
         minimum_bytes: policy -> batch -> the least activation budget its plan meets, for the batches tried.
         parameters: the model's parameter count (0 where not counted).
         seq_len: tokens per sequence of a transformer, else None.
+        skipped: strategies ``"all"`` left out because they cannot run on the model, and why.
     """
 
     model: str
@@ -210,6 +228,7 @@ class PlannedMaxBatch:
     minimum_bytes: dict[str, dict[int, int]] = field(default_factory=dict)
     parameters: int = 0
     seq_len: int | None = None
+    skipped: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready."""
@@ -224,6 +243,8 @@ class PlannedMaxBatch:
         }
         if self.seq_len is not None:
             report.update(parameters=self.parameters, seq_len=self.seq_len)
+        if self.skipped:
+            report["skipped"] = dict(self.skipped)
         return report
 
 
@@ -243,7 +264,8 @@ def planned_max_batch(
 
     Args:
         model: a name from ``cswap.models.MODEL_NAMES``.
-        policies: policies with an action set (:data:`cswap.planner.POLICY_ACTIONS`).
+        policies: policies with an action set (:data:`cswap.planner.POLICY_ACTIONS`), strategies
+            (:data:`cswap.simulate.strategies.STRATEGIES`), or :data:`ALL` for every one that can run.
         memory_limit_bytes: the device memory.
         resolution: input size.
         hardware: the profile the trace's times (and so the planner's costs) come from.
@@ -254,7 +276,8 @@ def planned_max_batch(
         time_limit_s: the solver's time limit per least-budget solve.
 
     Raises:
-        ValueError: a limit that is not positive, a bad fraction or count, or an unknown policy.
+        ValueError: a limit that is not positive, a bad fraction or count, an unknown policy, or a
+            strategy named that cannot run on the model (a checkpointing one on a CNN).
     """
     from cswap.simulate import meta_trace
 
@@ -267,7 +290,7 @@ def planned_max_batch(
     optimizer = {0: "SGD without momentum", 1: "SGD with momentum", 2: "Adam"}.get(
         optimizer_states, f"{optimizer_states} states per parameter"
     )
-    batches, minimums, workspace_bytes = _search(
+    found = _search(
         policies,
         memory_limit_bytes,
         trace_at=lambda batch: meta_trace(model, batch, resolution, hardware, width_mult=width_mult),
@@ -282,25 +305,54 @@ def planned_max_batch(
     return PlannedMaxBatch(
         model,
         int(memory_limit_bytes),
-        batches,
+        found.batches,
         state_bytes,
-        workspace_bytes,
+        found.workspace_bytes,
         optimizer,
-        minimum_bytes=minimums,
+        minimum_bytes=found.minimums,
         parameters=parameters,
+        skipped=found.skipped,
     )
+
+
+def searchable_names() -> tuple[str, ...]:
+    """What the planned search takes: every policy with an action set, then every strategy
+    (:data:`cswap.simulate.strategies.STRATEGIES`); ``"all"`` in a list of names stands for them.
+
+    Example:
+        >>> searchable_names()[0], searchable_names()[-1]
+        ('none', 'ilp-kro')
+    """
+    from cswap.simulate.versus import comparable_names
+
+    return comparable_names()
 
 
 def _check_settings(policies: Sequence[str], memory_limit_bytes: int, workspace_fraction: float) -> None:
     from cswap.planner import POLICY_ACTIONS
+    from cswap.simulate.strategies import STRATEGIES
 
     if memory_limit_bytes <= 0:
         raise ValueError(f"memory limit must be positive, got {memory_limit_bytes} bytes")
     if not 0 <= workspace_fraction < 1:
         raise ValueError(f"workspace_fraction must be in [0, 1), got {workspace_fraction}")
-    unknown = [p for p in policies if p not in POLICY_ACTIONS]
+    unknown = [p for p in policies if p != ALL and p not in POLICY_ACTIONS and p not in STRATEGIES]
     if unknown:
-        raise ValueError(f"policies {unknown} cannot be planned: choose from {', '.join(POLICY_ACTIONS)}")
+        raise ValueError(
+            f"policies {unknown} cannot be planned: choose from {', '.join(POLICY_ACTIONS)}, "
+            f"the strategies {', '.join(STRATEGIES)}, or all"
+        )
+
+
+@dataclass(frozen=True)
+class _Searched:
+    """What :func:`_search` found: per name the largest batch, the least budgets it computed, the
+    workspace allowance, and the strategies left out of ``all`` (name -> why)."""
+
+    batches: dict[str, int]
+    minimums: dict[str, dict[int, int]]
+    workspace_bytes: int
+    skipped: dict[str, str]
 
 
 def _search(
@@ -313,22 +365,53 @@ def _search(
     workspace_fraction: float,
     ceiling: int,
     time_limit_s: float,
-) -> tuple[dict[str, int], dict[str, dict[int, int]], int]:
-    """Per policy, the largest batch whose least activation budget fits what the limit leaves
-    (module docstring); each batch's trace and problem are built once for every policy."""
-    from cswap.planner import minimum_bytes
+) -> _Searched:
+    """Per policy or strategy, the largest batch whose least activation budget fits what the limit
+    leaves (module docstring); each batch's trace, simulator, problem and strategies are built once
+    for every name. A strategy's least budget is :meth:`cswap.simulate.strategies.Strategies.minimum_bytes`
+    (a fixed one's simulated peak). ``"all"`` is every policy and every strategy that can run on
+    the model's trace; a strategy named that cannot is an error saying why."""
+    from cswap.planner import POLICY_ACTIONS, minimum_bytes
     from cswap.simulate import SimConfig, Simulator
     from cswap.simulate.budgeted import planning_problem
+    from cswap.simulate.strategies import STRATEGIES, Strategies
 
     workspace_bytes = int(workspace_fraction * memory_limit_bytes)
+    simulators: dict[int, Simulator] = {}
     problems: dict[int, object] = {}
-    minimums: dict[str, dict[int, int]] = {p: {} for p in policies}
+    strategies: dict[int, Strategies] = {}
+
+    def simulator(batch: int) -> Simulator:
+        if batch not in simulators:
+            simulators[batch] = Simulator(trace_at(batch), hardware, SimConfig())
+        return simulators[batch]
+
+    def strategies_at(batch: int) -> Strategies:
+        if batch not in strategies:
+            strategies[batch] = Strategies(simulator(batch), time_limit_s)
+        return strategies[batch]
+
+    # Which strategies run depends on the model's layers, not on the batch: the first batch tells.
+    skipped: dict[str, str] = {}
+    names: list[str] = []
+    for name in dict.fromkeys(n for p in policies for n in (searchable_names() if p == ALL else (p,))):
+        reason = strategies_at(1).unavailable(name) if name in STRATEGIES else None
+        if reason is None:
+            names.append(name)
+        elif ALL in policies and name not in policies:
+            skipped[name] = reason
+        else:
+            raise ValueError(f"strategy {name!r} cannot run on this model: {reason}")
+    minimums: dict[str, dict[int, int]] = {p: {} for p in names}
 
     def least(policy: str, batch: int) -> int:
         if batch not in minimums[policy]:
-            if batch not in problems:
-                problems[batch] = planning_problem(Simulator(trace_at(batch), hardware, SimConfig()))[0]
-            minimums[policy][batch] = minimum_bytes(problems[batch], policy, time_limit_s)  # type: ignore[arg-type]
+            if policy in POLICY_ACTIONS:
+                if batch not in problems:
+                    problems[batch] = planning_problem(simulator(batch))[0]
+                minimums[policy][batch] = minimum_bytes(problems[batch], policy, time_limit_s)  # type: ignore[arg-type]
+            else:
+                minimums[policy][batch] = strategies_at(batch).minimum_bytes(policy)
         return minimums[policy][batch]
 
     def fits(policy: str) -> Callable[[int], bool]:
@@ -338,8 +421,8 @@ def _search(
 
         return check
 
-    batches = {policy: largest_fitting(fits(policy), ceiling=ceiling) for policy in policies}
-    return batches, minimums, workspace_bytes
+    batches = {policy: largest_fitting(fits(policy), ceiling=ceiling) for policy in names}
+    return _Searched(batches, minimums, workspace_bytes, skipped)
 
 
 def planned_max_batch_transformer(
@@ -362,7 +445,8 @@ def planned_max_batch_transformer(
 
     Args:
         model: a transformer preset, ``hf:<model_type>``, a config path or ``"package.module:function"``.
-        policies: policies with an action set (:data:`cswap.planner.POLICY_ACTIONS`).
+        policies: policies with an action set (:data:`cswap.planner.POLICY_ACTIONS`), strategies
+            (:data:`cswap.simulate.strategies.STRATEGIES`), or :data:`ALL` for every one that can run.
         memory_limit_bytes: the device memory.
         seq_len: tokens per sequence (default: the preset's).
         dtype: weights, gradients and activations.
@@ -373,7 +457,8 @@ def planned_max_batch_transformer(
         workspace_fraction, ceiling, time_limit_s: as :func:`planned_max_batch` takes them.
 
     Raises:
-        ValueError: a limit that is not positive, a bad fraction, an unknown policy or model.
+        ValueError: a limit that is not positive, a bad fraction, an unknown policy or model, or a
+            strategy named that cannot run on the model.
     """
     from cswap.simulate.modeltrace import is_transformer_model, trace_model
 
@@ -393,7 +478,7 @@ def planned_max_batch_transformer(
     state_bytes = 2 * weight_bytes + 8 * parameters + (4 * parameters if master else 0)
     optimizer = f"AdamW (2 float32 moments), {dtype} weights and gradients" + (", float32 master weights" if master else "")
     tokens = int(first.meta["seq_len"])
-    batches, minimums, workspace_bytes = _search(
+    found = _search(
         policies,
         memory_limit_bytes,
         trace_at=lambda batch: first if batch == 1 else trace_at(batch),
@@ -408,11 +493,12 @@ def planned_max_batch_transformer(
     return PlannedMaxBatch(
         name,
         int(memory_limit_bytes),
-        batches,
+        found.batches,
         state_bytes,
-        workspace_bytes,
+        found.workspace_bytes,
         optimizer,
-        minimum_bytes=minimums,
+        minimum_bytes=found.minimums,
         parameters=parameters,
         seq_len=tokens,
+        skipped=found.skipped,
     )

@@ -88,3 +88,67 @@ def test_planned_rejects_bad_settings() -> None:
         planned_max_batch("vgg11", ("cpu-compress-swap",), 2**30)
     with pytest.raises(ValueError, match="workspace_fraction must be in"):
         planned_max_batch("vgg11", ("none",), 2**30, workspace_fraction=1.5)
+
+
+# A two-layer GPT-2 of 128-token sequences: its state (53.6 M parameters, 12 bytes each: 0.60 GiB)
+# leaves room for a few dozen sequences in 1.25 GiB.
+LM = dict(seq_len=128, num_layers=2, dtype="bfloat16", attention="sdpa")
+LM_LIMIT = 5 * 2**28
+
+
+@pytest.fixture(scope="module")
+def lm_batches():
+    from cswap.training.maxbatch import planned_max_batch_transformer
+
+    return planned_max_batch_transformer("gpt2", ("none", "swap", "ac-full", "offload-all"), LM_LIMIT, ceiling=256, **LM)
+
+
+def test_strategies_get_a_largest_micro_batch_with_the_policies_accounting(lm_batches) -> None:
+    batches = lm_batches.batches
+    assert list(batches) == ["none", "swap", "ac-full", "offload-all"]
+    assert 0 < batches["none"] < batches["ac-full"], batches  # checkpointing every layer fits more
+    assert batches["none"] < batches["offload-all"] <= batches["swap"], batches
+    assert lm_batches.skipped == {}
+
+
+@pytest.mark.parametrize("strategy", ["ac-full", "offload-all"])
+def test_a_strategys_largest_batch_is_the_last_whose_simulated_peak_fits(lm_batches, strategy: str) -> None:
+    from cswap.simulate import SimConfig, Simulator
+    from cswap.simulate.modeltrace import trace_model
+    from cswap.simulate.strategies import Strategies
+
+    def left(batch: int) -> int:  # what the limit leaves the activations: the search's own arithmetic
+        return LM_LIMIT - lm_batches.state_bytes - lm_batches.workspace_bytes - 2 * batch * LM["seq_len"] * 8
+
+    def peak(batch: int) -> int:
+        trace = trace_model("gpt2", batch, "a100-pcie4", **LM)
+        return Strategies(Simulator(trace, "a100-pcie4", SimConfig())).result(strategy).peak_bytes
+
+    largest = lm_batches.batches[strategy]
+    assert peak(largest) <= left(largest) and peak(largest + 1) > left(largest + 1)
+    assert lm_batches.minimum_bytes[strategy][largest] == peak(largest)
+
+
+def test_all_takes_the_strategies_a_model_can_run_and_says_why_not_the_others() -> None:
+    from cswap.planner import POLICY_ACTIONS
+    from cswap.training.maxbatch import planned_max_batch
+
+    result = planned_max_batch("vgg11", ("all",), 144 * 2**20, resolution=32, width_mult=0.25, ceiling=512)
+    assert list(result.batches) == [*POLICY_ACTIONS, "offload-all", "recompute-knapsack", "ilp-kro"]
+    assert set(result.skipped) == {"ac-full", "ac-selective", "offload-all+ac", "megatron-offload"}
+    assert "no transformer layers" in result.skipped["ac-full"] and result.to_dict()["skipped"] == result.skipped
+    assert result.batches["none"] < result.batches["offload-all"] <= result.batches["swap"]
+    with pytest.raises(ValueError, match="strategy 'ac-full' cannot run on this model: the trace has no transformer layers"):
+        planned_max_batch("vgg11", ("none", "ac-full"), 144 * 2**20, resolution=32, width_mult=0.25, ceiling=512)
+
+
+def test_cli_lists_strategies_beside_policies_for_a_transformer() -> None:
+    import json
+
+    args = ["max-batch", "--model", "gpt2", "--layers", "1", "--seq-len", "64", "--memory-limit", "1GiB"]
+    result = CliRunner().invoke(app, [*args, "--policies", "none,ac-full,recompute-knapsack", "--json"])
+    assert result.exit_code == 0, result.output
+    batches = json.loads(result.output)["max_batch"]
+    assert list(batches) == ["none", "ac-full", "recompute-knapsack"] and 0 < batches["none"] <= batches["ac-full"]
+    unknown = CliRunner().invoke(app, [*args, "--policies", "none,ac-ful"])
+    assert unknown.exit_code == 2 and "the strategies ac-full" in " ".join(unknown.output.split())
