@@ -15,7 +15,13 @@ policy                 actions under a budget  system it reproduces             
 ``compress-keep``      keep, zvc-keep          FreeLunch                             yes
 ``recompute``          keep, recompute         checkpointing (Chen et al., MONeT)    yes
 ``capuchin``           keep, swap, recompute   Capuchin (its greedy, not the MILP)   yes
+``ac-full``            (none: a fixed plan)    activation checkpointing per layer    yes
 =====================  ======================  ====================================  =========
+
+``ac-full`` recomputes every repeated layer (the blocks of the model's largest list of identical
+modules, as Hugging Face's ``gradient_checkpointing_enable()`` does) and keeps everything else,
+whatever the budget: under one, the least budget it meets is its own peak
+(:mod:`cswap.planner.regions`). It is the simulator's strategy of the same name, carried out.
 
 Compression never stores more than the raw bytes, so a tensor ZVC would not shrink (or whose dtype
 it cannot encode) gets no ``zvc`` option; a policy that swaps only compressed (``compress-swap``)
@@ -26,8 +32,8 @@ Example:
     ['keep', 'swap']
     >>> single_mechanism_policies()
     ('swap', 'compress-swap', 'compress-keep', 'recompute')
-    >>> POLICY_TABLE["compress-swap"].system, RUNTIME_POLICIES[-1]
-    ('cDMA', 'capuchin')
+    >>> POLICY_TABLE["compress-swap"].system, RUNTIME_POLICIES[-2:]
+    ('cDMA', ('capuchin', 'ac-full'))
 """
 
 from __future__ import annotations
@@ -86,6 +92,8 @@ class Policy:
             (``None``: it never recomputes regions).
         recomputes_without_budget: it recomputes even without a budget (so it needs ``model=``).
         in_runtime: :class:`cswap.Runtime` runs it (otherwise only the simulator does).
+        checkpoints_layers: its recompute regions are every repeated layer, a fixed choice (not
+            the region planner's), and it keeps everything else.
     """
 
     name: str
@@ -98,6 +106,7 @@ class Policy:
     region_planner: str | None = None
     recomputes_without_budget: bool = False
     in_runtime: bool = True
+    checkpoints_layers: bool = False
 
 
 # Profiling a recomputing policy swaps every tensor (Capuchin's passive mode): it keeps nothing the
@@ -123,6 +132,9 @@ POLICY_TABLE: Mapping[str, Policy] = MappingProxyType({
                frozenset({KEEP, RECOMPUTE}), profile_action=_PASSIVE, region_planner="none", recomputes_without_budget=True),
         Policy("capuchin", "Capuchin", KEEP, "policy capuchin: not profiled yet, keep", frozenset({KEEP, SWAP, RECOMPUTE}),
                profile_action=_PASSIVE, fallback_action=SWAP, region_planner="capuchin", recomputes_without_budget=True),
+        Policy("ac-full", "activation checkpointing per layer (Chen et al.; Hugging Face)", KEEP,
+               "policy ac-full: not profiled yet, keep", profile_action=_PASSIVE, region_planner="none",
+               recomputes_without_budget=True, checkpoints_layers=True),
     )
 })
 

@@ -57,16 +57,19 @@ SPARSITY_MARGIN = 0.02
 #: it fits can pass the budget later, when backward rebuilds the swapped ones beside it).
 PASSIVE_ACTION = Action(POLICY_TABLE["recompute"].profile_action)
 
+# The policies the runtime runs under a budget: those planned under one, and those whose recompute
+# regions are fixed (ac-full), which meet any budget at least their own peak.
+_UNDER_BUDGET = {name: policy for name, policy in POLICY_TABLE.items() if policy.budget_actions or policy.checkpoints_layers}
+
 #: Per policy, the action of least device footprint: what a profiling iteration under a budget does.
 PROFILE_ACTIONS: Mapping[str, Action] = MappingProxyType(
-    {name: Action(policy.profile_action) for name, policy in POLICY_TABLE.items() if policy.budget_actions}
+    {name: Action(policy.profile_action) for name, policy in _UNDER_BUDGET.items()}
 )
 
 #: Per policy, what a keep that would pass the budget at pack becomes (``None``: nothing smaller
 #: is certain: compressing a dense tensor would hold more, not less).
 FALLBACK_ACTIONS: Mapping[str, Action | None] = MappingProxyType(
-    {name: None if policy.fallback_action is None else Action(policy.fallback_action)
-     for name, policy in POLICY_TABLE.items() if policy.budget_actions}
+    {name: None if policy.fallback_action is None else Action(policy.fallback_action) for name, policy in _UNDER_BUDGET.items()}
 )
 
 

@@ -28,6 +28,11 @@ tensors by their profiled keys.
 Without a budget, ``recompute`` and ``capuchin`` plan at their least footprint: every candidate
 region that frees memory, the rest at the least peak their actions reach.
 
+``ac-full`` (activation checkpointing) does not choose: its regions are every repeated layer of the
+model that ran with grad and can be recomputed (:func:`layer_regions`), the rest kept, with a
+budget or without; under one, the least budget it meets is that plan's peak. A model without
+repeated layers gets a plan that recomputes nothing and says why (``plan.planner["layers"]``).
+
 Example:
     >>> import itertools, types
     >>> import torch
@@ -73,7 +78,7 @@ from cswap.profile.regions import InputRecord, RegionProfile
 from cswap.profile.regions import nested_pair
 from cswap.profile.trace import Trace
 
-__all__ = ["BASE_POLICIES", "GROW_WIDTH", "NO_CODEC", "TIME_TRIALS", "RegionPlan", "plan_regions"]
+__all__ = ["BASE_POLICIES", "GROW_WIDTH", "NO_CODEC", "TIME_TRIALS", "RegionPlan", "layer_regions", "plan_regions"]
 
 #: Per recomputing policy, the policy whose actions plan the tensors no region frees.
 BASE_POLICIES: Mapping[str, str] = MappingProxyType(
@@ -294,6 +299,38 @@ def _choose(planning: _Planning, budget_bytes: int, time_trials: int) -> tuple[s
     return regions
 
 
+def layer_regions(profile: RegionProfile) -> tuple[tuple[str, ...], str]:
+    """``ac-full``'s regions: the model's repeated layers (:attr:`RegionProfile.layers`) that ran with
+    grad, saved something and can be recomputed; and what the plan says of them, in words.
+
+    Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> from cswap.profile.regions import profile_regions
+        >>> block = lambda: nn.Sequential(nn.Linear(8, 8), nn.Tanh())
+        >>> model = nn.Sequential(nn.Linear(4, 8), block(), block(), nn.Linear(8, 1))
+        >>> x = torch.randn(2, 4)
+        >>> layer_regions(profile_regions(model, lambda: model(x).sum().backward()))
+        (('1', '2'), 'every layer recomputed: 2 layers, 1 to 2')
+        >>> flat = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+        >>> layer_regions(profile_regions(flat, lambda: flat(x).sum().backward()))[1].startswith("the model has no repeated layers")
+        True
+    """
+    ran = {c.path for c in profile.calls if c.grad_enabled}
+    layers = [p for p in profile.layers if p in ran and profile.regions[p].keys]
+    if not layers:
+        return (), ("the model has no repeated layers (no block class repeats in an nn.ModuleList or nn.Sequential) that "
+                    "ran with grad and saved tensors: nothing recomputed, every tensor kept")
+    refused = {p: profile.regions[p].ineligible for p in layers if profile.regions[p].ineligible is not None}
+    chosen = tuple(p for p in layers if p not in refused)
+    note = (f"every layer recomputed: {len(chosen)} layers, {chosen[0]} to {chosen[-1]}" if chosen
+            else "no layer recomputed, every tensor kept")
+    if refused:
+        first, why = next(iter(refused.items()))
+        note += f"; {len(refused)} of {len(layers)} cannot be recomputed ({first}: {why})"
+    return chosen, note
+
+
 def _compact_bytes(shape: tuple[int, ...], dtype: str) -> int:
     itemsize = getattr(torch, dtype).itemsize
     return math.prod(shape) * itemsize
@@ -378,7 +415,7 @@ def plan_regions(
     Args:
         trace: the profile of saved tensors (keys are the outer pack ordinals, as in ``profile``).
         profile: the same iteration's recompute regions (:class:`~cswap.profile.regions.RegionTracer`).
-        policy: ``recompute``, ``capuchin`` or ``cswap``.
+        policy: ``recompute``, ``capuchin``, ``cswap`` or ``ac-full``.
         budget: the memory budget (a fraction resolves against policy ``none``'s peak), or ``None``.
         time_model: predicts codec seconds.
         backend: the codec backend.
@@ -400,12 +437,15 @@ def plan_regions(
     none_bytes = minimum_bytes(full, "none") if budget is not None else None
     if budget is not None:
         budget_bytes = budget.resolve(max(none_bytes, 1)) if budget.relative else budget.resolve()
-    smallest = _least_footprint(planning)
+    fixed = POLICY_TABLE[policy].checkpoints_layers
+    smallest, layers_note = layer_regions(profile) if fixed else (_least_footprint(planning), "")
     smallest_bytes = max(planning.least(smallest), 1)
     least = max(smallest_bytes, profiled_peak_bytes)  # a run at a budget profiles first, within it
     if budget_bytes is None:
         regions, target, least = smallest, smallest_bytes, smallest_bytes
     elif budget_bytes < least:
+        regions, target = smallest, budget_bytes
+    elif fixed:
         regions, target = smallest, budget_bytes
     else:
         regions, target = _choose(planning, budget_bytes, time_trials if policy != "recompute" else 0), budget_bytes
@@ -418,12 +458,18 @@ def plan_regions(
                                  fallback_action=FALLBACK_ACTIONS[policy], d2h_gbps=trace.d2h_gbps, h2d_gbps=trace.h2d_gbps)
     if target < least or planned is None:
         reason = f"budget {target:,d} B below this policy's least {least:,d} B: {PASSIVE_ACTION.value} (passive)"
+        if layers_note:
+            reason += f" ({layers_note})"
         plan = Plan(**rules, default_action=PASSIVE_ACTION, prefetch_bytes=0, default_reason=reason)
         return RegionPlan(plan, target, BudgetError(least, policy, target, none_peak_bytes=minimum_bytes(full, "none") or None))
     plan = plan_from_budget(trace, problem, planned, rules, PASSIVE_ACTION if rules["fallback_action"] else Action.KEEP, least,
                             none_bytes)
     if extra:
         plan = replace(plan, planner=MappingProxyType({**plan.planner, "region_input_bytes": extra}))
+    if layers_note:
+        plan = replace(plan, planner=MappingProxyType({**plan.planner, "layers": layers_note}))
+        if not regions:  # nothing to rebuild: each kept tensor's row says why ac-full keeps it
+            plan = replace(plan, decisions={k: replace(d, reason=f"policy {policy}: {layers_note}") for k, d in plan.decisions.items()})
     if not regions:
         return RegionPlan(plan, target)
     plan, region_keys = _rekeyed(plan, profile, regions, planning.freed(regions))

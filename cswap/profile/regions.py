@@ -25,6 +25,7 @@ Example:
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
@@ -50,6 +51,7 @@ __all__ = [
     "Stamps",
     "nested_pair",
     "profile_regions",
+    "repeated_layers",
 ]
 
 
@@ -67,6 +69,48 @@ def nested_pair(paths: Iterable[str]) -> tuple[str, str] | None:
             if outer == "" or inner.startswith(outer + "."):
                 return outer, inner
     return None
+
+
+def repeated_layers(model: nn.Module) -> tuple[str, ...]:
+    """The paths of ``model``'s layers, outermost only, in module order: every module of the block
+    class that repeats most within one list (an ``nn.ModuleList`` or ``nn.Sequential``; a block is a
+    module with submodules, so a list of single ops, a ``Conv2d`` after a ``ReLU``, holds no layers,
+    and a pooling op between blocks does not break a list). A transformer's ``h`` or ``layers``, a
+    ResNet's bottlenecks, GoogLeNet's inception blocks. Empty when no block class repeats in a list.
+
+    Every module of that class counts, wherever it sits (a ResNet's four stages are four lists of one
+    block class): what ``apply_activation_checkpointing`` wraps when given the layer class, and what
+    Hugging Face's ``gradient_checkpointing_enable()`` wraps in a transformer. Blocks that are plain
+    ``nn.Sequential`` say nothing by their class: then only the winning list's blocks are layers.
+
+    Example:
+        >>> block = lambda: nn.Sequential(nn.Linear(4, 4), nn.Tanh())
+        >>> model = nn.Sequential(nn.Linear(4, 4), nn.ModuleList([block(), block(), block()]), nn.ReLU(), block())
+        >>> repeated_layers(model)
+        ('1.0', '1.1', '1.2')
+        >>> repeated_layers(nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4)))
+        ()
+    """
+    best: tuple[int, str, type[nn.Module]] | None = None
+    for path, container in model.named_modules():
+        if not isinstance(container, (nn.ModuleList, nn.Sequential)):
+            continue
+        # single ops (a ReLU, a pooling op) are what layers are made of, not layers
+        counts = Counter(type(child) for child in container.children() if next(child.children(), None) is not None)
+        if not counts:
+            continue
+        kind, count = counts.most_common(1)[0]
+        if count >= 2 and (best is None or count > best[0]):
+            best = (count, path, kind)
+    if best is None:
+        return ()
+    _, container_path, kind = best
+    if kind in (nn.Sequential, nn.ModuleList):
+        prefix = f"{container_path}." if container_path else ""
+        children = model.get_submodule(container_path).named_children()
+        return tuple(f"{prefix}{name}" for name, child in children if type(child) is kind)
+    paths = [path for path, module in model.named_modules() if type(module) is kind and path]
+    return tuple(p for p in paths if not any(o != p and p.startswith(o + ".") for o in paths))
 
 
 class Stamps(Protocol):
@@ -208,11 +252,13 @@ class RegionProfile:
         saves: every outer pack, by key.
         calls: every module call, in order of entry.
         regions: per module path that ran, its :class:`RegionFacts`.
+        layers: the model's repeated layers (:func:`repeated_layers`), whether or not they ran.
     """
 
     saves: tuple[SavedRecord, ...]
     calls: tuple[CallRecord, ...]
     regions: Mapping[str, RegionFacts]
+    layers: tuple[str, ...] = ()
 
     @property
     def candidates(self) -> tuple[str, ...]:
@@ -317,6 +363,7 @@ class RegionTracer:
         self._handles: list[Any] = []
         self._stopped = False
         self._compiled = compiled_paths(model)
+        self._layers = repeated_layers(model)
 
     def __enter__(self) -> RegionTracer:
         for path, module in self.model.named_modules():
@@ -446,7 +493,7 @@ class RegionTracer:
                 calls=len(mine),
                 ineligible=reason,
             )
-        return RegionProfile(saves, calls, MappingProxyType(regions))
+        return RegionProfile(saves, calls, MappingProxyType(regions), self._layers)
 
 
 def profile_regions(model: nn.Module, step: Callable[[], Any], *, clock: Stamps | None = None) -> RegionProfile:

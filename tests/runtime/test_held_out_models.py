@@ -103,7 +103,12 @@ def test_held_out_architectures_keep_plain_gradients(reference, name: str, polic
         assert_bit_equal(expected, got, what=f"{name}/{policy} iteration {iteration} gradient")
     stats = rt.stats()
     assert stats.resident_bytes == 0
-    if policy != "none":
+    if policy == "ac-full":  # every repeated layer recomputed; a model without any keeps everything and says so
+        layers = ("encoder.layers.0", "encoder.layers.1") if name == "transformer" else ()
+        assert rt.plan().recompute_regions == layers
+        assert (stats.actions["recompute"] > 0) == bool(layers)
+        assert bool(layers) != rt.plan().planner["layers"].startswith("the model has no repeated layers")
+    elif policy != "none":
         moved = sum(count for action, count in stats.actions.items() if action != "keep")
         assert moved > 0, f"{policy} moved nothing on {name}"
     indices = [t for t in rt.trace().tensors if t.dtype == "int64"]

@@ -7,6 +7,7 @@ import torch
 
 from cswap import models
 from cswap.options import POLICIES
+from cswap.profile.regions import repeated_layers
 from tests.runtime.helpers import assert_bit_equal, batches, runtime_for, train
 
 EPOCHS = 2
@@ -57,6 +58,14 @@ def test_gradients_bit_identical(reference, name: str, policy: str) -> None:
         # Without a budget: its least footprint, which swapping reaches without recomputing.
         assert planned["swap"] > 0 and planned["zvc-swap"] == planned["zvc-keep"] == 0
         assert stats.unknown_keys == 0
+    elif policy == "ac-full":
+        # Every repeated block recomputed (a ResNet's, GoogLeNet's inception blocks); a plain stack of
+        # ops (AlexNet, VGG) has none, and the plan keeps everything and says so.
+        layers = repeated_layers(rt.options.model)
+        assert rt.plan().recompute_regions == layers and planned["swap"] == planned["zvc-swap"] == planned["zvc-keep"] == 0
+        assert (planned["recompute"] > 0) == bool(layers) == (name not in ("alexnet", "vgg11", "vgg16", "vgg19"))
+        if not layers:
+            assert rt.plan().planner["layers"].startswith("the model has no repeated layers")
     elif policy == "cswap":
         # The first epoch profiles keeping everything; the second follows the cost model, which on
         # this slow link compresses the sparse tensors.

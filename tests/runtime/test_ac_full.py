@@ -1,0 +1,154 @@
+"""Policy ``ac-full``: every repeated layer recomputed (activation checkpointing), the rest kept.
+
+On tiny Hugging Face GPT-2 and Llama models (with ``use_cache=False``, as Hugging Face's own
+gradient checkpointing sets it) and a ResNet, the gradients are bit-identical to plain PyTorch's and
+the measured peak of saved activations is below ``none``'s. A layer that cannot be recomputed (a
+key/value cache passed in) or a model without repeated layers gets a plan that recomputes nothing
+and says why. Under a budget its fixed plan either holds the budget or is refused with its own
+peak (or its profiling iteration's) as the least budget, which a fresh run then holds.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import warnings
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import nn
+
+import cswap
+from cswap import models
+from cswap.budget import BudgetError
+from cswap.planner.actions import POLICY_ACTIONS, RUNTIME_POLICIES
+from tests.runtime.helpers import assert_bit_equal
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB, SEQ_LEN = 256, 32
+
+
+def _gpt2(use_cache: bool = False) -> nn.Module:
+    config = transformers.GPT2Config(vocab_size=VOCAB, n_positions=SEQ_LEN, n_embd=64, n_layer=3, n_head=4)
+    config.use_cache = use_cache
+    return transformers.GPT2LMHeadModel(config)
+
+
+def _llama() -> nn.Module:
+    config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=172, num_hidden_layers=3,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=SEQ_LEN)
+    config.use_cache = False
+    return transformers.LlamaForCausalLM(config)
+
+
+LANGUAGE_MODELS: dict[str, Callable[[], nn.Module]] = {"gpt2": _gpt2, "llama": _llama, "gpt2-cached": functools.partial(_gpt2, True)}
+LAYERS = {"gpt2": tuple(f"transformer.h.{i}" for i in range(3)), "llama": tuple(f"model.layers.{i}" for i in range(3))}
+
+
+@functools.cache
+def _model(name: str) -> nn.Module:
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return LANGUAGE_MODELS[name]().train()
+
+
+def _lm_step(model: nn.Module) -> list[torch.Tensor]:
+    model.zero_grad(set_to_none=True)
+    ids = torch.randint(0, VOCAB, (2, SEQ_LEN), generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(7)  # the same dropout masks every call
+    model(input_ids=ids, labels=ids).loss.backward()
+    return [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+
+def _run(model: nn.Module, step: Callable[[nn.Module], list[torch.Tensor]], policy: str | None, iterations: int = 3,
+         **options: object) -> tuple[list[torch.Tensor], cswap.Runtime | None]:
+    """``iterations`` steps of a copy of ``model`` (under ``policy``, or plain PyTorch): the last gradients and the runtime."""
+    model = copy.deepcopy(model)
+    rt = cswap.Runtime(policy, device="cpu", model=model, **options) if policy else None
+    grads: list[torch.Tensor] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(iterations):
+            if rt is None:
+                grads = step(model)
+                continue
+            with rt.iteration():
+                grads = step(model)
+    return grads, rt
+
+
+def test_ac_full_is_a_runtime_policy_with_a_fixed_plan() -> None:
+    assert "ac-full" in RUNTIME_POLICIES and "ac-full" not in POLICY_ACTIONS  # not planned for a budget
+    with pytest.raises(ValueError, match="needs the model"):
+        cswap.Runtime("ac-full", device="cpu")
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_every_layer_recomputed_with_plain_gradients_below_nones_peak(name: str) -> None:
+    plain, _ = _run(_model(name), _lm_step, None)
+    grads, rt = _run(_model(name), _lm_step, "ac-full")
+    _, none = _run(_model(name), _lm_step, "none", iterations=1)
+    assert_bit_equal(plain, grads, what=f"{name} ac-full gradient")
+    plan = rt.plan()
+    assert plan.recompute_regions == LAYERS[name]
+    assert plan.planner["layers"] == f"every layer recomputed: 3 layers, {LAYERS[name][0]} to {LAYERS[name][-1]}"
+    stats = rt.stats()
+    assert stats.actions["recompute"] > 0 and stats.actions["swap"] == stats.actions["zvc-swap"] == stats.actions["zvc-keep"] == 0
+    # the planned iterations keep each layer's input and the head, not every layer's interior
+    assert stats.iteration_peak_resident_bytes < 0.6 * none.stats().iteration_peak_resident_bytes
+    assert stats.resident_bytes == 0
+
+
+def test_a_layer_holding_a_key_value_cache_is_kept_and_the_plan_says_why() -> None:
+    plain, _ = _run(_model("gpt2-cached"), _lm_step, None, iterations=2)
+    grads, rt = _run(_model("gpt2-cached"), _lm_step, "ac-full", iterations=2)
+    assert_bit_equal(plain, grads, what="gpt2 (use_cache) ac-full gradient")
+    plan = rt.plan()
+    assert plan.recompute_regions == () and rt.stats().actions["recompute"] == 0
+    note = plan.planner["layers"]
+    assert note.startswith("no layer recomputed, every tensor kept; 3 of 3 cannot be recomputed (transformer.h.0:")
+    assert "config.use_cache = False" in note
+    assert all(d.reason == f"policy ac-full: {note}" for d in plan.decisions.values())
+
+
+def _image_step(model: nn.Module) -> list[torch.Tensor]:
+    model.zero_grad(set_to_none=True)
+    generator = torch.Generator().manual_seed(2)
+    images, labels = torch.randn(2, 3, 32, 32, generator=generator), torch.randint(0, 10, (2,), generator=generator)
+    torch.manual_seed(7)
+    nn.functional.cross_entropy(model(images), labels).backward()
+    return [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+
+def test_a_resnet_recomputes_its_blocks_and_a_vgg_without_any_keeps_everything() -> None:
+    torch.manual_seed(0)
+    resnet = models.build("resnet18", num_classes=10, width_mult=0.25).train()
+    plain, _ = _run(resnet, _image_step, None)
+    grads, rt = _run(resnet, _image_step, "ac-full")
+    _, none = _run(resnet, _image_step, "none", iterations=1)
+    assert_bit_equal(plain, grads, what="resnet18 ac-full gradient")
+    assert rt.plan().recompute_regions == tuple(f"layer{stage}.{block}" for stage in range(1, 5) for block in range(2))
+    assert rt.stats().iteration_peak_resident_bytes < none.stats().iteration_peak_resident_bytes
+    vgg = models.build("vgg11", num_classes=10, width_mult=0.125).train()
+    plain, _ = _run(vgg, _image_step, None, iterations=2)
+    grads, rt = _run(vgg, _image_step, "ac-full", iterations=2)
+    assert_bit_equal(plain, grads, what="vgg11 ac-full gradient")
+    assert rt.plan().recompute_regions == () and rt.stats().actions["recompute"] == 0
+    assert rt.plan().planner["layers"].startswith("the model has no repeated layers (no block class repeats")
+
+
+def test_under_a_budget_its_own_peak_is_the_least_and_a_run_there_holds_it() -> None:
+    plain, _ = _run(_model("llama"), _lm_step, None)
+    with pytest.raises(BudgetError) as refused:
+        _run(_model("llama"), _lm_step, "ac-full", memory_budget=0.05)
+    least = refused.value.minimum_bytes
+    _, free = _run(_model("llama"), _lm_step, "ac-full")
+    # the fixed plan's own peak, or its profiling iteration's where that holds more (a run at a budget profiles within it)
+    assert least >= free.plan().planner["minimum_bytes"] and refused.value.policy == "ac-full"
+    grads, rt = _run(_model("llama"), _lm_step, "ac-full", memory_budget=least)
+    assert_bit_equal(plain, grads, what="llama ac-full gradient at its least budget")
+    assert rt.plan().recompute_regions == LAYERS["llama"]
+    assert rt.stats().iteration_peak_resident_bytes <= least
