@@ -1,11 +1,15 @@
-"""The largest batch per policy in a memory limit, planned on meta traces (no GPU): one JSON object.
+"""The largest batch per policy and strategy in a memory limit, planned on meta traces (no GPU): one JSON object.
 
-Compares with Capuchin's published table (ResNet-50 on a 16 GB GPU: 190 without it, 1014 with it).
-The figures are planned, not run: see :mod:`cswap.training.maxbatch` for what is counted.
+An image model compares with Capuchin's published table (ResNet-50 on a 16 GB GPU: 190 without it,
+1014 with it). A transformer (a preset such as ``llama-3.2-1b``, with ``--seq-len``) is full
+fine-tuning with AdamW's state counted. ``--policies all`` adds the strategies users pick instead
+(activation checkpointing, offloading, ...: :mod:`cswap.simulate.strategies`) that can run on the
+model. The figures are planned, not run: see :mod:`cswap.training.maxbatch` for what is counted.
 
 Usage:
     python benchmarks/max_batch.py
     python benchmarks/max_batch.py --model vgg16 --memory-limit 16GiB --policies none,swap,cswap
+    python benchmarks/max_batch.py --model llama-3.2-1b --memory-limit 80GiB --seq-len 4096 --policies all
 """
 
 from __future__ import annotations
@@ -18,31 +22,41 @@ import platform
 import time
 
 from cswap.planner import POLICY_ACTIONS
-from cswap.training.maxbatch import parse_bytes
-from cswap.training.maxbatch import planned_max_batch
+from cswap.simulate.modeltrace import is_transformer_model
+from cswap.training.maxbatch import parse_bytes, planned_max_batch, planned_max_batch_transformer
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="resnet50")
     parser.add_argument("--memory-limit", default="16GiB")
-    parser.add_argument("--policies", default=",".join(POLICY_ACTIONS))
-    parser.add_argument("--hardware", default="v100-pcie3")
+    parser.add_argument("--policies", default=",".join(POLICY_ACTIONS), help="comma-separated policies and strategies, or all")
+    parser.add_argument("--seq-len", type=int, default=None, help="tokens per sequence of a transformer (default: the preset's)")
+    parser.add_argument("--hardware", default=None, help="hardware profile (default: v100-pcie3 for an image model, a100-pcie4 for a transformer)")
     args = parser.parse_args()
     started = time.perf_counter()
-    result = planned_max_batch(args.model, args.policies.split(","), parse_bytes(args.memory_limit), hardware=args.hardware)
+    policies = args.policies.split(",")
+    if is_transformer_model(args.model, args.seq_len):
+        hardware = args.hardware or "a100-pcie4"
+        result = planned_max_batch_transformer(args.model, policies, parse_bytes(args.memory_limit), seq_len=args.seq_len,
+                                               hardware=hardware)
+        reference = {}
+    else:
+        hardware = args.hardware or "v100-pcie3"
+        result = planned_max_batch(args.model, policies, parse_bytes(args.memory_limit), hardware=hardware)
+        reference = {"capuchin_paper": {"none": 190, "capuchin": 1014}}
     batches = result.batches
     print(
         json.dumps(
             {
                 **result.to_dict(),
                 "ratio_to_none": {p: (b / batches["none"] if batches.get("none") else None) for p, b in batches.items()},
-                "hardware_profile": args.hardware,
+                "hardware_profile": hardware,
                 "machine": platform.processor() or platform.machine(),
                 "cores": os.cpu_count(),
                 "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                 "search_s": time.perf_counter() - started,
-                "capuchin_paper": {"none": 190, "capuchin": 1014},
+                **reference,
             }
         )
     )
