@@ -244,6 +244,7 @@ class Executor:
             self._arena_profiling = profiler is not None
             arena.reset_peak()
             self.counters.iteration_peak_resident_bytes = self.counters.resident_bytes
+            self.counters.iteration_peak_host_bytes = self.counters.host_bytes
         return IterationState(plan, profiler, self._protected_storages(plan, model))
 
     def _protected_storages(self, plan: Plan, model: torch.nn.Module | None) -> frozenset[int]:
@@ -271,6 +272,12 @@ class Executor:
     def hooks(self, it: IterationState) -> tuple[Callable[[torch.Tensor], Handle], Callable[[Handle], torch.Tensor]]:
         """``(pack, unpack)`` for ``torch.autograd.graph.saved_tensors_hooks``."""
         return functools.partial(self.pack, it), functools.partial(self.unpack, it)
+
+    def close(self) -> None:
+        """Collect the host compressions still running and stop their worker threads (they also
+        stop when the executor is garbage-collected)."""
+        with self._lock:
+            self.transfers.close()
 
     def snapshot(self) -> Counters:
         """A copy of the counters, after applying pending releases."""
@@ -514,6 +521,14 @@ class Executor:
                 stored.owner = owner
             if count_zeros:
                 zeros = self._zeros(layout.compact(tensor), layout)
+            return stored, zeros
+        if action is Action.HOST_ZVC_SWAP:
+            # Moved raw like a swap; a worker compresses the host copy (cswap.execute.hostcodec).
+            if count_zeros:
+                zeros = self._zeros(layout.compact(tensor), layout)
+            self.transfers.store_host_compressed(stored, tensor if layout.plain else layout.compact(tensor))
+            counters.offloaded_bytes += layout.nbytes
+            counters.transferred_bytes += layout.nbytes
             return stored, zeros
         if action is Action.SWAP and layout.plain and not count_zeros:
             # The common case stays off every Python layer it can: one host view, one copy (on a

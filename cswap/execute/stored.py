@@ -42,7 +42,18 @@ __all__ = ["Counters", "Handle", "Stored"]
 class Counters:
     """What the executor did, cumulative; :class:`cswap.stats.RuntimeStats` is the public snapshot.
 
-    Attributes are documented on :class:`cswap.runtime.RuntimeStats`.
+    Attributes are documented on :class:`cswap.runtime.RuntimeStats`, but for the host-memory
+    ones, which it does not report yet:
+
+    Attributes:
+        host_bytes: host bytes holding saved tensors now: raw host copies (``swap``, and
+            ``host-zvc-swap`` until its compression is collected) and compressed buffers
+            (``zvc-swap``, ``host-zvc-swap``), whatever memory they are in (arena, pool slot, pageable).
+        peak_host_bytes: the most ``host_bytes`` reached (raw copy and compressed buffers of one
+            ``host-zvc-swap`` tensor count together for the moment both are held).
+        iteration_peak_host_bytes: the same since the current iteration began.
+        host_compressed_tensors: ``host-zvc-swap`` tensors whose host copy was replaced by its compression.
+        host_compressed_input_bytes, host_compressed_bytes: their raw and compressed bytes.
     """
 
     packed_tensors: int = 0
@@ -68,6 +79,12 @@ class Counters:
     budget_waits: int = 0
     evicted_tensors: int = 0
     budget_evictions: int = 0
+    host_bytes: int = 0
+    peak_host_bytes: int = 0
+    iteration_peak_host_bytes: int = 0
+    host_compressed_tensors: int = 0
+    host_compressed_input_bytes: int = 0
+    host_compressed_bytes: int = 0
 
     def add_resident(self, nbytes: int) -> None:
         """Account ``nbytes`` more (or, negative, fewer) resident bytes and track the peaks."""
@@ -78,6 +95,14 @@ class Counters:
             self.epoch_peak_resident_bytes = self.resident_bytes
         if self.resident_bytes > self.iteration_peak_resident_bytes:
             self.iteration_peak_resident_bytes = self.resident_bytes
+
+    def add_host(self, nbytes: int) -> None:
+        """Account ``nbytes`` more (or, negative, fewer) host bytes holding saved tensors and track the peak."""
+        self.host_bytes += nbytes
+        if self.host_bytes > self.peak_host_bytes:
+            self.peak_host_bytes = self.host_bytes
+        if self.host_bytes > self.iteration_peak_host_bytes:
+            self.iteration_peak_host_bytes = self.host_bytes
 
 
 class Stored:
@@ -108,6 +133,9 @@ class Stored:
         "source",
         "owner",
         "dedupe_key",
+        "compressing",
+        "host_nbytes",
+        "host_sink",
         "_sink",
         "__weakref__",
     )
@@ -133,11 +161,16 @@ class Stored:
         self.source: torch.Tensor | None = None  # what it was compressed from, until then
         self.owner: Stored | None = None  # the entry counting the storage this one keeps too
         self.dedupe_key: tuple[Any, ...] | None = None  # the executor's key for this stored view
+        self.compressing: Any = None  # host-zvc-swap: the worker's future, until collected
+        self.host_nbytes = 0  # host bytes it holds (a host copy or compressed buffers)
+        self.host_sink: collections.deque[int] | None = None  # where those bytes are posted when it dies
         self._sink = sink
 
     def __del__(self) -> None:
         try:
             self._sink.append((self.key, self.block, self.held_bytes + self.prefetched_bytes, self.prefetched_bytes, self.dedupe_key))
+            if self.host_sink is not None:
+                self.host_sink.append(self.host_nbytes)
         except Exception:  # interpreter shutdown
             pass
 

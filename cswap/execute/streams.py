@@ -25,6 +25,13 @@ stream's kernels; on CPU the same calls run inline, with no stream and no event.
 * **Back to compute.** A rebuilt tensor is produced on the side stream; the compute stream waits on
   its event and the tensor is ``record_stream``-ed to the compute stream before backward reads it
   (:meth:`Transfers.hand_to_compute`).
+* **Host compression** (``host-zvc-swap``, vDNN++). The raw copy goes to the host as a swap's
+  does; a worker thread of :class:`~cswap.execute.hostcodec.HostCodec` compresses it once it has
+  landed (after the copy's event on a GPU) into fresh buffers, and the raw block is freed here, on
+  the training thread, when the result is collected (:meth:`Transfers.finish_host`, at the next
+  settle or host store). A rebuild waits for a compression still running, decompresses into a
+  staging block (pinned arena memory on a GPU) and copies that to the device like a swap. A tensor
+  whose compression would not shrink keeps its raw copy and is rebuilt as a swap.
 * **Threads.** Numba's OpenMP layer sets the calling thread's OpenMP thread count, which is also
   torch's: every codec call restores torch's count afterwards, so torch's reductions keep their
   order and gradients stay bit-identical.
@@ -61,6 +68,7 @@ import torch
 from cswap.codecs import NarrowingMissed, decode, encode, encode_unsized
 from cswap.codecs.format import Packed
 from cswap.execute.arena import ArenaBlock, HostArena, aligned
+from cswap.execute.hostcodec import HostCodec
 from cswap.execute.readback import ReadbackSlots
 from cswap.execute.stored import Counters, Stored
 from cswap.planner.plan import Action, Decision
@@ -88,16 +96,20 @@ class Transfers:
         arena: the host arena copies go to.
         counters: the executor's counters (resident bytes, compressed and transferred bytes, waits).
         defer_sizes: compress without waiting for the size; default: on a GPU.
+        host_codec: the worker threads of ``host-zvc-swap`` (default: :class:`HostCodec`'s, started
+            at the first host compression).
 
     Attributes:
         side_stream: the stream all traffic runs on (``None`` on CPU).
         in_flight: ``(event, bytes)`` of device-to-host copies whose sources are still counted, oldest
             first; all run on the side stream, so they finish in this order.
         unsized: stored entries whose compressed size is not read back yet, oldest first.
+        compressing: ``host-zvc-swap`` entries whose host compression is not collected yet, oldest first.
+        host_released: host bytes posted by dead entries (:attr:`Stored.host_sink`), not yet uncounted.
     """
 
     def __init__(self, device: torch.device, backend: str, arena: HostArena, counters: Counters,
-                 defer_sizes: bool | None = None) -> None:
+                 defer_sizes: bool | None = None, host_codec: HostCodec | None = None) -> None:
         self.device = device
         self.backend = backend
         self.arena = arena
@@ -108,11 +120,22 @@ class Transfers:
         self.in_flight: collections.deque[tuple[Any, int]] = collections.deque()
         self.unsized: collections.deque[Stored] = collections.deque()
         self._slots = ReadbackSlots(pin_memory=self.cuda) if self.defer_sizes else None
+        self.host_codec = HostCodec() if host_codec is None else host_codec
+        self.compressing: collections.deque[Stored] = collections.deque()
+        self.host_released: collections.deque[int] = collections.deque()
+        self._staging: collections.deque[tuple[Any, ArenaBlock]] = collections.deque()  # (event, block) of H2D copies in flight
+
+    def close(self) -> None:
+        """Collect the host compressions still running and shut their worker threads down."""
+        self.finish_host(wait=True)
+        self.host_codec.close()
 
     # ------------------------------------------------------------------ settling
 
     def settle(self) -> None:
         """Finish the compressions whose size has arrived and stop counting the sources of finished copies."""
+        if self.compressing or self.host_released or self._staging:
+            self.finish_host(wait=False)
         while self.unsized and self.unsized[0].unsized.ready():  # type: ignore[union-attr]
             self._finish_unsized(self.unsized.popleft())
         in_flight = self.in_flight
@@ -121,9 +144,11 @@ class Transfers:
             self.counters.resident_bytes -= in_flight.popleft()[1]
 
     def settle_all_sizes(self) -> None:
-        """Read back every compressed size now (exact counts; waiting is fine outside the hooks)."""
+        """Read back every compressed size, and collect every host compression, now (exact counts;
+        waiting is fine outside the hooks)."""
         while self.unsized:
             self._finish_unsized(self.unsized.popleft())
+        self.finish_host(wait=True)
 
     def wait_for_budget(self, budget_bytes: int | None) -> None:
         """Under a budget, wait for the oldest device-to-host copies while resident bytes pass it.
@@ -190,6 +215,84 @@ class Transfers:
         self.counters.add_resident(stored.held_bytes)
         self.unsized.append(stored)
 
+    def store_host_compressed(self, stored: Stored, source: torch.Tensor) -> None:
+        """``host-zvc-swap``: copy ``source`` to the host as a swap does, then hand the host copy to a
+        worker thread to compress (:class:`~cswap.execute.hostcodec.HostCodec`).
+
+        ``source`` is the compact form, or, for a :attr:`~cswap.execute.layout.Layout.plain`
+        layout, the tensor itself. The raw copy never takes a pool slot: it is freed when its
+        compression is collected, long before the slot's profiled lifetime ends.
+        """
+        if self.compressing:
+            self.finish_host(wait=False)  # free the raw copies of compressions done since
+        event = None
+        if self.side_stream is None:
+            self.copy_to_host(stored, source, non_blocking=False)
+        else:
+            with self._on_side_stream(source):
+                self.copy_to_host(stored, source, non_blocking=True)
+                event = self._side_event()
+            self.counters.add_resident(stored.layout.nbytes)
+            self.in_flight.append((event, stored.layout.nbytes))
+        host = stored.host
+        assert host is not None
+        # Both forms of the host copy are contiguous: its flat view is the compact form.
+        stored.compressing = self.host_codec.submit(host.view(-1), event)
+        self.compressing.append(stored)
+
+    def finish_host(self, wait: bool) -> None:
+        """Collect host compressions: each finished one (every one, with ``wait``) replaces its raw
+        host copy, which is freed now, unless it would not shrink it; uncount dead entries' host
+        bytes; free the staging blocks of finished host-to-device copies.
+
+        Runs on the training thread, under the executor's lock (the arena and the counters are its).
+
+        Raises:
+            HostCompressionError: a worker failed (see :mod:`cswap.execute.hostcodec`).
+        """
+        pending = self.compressing
+        if pending:
+            done = [stored for stored in pending if wait or stored.compressing.done()]
+            for stored in done:
+                pending.remove(stored)
+                self._finish_host_one(stored)
+        released = self.host_released
+        while released:
+            self.counters.host_bytes -= released.popleft()
+        staging = self._staging
+        while staging and staging[0][0].query():
+            self.arena.free(staging.popleft()[1])
+
+    def _finish_host_one(self, stored: Stored) -> None:
+        """Collect ``stored``'s host compression (waiting for it)."""
+        future, stored.compressing = stored.compressing, None
+        packed = HostCodec.result(future, stored.key)
+        counters = self.counters
+        raw_nbytes = stored.layout.nbytes
+        if packed.compressed_nbytes >= raw_nbytes:
+            # ZVC would not shrink it: the raw copy stays, and the entry is a swap from here on.
+            stored.action = Action.SWAP
+            counters.actions[Action.HOST_ZVC_SWAP.value] -= 1
+            counters.actions[Action.SWAP.value] += 1
+            return
+        stored.packed = packed
+        # Counted before the raw copy is uncounted: for that moment the host holds both.
+        self._hold_host(stored, packed.compressed_nbytes)
+        counters.add_host(-raw_nbytes)
+        stored.host_nbytes -= raw_nbytes
+        if stored.block is not None:
+            self.arena.free(stored.block)  # type: ignore[arg-type]  # never a pool slot (store_host_compressed)
+        stored.block = stored.host = None
+        counters.host_compressed_tensors += 1
+        counters.host_compressed_input_bytes += raw_nbytes
+        counters.host_compressed_bytes += packed.compressed_nbytes
+
+    def _hold_host(self, stored: Stored, nbytes: int) -> None:
+        """Count ``nbytes`` more host bytes held by ``stored`` until it dies."""
+        self.counters.add_host(nbytes)
+        stored.host_nbytes += nbytes
+        stored.host_sink = self.host_released
+
     def copy_to_host(self, stored: Stored, source: torch.Tensor, non_blocking: bool, pool_key: int | None = None) -> None:
         """Copy ``source`` into a host block of ``stored`` (on the current stream).
 
@@ -205,6 +308,7 @@ class Transfers:
             host, stored.block = self.arena.alloc_tensor(layout.dtype, (layout.numel,), (1,), layout.nbytes)
         stored.host = host
         host.copy_(source if source.shape == host.shape else source.view(host.shape), non_blocking=non_blocking)
+        self._hold_host(stored, layout.nbytes)
 
     # ------------------------------------------------------------------ fetching
 
@@ -213,6 +317,9 @@ class Transfers:
         if stored.unsized is not None:  # wanted back before its size was read: read it now
             self.unsized.remove(stored)
             self._finish_unsized(stored)
+        if stored.compressing is not None:  # wanted back before its host compression was collected
+            self.compressing.remove(stored)
+            self._finish_host_one(stored)
         side = self.side_stream
         if side is None:
             return self._rebuild(stored), None
@@ -325,6 +432,7 @@ class Transfers:
             view.copy_(part, non_blocking=self.cuda)
             views.append(view)
         stored.packed = replace(packed, bitmap=views[0], offsets=views[1], values=views[2])
+        self._hold_host(stored, packed.compressed_nbytes)
 
     def _rebuild(self, stored: Stored) -> torch.Tensor:
         layout = stored.layout
@@ -334,7 +442,9 @@ class Transfers:
             # The host copy has the tensor's shape and strides: one copy into a fresh tensor.
             return host.to(self.device, non_blocking=True, copy=True) if self.cuda else host.clone()
         flat, result = layout.allocate(self.device)
-        if stored.action is Action.SWAP:
+        if stored.action is Action.HOST_ZVC_SWAP:
+            self._decompress_on_host(stored, flat)
+        elif stored.action is Action.SWAP:
             assert stored.host is not None
             flat.copy_(stored.host, non_blocking=self.cuda)
         else:
@@ -348,3 +458,25 @@ class Transfers:
             with torch_threads_kept():
                 decode(packed, flat, backend=self.backend, launch=launch, validate=False)
         return result if result is not None else layout.rebuild_from(flat)
+
+    def _decompress_on_host(self, stored: Stored, flat: torch.Tensor) -> None:
+        """Rebuild a host-compressed ``stored`` into ``flat``: decompress on this thread (on CPU
+        straight into ``flat``; on a GPU into a pinned staging block, then one copy on the side stream)."""
+        packed = stored.packed
+        assert packed is not None
+        if not self.cuda:
+            with torch_threads_kept():
+                decode(packed, flat, backend="cpu", validate=False)
+            return
+        nbytes = stored.layout.nbytes
+        block = self.arena.alloc(nbytes)
+        staging = self.arena.tensor(block, flat.dtype, (flat.numel(),)) if block is not None else torch.empty(flat.numel(), dtype=flat.dtype)
+        with torch_threads_kept():
+            decode(packed, staging, backend="cpu", validate=False)
+        # From pageable memory (the arena was full) the copy returns once it has read the staging
+        # tensor; from the arena, the block is reused only once the copy that reads it has run.
+        flat.copy_(staging, non_blocking=True)
+        if block is not None:
+            event = torch.cuda.Event()
+            event.record(self.side_stream)
+            self._staging.append((event, block))

@@ -69,7 +69,7 @@ def runtime_options(policy: str | None, memory_budget: int | str | float | None,
         >>> runtime_options("swop", None, {})
         Traceback (most recent call last):
         ...
-        ValueError: invalid Runtime option policy='swop': did you mean 'swap'? choose one of none, swap, compress-swap, cswap, compress-keep, recompute, capuchin, ac-full
+        ValueError: invalid Runtime option policy='swop': did you mean 'swap'? choose one of none, swap, cpu-compress-swap, compress-swap, cswap, compress-keep, recompute, capuchin, ac-full
     """
     kwargs = dict(options)
     if policy is not None:

@@ -9,7 +9,7 @@ policy                 actions under a budget  system it reproduces             
 =====================  ======================  ====================================  =========
 ``none``               keep                    plain PyTorch                         yes
 ``swap``               keep, swap              vDNN                                  yes
-``cpu-compress-swap``  (none: static only)     vDNN++ (compression on the host CPU)  simulator
+``cpu-compress-swap``  keep, host-zvc-swap     vDNN++ (compression on the host CPU)  yes
 ``compress-swap``      keep, zvc-swap          cDMA (static compression)             yes
 ``cswap``              every action            CSWAP's cost model, generalised       yes
 ``compress-keep``      keep, zvc-keep          FreeLunch                             yes
@@ -26,6 +26,11 @@ whatever the budget: under one, the least budget it meets is its own peak
 Compression never stores more than the raw bytes, so a tensor ZVC would not shrink (or whose dtype
 it cannot encode) gets no ``zvc`` option; a policy that swaps only compressed (``compress-swap``)
 swaps such a tensor raw, as cDMA does (:func:`tensor_actions`), and ``compress-keep`` keeps it.
+
+``cpu-compress-swap`` moves every tensor raw, as ``swap`` does, and compresses the host copies on
+worker threads (:mod:`cswap.execute.hostcodec`): it saves host memory, not device memory, so the
+device-side planner plans it as ``swap`` and its plan carries each swap out as ``host-zvc-swap``
+(:func:`carried_out`); a tensor ZVC cannot encode, or would not shrink, stays a raw swap.
 
 Example:
     >>> sorted(allowed_actions("swap"))
@@ -56,6 +61,7 @@ __all__ = [
     "ZVC_SWAP",
     "Policy",
     "allowed_actions",
+    "carried_out",
     "single_mechanism_policies",
     "tensor_actions",
     "uncompressed",
@@ -66,7 +72,8 @@ SWAP = "swap"
 ZVC_SWAP = "zvc-swap"
 ZVC_KEEP = "zvc-keep"
 RECOMPUTE = "recompute"
-#: Swap in full, then compress on the host (vDNN++): the simulator's action, not yet the planner's.
+#: Swap in full, then compress the host copy on worker threads (vDNN++). The device-side planner
+#: prices it as a swap (:func:`tensor_actions`): it has no host-memory or host-codec term yet.
 HOST_ZVC_SWAP = "host-zvc-swap"
 
 #: Every action the planner chooses among.
@@ -121,7 +128,7 @@ POLICY_TABLE: Mapping[str, Policy] = MappingProxyType({
         Policy("swap", "vDNN", SWAP, "policy swap: offload every saved activation (vDNN)", frozenset({KEEP, SWAP}),
                profile_action=SWAP, fallback_action=SWAP),
         Policy("cpu-compress-swap", "vDNN++", HOST_ZVC_SWAP, "policy cpu-compress-swap: offload, then compress on the host (vDNN++)",
-               in_runtime=False),
+               frozenset({KEEP, HOST_ZVC_SWAP}), profile_action=HOST_ZVC_SWAP, fallback_action=HOST_ZVC_SWAP),
         Policy("compress-swap", "cDMA", ZVC_SWAP, "policy compress-swap: compress, then offload (cDMA)", frozenset({KEEP, ZVC_SWAP}),
                profile_action=ZVC_SWAP, fallback_action=ZVC_SWAP),
         Policy("cswap", "CSWAP", SWAP, "policy cswap: not profiled yet, offload", frozenset(ACTIONS),
@@ -175,8 +182,9 @@ def allowed_actions(policy: str) -> frozenset[str]:
 
 
 def single_mechanism_policies() -> tuple[str, ...]:
-    """The policies that add exactly one action to ``keep``."""
-    return tuple(p for p, actions in POLICY_ACTIONS.items() if len(actions) == 2)
+    """The policies that add exactly one device mechanism to ``keep`` (``cpu-compress-swap`` is not
+    one: on the device its ``host-zvc-swap`` is ``swap``'s mechanism)."""
+    return tuple(p for p, actions in POLICY_ACTIONS.items() if len(actions) == 2 and HOST_ZVC_SWAP not in actions)
 
 
 def tensor_actions(policy: str, offered: frozenset[str] | set[str]) -> frozenset[str]:
@@ -188,8 +196,28 @@ def tensor_actions(policy: str, offered: frozenset[str] | set[str]) -> frozenset
         ['keep', 'swap', 'zvc-swap']
         >>> sorted(tensor_actions("compress-swap", {"keep", "swap", "zvc-swap", "zvc-keep"}))
         ['keep', 'zvc-swap']
+        >>> sorted(tensor_actions("cpu-compress-swap", {"keep", "swap", "zvc-swap"}))   # swap stands in
+        ['host-zvc-swap', 'keep', 'swap']
     """
     allowed = allowed_actions(policy)
+    if HOST_ZVC_SWAP in allowed and HOST_ZVC_SWAP not in offered:
+        # The device-side planner offers no host-zvc-swap option: on the device it is a swap (the
+        # raw bytes out and back, the host codec off the device's path), which stands in for it
+        # and is carried out as host-zvc-swap (carried_out).
+        return allowed | {SWAP}
     if ZVC_SWAP in allowed and SWAP not in allowed and ZVC_SWAP not in offered:
         return allowed | {SWAP}
     return allowed
+
+
+def carried_out(policy: str, planned: str) -> str:
+    """What ``policy`` carries out for the planner's choice ``planned``: a policy that compresses on
+    the host carries a planned ``swap`` out as ``host-zvc-swap`` (:func:`tensor_actions`).
+
+    Example:
+        >>> carried_out("cpu-compress-swap", SWAP), carried_out("swap", SWAP), carried_out("cpu-compress-swap", KEEP)
+        ('host-zvc-swap', 'swap', 'keep')
+    """
+    if planned == SWAP and HOST_ZVC_SWAP in POLICY_ACTIONS.get(policy, ()):
+        return HOST_ZVC_SWAP
+    return planned

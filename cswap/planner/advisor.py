@@ -140,6 +140,9 @@ class Advisor:
                 host_bytes += record.nbytes
             elif decision.action is Action.ZVC_SWAP:
                 host_bytes += self._encoding(record).compressed_nbytes(self._numel(record), record.sparsity, self._chunk_words(decision))
+            # host-zvc-swap adds nothing: its compressed buffers live outside the arena, and its raw
+            # copies only until their compression is collected (the executor sizes the arena for
+            # those from the last iteration's use).
         unpacked = sorted((r for r in trace.tensors if r.unpack_at_s is not None), key=lambda r: (r.unpack_at_s, r.key))
         return Plan(**rules, decisions=decisions, unpack_order=tuple(r.key for r in unpacked), host_bytes=host_bytes)
 
@@ -157,7 +160,7 @@ class Advisor:
         return getattr(decision.compress_launch, "chunk_words", DEFAULT_CHUNK_WORDS)
 
     def _decide(self, record: Any, base: dict[str, Any], launch_cache: LaunchCache) -> Decision:
-        if self.policy in ("none", "swap"):
+        if self.policy in ("none", "swap", "cpu-compress-swap"):  # host compression takes the cpu backend's default launch
             return Decision(**base, action=DEFAULT_ACTIONS[self.policy], reason=POLICY_REASONS[self.policy])
         launches = launch_cache.launches(record.dtype, record.nbytes)
         if self.policy in ("compress-swap", "compress-keep"):

@@ -30,7 +30,7 @@ from typing import Any
 
 from cswap.budget import BudgetError, MemoryBudget, format_bytes
 from cswap.planner import BudgetPlan, PlannedTensor, PlanningProblem, TensorOptions, minimum_bytes, plan_budget, problem_from_trace
-from cswap.planner.actions import POLICY_TABLE
+from cswap.planner.actions import POLICY_TABLE, carried_out
 from cswap.planner.costmodel import TimeModel
 from cswap.planner.plan import Action, Decision, LaunchCache, Plan
 from cswap.profile.trace import Trace
@@ -111,7 +111,7 @@ def _own_hold_at_pack(tensor: TensorOptions, planned: PlannedTensor, problem: Pl
 
 
 def _decisions(
-    trace: Trace, problem: PlanningProblem, planned: BudgetPlan, launches: LaunchCache
+    trace: Trace, problem: PlanningProblem, planned: BudgetPlan, launches: LaunchCache, policy: str
 ) -> tuple[dict[int, Decision], int, dict[int, int]]:
     """Per record its decision, the host bytes the offloaded ones need, and per planned key the
     resident bytes the plan expects just before its pack."""
@@ -138,7 +138,7 @@ def _decisions(
         if tensor is None:
             decisions[record.key] = Decision(**base, action=Action.KEEP, reason=kept_reasons.get(str(record.key), "not offloadable"))
             continue
-        action = Action(tensor.action)
+        action = Action(carried_out(policy, tensor.action))  # cpu-compress-swap's swaps compress on the host
         life = lifetimes[record.key]
         slack = planned.budget_bytes - max(timeline[life.pack : life.free + 1], default=0) if life is not None else None
         extra: dict[str, Any] = launches.launches(record.dtype, record.nbytes) if action.compresses else {}
@@ -152,7 +152,7 @@ def _decisions(
             slack_bytes=slack,
             **extra,
         )
-        if action.offloads:
+        if action is Action.SWAP or action is Action.ZVC_SWAP:  # host-zvc-swap's raw copies are transient (advisor)
             host_bytes += record.nbytes
     return decisions, host_bytes, expected
 
@@ -176,7 +176,7 @@ def plan_from_budget(
     """
     launches = rules["launches"]
     unpacked = sorted((r for r in trace.tensors if r.unpack_order is not None), key=lambda r: r.unpack_order)
-    decisions, host_bytes, expected = _decisions(trace, problem, planned, launches)
+    decisions, host_bytes, expected = _decisions(trace, problem, planned, launches, rules["policy"])
     event = _event_names(problem).get(planned.binding_event, f"event {planned.binding_event}")
     binding = (f"{event} (event {planned.binding_event}): {planned.timeline_bytes[planned.binding_event] if planned.timeline_bytes else 0:,d} B "
                f"planned, slack {planned.slack_bytes:,d} B")

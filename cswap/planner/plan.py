@@ -53,15 +53,17 @@ class Action(str, enum.Enum):
     ZVC_SWAP = "zvc-swap"
     ZVC_KEEP = "zvc-keep"
     RECOMPUTE = "recompute"
+    HOST_ZVC_SWAP = "host-zvc-swap"
 
     @property
     def offloads(self) -> bool:
         """Moves the tensor to host memory."""
-        return self in (Action.SWAP, Action.ZVC_SWAP)
+        return self in (Action.SWAP, Action.ZVC_SWAP, Action.HOST_ZVC_SWAP)
 
     @property
     def compresses(self) -> bool:
-        """ZVC-compresses the tensor."""
+        """ZVC-compresses the tensor on the device (``host-zvc-swap`` moves it raw and compresses
+        its host copy: the device sees a swap, with no codec launch and no compressed size)."""
         return self in (Action.ZVC_SWAP, Action.ZVC_KEEP)
 
     def __str__(self) -> str:
@@ -101,8 +103,8 @@ def constrained(action: Action, nbytes: int, dtype: torch.dtype | str, min_bytes
     """
     if nbytes < min_bytes:
         return Action.KEEP, f"below min_bytes ({nbytes:,d} < {min_bytes:,d} B)"
-    if action.compresses and not encodable(dtype):
-        action = Action.SWAP if action is Action.ZVC_SWAP else Action.KEEP
+    if (action.compresses or action is Action.HOST_ZVC_SWAP) and not encodable(dtype):
+        action = Action.SWAP if action.offloads else Action.KEEP
         return action, f"dtype {_dtype_name(dtype)} has no ZVC encoding: {action.value} uncompressed"
     return action, None
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from cswap.budget import BudgetError, MemoryBudget, parse_budget
-from cswap.planner.actions import ACTIONS
+from cswap.planner.actions import ACTIONS, carried_out
 from cswap.planner.lifetime import lifetimes_from_orders
 from cswap.planner import (
     DEFAULT_PREFETCH_DISTANCES,
@@ -155,7 +155,7 @@ def replay_plan(simulator: Simulator, problem: PlanningProblem, plan: BudgetPlan
     actions = [Action.KEEP] * len(simulator.costs)
     fetch_after: list[int | None] = [None] * len(simulator.costs)
     for options, tensor in zip(problem.tensors, plan.tensors, strict=True):
-        actions[tensor.key] = Action(tensor.action)
+        actions[tensor.key] = Action(carried_out(policy, tensor.action))  # cpu-compress-swap's swaps compress on the host
         lifetime = options.lifetime
         if not tensor.prefetch_distance or lifetime is None or lifetime.unpack is None:
             continue

@@ -56,8 +56,7 @@ __all__ = [
     "validate",
 ]
 
-#: The policies both the runtime and the simulator run (``cpu-compress-swap`` exists only in the
-#: simulator, the recomputing ones only in the runtime).
+#: The policies both the runtime and the simulator run (the recomputing ones run only in the runtime).
 RUNTIME_POLICIES: tuple[str, ...] = tuple(p for p in POLICIES if POLICY_TABLE[p].in_runtime)
 
 

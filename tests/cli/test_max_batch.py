@@ -85,7 +85,7 @@ def test_planned_rejects_bad_settings() -> None:
     with pytest.raises(ValueError, match="memory limit must be positive"):
         planned_max_batch("vgg11", ("none",), 0)
     with pytest.raises(ValueError, match="cannot be planned: choose from none"):
-        planned_max_batch("vgg11", ("cpu-compress-swap",), 2**30)
+        planned_max_batch("vgg11", ("vdnn",), 2**30)
     with pytest.raises(ValueError, match="workspace_fraction must be in"):
         planned_max_batch("vgg11", ("none",), 2**30, workspace_fraction=1.5)
 

@@ -271,7 +271,7 @@ def test_tensors_below_min_bytes_stay() -> None:
     with rt.iteration():
         (small.exp().sum() + large.exp().sum()).backward()
     stats = rt.stats()
-    assert stats.actions == {"keep": 1, "swap": 1, "zvc-swap": 0, "zvc-keep": 0, "recompute": 0}
+    assert stats.actions == {"keep": 1, "swap": 1, "zvc-swap": 0, "zvc-keep": 0, "recompute": 0, "host-zvc-swap": 0}
     assert stats.kept_bytes == 8 * 8 * 4 and stats.offloaded_bytes == 64 * 64 * 4
     reasons = [d.reason for d in rt.plan().decisions.values()]
     assert any(reason.startswith("below min_bytes") for reason in reasons)

@@ -33,6 +33,7 @@ def offload_everything(policy: str) -> dict[str, Any]:
 MOVED = {
     "none": None,
     "swap": "offloaded_bytes",
+    "cpu-compress-swap": "offloaded_bytes",
     "compress-swap": "compressed_input_bytes",
     "cswap": "offloaded_bytes",
     "compress-keep": "compressed_input_bytes",

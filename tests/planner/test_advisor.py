@@ -157,7 +157,7 @@ def test_unpack_order_host_bytes_and_guard() -> None:
     assert plan.lookup(0, (MIB,), "float32") is plan.decisions[0]
     assert plan.lookup(0, (MIB, 1), "float32") is None  # another shape: the guard fails
     assert plan.lookup(0, (MIB,), "float16") is None
-    assert plan.counts() == {"keep": 2, "swap": 4, "zvc-swap": 0, "zvc-keep": 0, "recompute": 0}
+    assert plan.counts() == {"keep": 2, "swap": 4, "zvc-swap": 0, "zvc-keep": 0, "recompute": 0, "host-zvc-swap": 0}
 
 
 def test_cswap_needs_a_time_model_and_bandwidths() -> None:

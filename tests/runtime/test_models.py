@@ -66,6 +66,10 @@ def test_gradients_bit_identical(reference, name: str, policy: str) -> None:
         assert (planned["recompute"] > 0) == bool(layers) == (name not in ("alexnet", "vgg11", "vgg16", "vgg19"))
         if not layers:
             assert rt.plan().planner["layers"].startswith("the model has no repeated layers")
+    elif policy == "cpu-compress-swap":
+        # Every tensor moved raw, its host copy compressed (a dense one stays a raw swap).
+        assert planned["host-zvc-swap"] > 0 and planned["zvc-swap"] == planned["zvc-keep"] == 0
+        assert stats.unknown_keys == 0
     elif policy == "cswap":
         # The first epoch profiles keeping everything; the second follows the cost model, which on
         # this slow link compresses the sparse tensors.

@@ -56,7 +56,7 @@ def test_unknown_options_are_named_with_the_valid_ones() -> None:
 
 
 def test_unknown_policy_lists_the_choices() -> None:
-    with pytest.raises(ValueError, match="policy='vdnn'.*none, swap, compress-swap, cswap, compress-keep"):
+    with pytest.raises(ValueError, match="policy='vdnn'.*none, swap, cpu-compress-swap, compress-swap, cswap, compress-keep"):
         cswap.Runtime("vdnn")
 
 
