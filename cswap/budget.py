@@ -22,11 +22,24 @@ Example:
 from __future__ import annotations
 
 import math
+import os
 import re
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["BudgetError", "MemoryBudget", "ResolvedBudget", "format_bytes", "parse_budget", "warn_if_over_device"]
+__all__ = [
+    "HOST_AUTO_SHARE",
+    "BudgetError",
+    "HostBudget",
+    "MemoryBudget",
+    "ResolvedBudget",
+    "format_bytes",
+    "host_memory_limit_bytes",
+    "parse_budget",
+    "parse_host_budget",
+    "warn_if_over_device",
+]
 
 #: The least bare number a string may give as bytes: below it, a missing unit is the likelier story.
 _LEAST_BARE_BYTES = 1 << 20
@@ -255,47 +268,210 @@ def parse_budget(value: object) -> MemoryBudget | None:
     raise ValueError(f"memory budget {value!r} is not valid: a {type(value).__name__} is not a budget; {_FORMS}")
 
 
-class BudgetError(ValueError):
-    """A policy cannot keep the saved activations within the memory budget.
+#: The share of what the process may use that a host budget of ``"auto"`` takes: the rest is left to
+#: the model, the optimiser, the data loader and the Python heap, which live in host memory too.
+HOST_AUTO_SHARE = 0.5
+
+_HOST_FORMS = (
+    "accepted forms: None (no host budget), a positive int of bytes, a string with a unit "
+    "(e.g. '8GiB', '512MiB', '16GB'), or 'auto' (a share of the cgroup memory limit if one is set, else of the available RAM)"
+)
+
+#: Where a cgroup states the process's memory limit: v2, then v1 ("max" or a huge number: none).
+_CGROUP_LIMIT_FILES = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+
+def _read_first_line(path: str) -> str | None:
+    try:
+        with open(path) as handle:
+            return handle.readline().strip()
+    except OSError:
+        return None
+
+
+def host_memory_limit_bytes(cgroup_files: tuple[str, ...] = _CGROUP_LIMIT_FILES, meminfo: str = "/proc/meminfo") -> tuple[int, str]:
+    """What this process may use of host memory, and where that figure comes from.
+
+    The cgroup's memory limit when one is set (v2 ``memory.max``, else v1 ``memory.limit_in_bytes``:
+    a container's limit, which the kernel enforces by killing the process), else the RAM available
+    now (``MemAvailable`` in ``/proc/meminfo``), else the physical memory.
+
+    Example:
+        >>> nbytes, source = host_memory_limit_bytes()
+        >>> nbytes > 0 and source.split()[0] in ("cgroup", "available", "physical")
+        True
+    """
+    for path in cgroup_files:
+        text = _read_first_line(path)
+        if text and text.isdigit() and 0 < int(text) < 1 << 60:  # v1 states "no limit" as a huge number
+            return int(text), f"cgroup limit ({path})"
+    try:
+        with open(meminfo) as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024, f"available RAM ({meminfo})"
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "physical memory"
+    except (ValueError, OSError, AttributeError):
+        raise OSError("cannot tell how much host memory this process may use (no cgroup limit, no /proc/meminfo, "
+                      "no sysconf): give host_memory_budget in bytes, e.g. '8GiB'") from None
+
+
+@dataclass(frozen=True)
+class HostBudget:
+    """A host memory budget: the most bytes of saved activations' host copies (raw or compressed)
+    held on the host at once.
 
     Attributes:
-        minimum_bytes: the least budget this policy can meet on this model.
+        nbytes: the budget in bytes.
+        auto: it was given as ``"auto"``: :data:`HOST_AUTO_SHARE` of :func:`host_memory_limit_bytes`.
+        source: where the bytes of an ``"auto"`` budget come from (``""`` otherwise).
+
+    Example:
+        >>> HostBudget(nbytes=1 << 30).resolve()
+        1073741824
+        >>> str(HostBudget(nbytes=1 << 30))
+        'host memory budget 1.00 GiB (1073741824 bytes)'
+    """
+
+    nbytes: int
+    auto: bool = False
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.nbytes, bool) or not isinstance(self.nbytes, int) or self.nbytes <= 0:
+            raise ValueError(f"host memory budget {self.nbytes!r} bytes is not a positive int; {_HOST_FORMS}")
+
+    def resolve(self) -> int:
+        """The budget in bytes (a host budget never depends on a profile)."""
+        return self.nbytes
+
+    def __str__(self) -> str:
+        given = f" ('auto': {HOST_AUTO_SHARE:g} of the {self.source})" if self.auto else ""
+        return f"host memory budget {format_bytes(self.nbytes)}{given}"
+
+
+def parse_host_budget(value: object, limit: tuple[int, str] | None = None) -> HostBudget | None:
+    """Read a host memory budget: ``None``, a :class:`HostBudget`, int bytes, a string with a unit,
+    or ``"auto"``.
+
+    A fraction is refused: the device budget's fractions are of policy ``none``'s peak, and a
+    host budget is a share of the machine, which ``"auto"`` states.
+
+    Args:
+        value: the budget as given.
+        limit: ``(bytes, source)`` of what the process may use, for ``"auto"`` (default:
+            :func:`host_memory_limit_bytes`, read now).
+
+    Raises:
+        ValueError: naming the value and the accepted forms.
+
+    Example:
+        >>> parse_host_budget("8GiB").nbytes, parse_host_budget(4096).nbytes
+        (8589934592, 4096)
+        >>> parse_host_budget("auto", limit=(16 << 30, "cgroup limit")).nbytes == 8 << 30
+        True
+        >>> parse_host_budget(0.5)
+        Traceback (most recent call last):
+        ...
+        ValueError: host memory budget 0.5 is not valid: a host budget is not a fraction of policy none's peak; accepted forms: ...
+    """
+    if value is None or isinstance(value, HostBudget):
+        return value
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        nbytes, source = limit if limit is not None else host_memory_limit_bytes()
+        return HostBudget(nbytes=max(1, math.floor(HOST_AUTO_SHARE * nbytes)), auto=True, source=source)
+    if isinstance(value, float) or (isinstance(value, str) and _PATTERN.match(value) and not _PATTERN.match(value).group(2)
+                                    and float(_PATTERN.match(value).group(1)) <= 1.0):
+        raise ValueError(f"host memory budget {value!r} is not valid: a host budget is not a fraction of policy none's peak; "
+                         f"{_HOST_FORMS}")
+    try:
+        parsed = parse_budget(value)
+    except ValueError as error:
+        raise ValueError(f"host {error}".replace(_FORMS, _HOST_FORMS)) from None
+    assert parsed is not None and parsed.nbytes is not None  # fractions were refused above
+    return HostBudget(nbytes=parsed.nbytes)
+
+
+class BudgetError(ValueError):
+    """A policy cannot keep the saved activations within the memory budget (or, given one, within
+    the device and the host budgets together).
+
+    Attributes:
+        minimum_bytes: the least device budget this policy can meet on this model (within the host
+            budget, when one is given).
         policy: the policy.
-        budget_bytes: the budget asked for.
+        budget_bytes: the device budget asked for.
         why: why the least is what it is, where that needs saying (more than plain PyTorch holds).
         none_peak_bytes: policy ``none``'s peak on the profile, when known: the message then gives
             both budgets as fractions of it, and :attr:`minimum_fraction` is set.
         advice: what else lowers the least, as the message's last clause (default: a policy with
             more actions).
+        host_budget_bytes: the host memory budget asked for (``None``: none).
+        host_minimum_bytes: the least host budget the policy meets within the device budget
+            (``None``: no host budget, or none does: the device budget binds on its own).
+        binding: which budget binds, ``"device"`` or ``"host"``: ``"host"`` when the device budget
+            alone could be met, but not with the host budget beside it.
 
     Example:
         >>> error = BudgetError(minimum_bytes=3 << 20, policy="swap", budget_bytes=1 << 20)
-        >>> error.minimum_bytes, isinstance(error, ValueError)
-        (3145728, True)
+        >>> error.minimum_bytes, isinstance(error, ValueError), error.binding
+        (3145728, True, 'device')
         >>> print(error)  # doctest: +NORMALIZE_WHITESPACE
         policy swap cannot keep saved activations within the memory budget of 1.00 MiB (1048576 bytes):
         it needs at least 3.00 MiB (3145728 bytes). Raise the budget to at least 3145728 bytes, or use a
         policy with more actions (cswap allows keep, swap, zvc-swap, zvc-keep and, given the model, recompute).
+        >>> error = BudgetError(3 << 20, "swap", 2 << 20, host_budget_bytes=1 << 20, host_minimum_bytes=2 << 20, binding="host")
+        >>> print(error)  # doctest: +NORMALIZE_WHITESPACE
+        policy swap cannot keep saved activations within both the device memory budget of 2.00 MiB (2097152 bytes)
+        and the host memory budget of 1.00 MiB (1048576 bytes): the host budget binds. Within the device budget it
+        needs a host budget of at least 2.00 MiB (2097152 bytes); within the host budget it needs a device budget of
+        at least 3.00 MiB (3145728 bytes). Raise the host budget to at least 2097152 bytes, or the device budget to
+        at least 3145728 bytes, or use a policy with more actions (cswap allows keep, swap, zvc-swap, zvc-keep and,
+        given the model, recompute).
     """
 
     def __init__(self, minimum_bytes: int, policy: str, budget_bytes: int, why: str = "",
-                 none_peak_bytes: int | None = None, advice: str | None = None) -> None:
+                 none_peak_bytes: int | None = None, advice: str | None = None, host_budget_bytes: int | None = None,
+                 host_minimum_bytes: int | None = None, binding: str = "device") -> None:
+        if binding not in ("device", "host"):
+            raise ValueError(f"binding must be 'device' or 'host', got {binding!r}")
         self.minimum_bytes = int(minimum_bytes)
         self.policy = policy
         self.budget_bytes = int(budget_bytes)
         self.why = why
         self.none_peak_bytes = none_peak_bytes
         self.advice = advice
+        self.host_budget_bytes = None if host_budget_bytes is None else int(host_budget_bytes)
+        self.host_minimum_bytes = None if host_minimum_bytes is None else int(host_minimum_bytes)
+        self.binding = binding
         if advice is None:
             actions = "keep, swap, zvc-swap, zvc-keep and, given the model, recompute"
             advice = (f" (cswap already has every action: {actions})" if policy == "cswap"
                       else f", or use a policy with more actions (cswap allows {actions})")
-        super().__init__(
-            f"policy {policy} cannot keep saved activations within the memory budget of "
-            f"{format_bytes(budget_bytes)}{self._share(self.budget_bytes)}: it needs at least {format_bytes(minimum_bytes)}"
-            f"{self._share(self.minimum_bytes)}. Raise the budget to at least {self.minimum_bytes} bytes"
-            f"{self._least_fraction()}{advice}." + (f" {why}" if why else "")
-        )
+        tail = f"{advice}." + (f" {why}" if why else "")
+        device = f"{format_bytes(budget_bytes)}{self._share(self.budget_bytes)}"
+        least = f"{format_bytes(minimum_bytes)}{self._share(self.minimum_bytes)}"
+        if self.host_budget_bytes is None:
+            message = (f"policy {policy} cannot keep saved activations within the memory budget of {device}: it needs at least "
+                       f"{least}. Raise the budget to at least {self.minimum_bytes} bytes{self._least_fraction()}{tail}")
+        elif binding == "host":
+            host_least = self.host_minimum_bytes if self.host_minimum_bytes is not None else 0
+            message = (f"policy {policy} cannot keep saved activations within both the device memory budget of {device} and the "
+                       f"host memory budget of {format_bytes(self.host_budget_bytes)}: the host budget binds. Within the device "
+                       f"budget it needs a host budget of at least {format_bytes(host_least)}; within the host budget it needs a "
+                       f"device budget of at least {least}. Raise the host budget to at least {host_least} bytes, or the device "
+                       f"budget to at least {self.minimum_bytes} bytes{self._least_fraction()}{tail}")
+        else:
+            host = (f" (and then a host budget of at least {self.host_minimum_bytes} bytes)"
+                    if self.host_minimum_bytes is not None and self.host_minimum_bytes > self.host_budget_bytes else "")
+            message = (f"policy {policy} cannot keep saved activations within the device memory budget of {device} (beside the "
+                       f"host memory budget of {format_bytes(self.host_budget_bytes)}): the device budget binds. It needs a device "
+                       f"budget of at least {least}. Raise the device budget to at least {self.minimum_bytes} bytes"
+                       f"{self._least_fraction()}{host}{tail}")
+        super().__init__(message)
 
     @property
     def minimum_fraction(self) -> float | None:
@@ -314,5 +490,6 @@ class BudgetError(ValueError):
         # rounded up, so that the fraction given back resolves to at least the minimum
         return f" (memory_budget={math.ceil(fraction * 1000) / 1000:g} as a fraction)"
 
-    def __reduce__(self) -> tuple[type, tuple[int, str, int, str, int | None, str | None]]:
-        return (type(self), (self.minimum_bytes, self.policy, self.budget_bytes, self.why, self.none_peak_bytes, self.advice))
+    def __reduce__(self) -> tuple[type, tuple[Any, ...]]:
+        return (type(self), (self.minimum_bytes, self.policy, self.budget_bytes, self.why, self.none_peak_bytes, self.advice,
+                             self.host_budget_bytes, self.host_minimum_bytes, self.binding))

@@ -19,6 +19,11 @@ carrying :func:`capuchin_minimum_bytes`: the least budget the greedy meets (foun
 between the least peak of its actions and the peak of keeping everything), so planning at it
 succeeds.
 
+Under a host budget the greedy is the same (Capuchin knows no host limit): its plan must also keep
+its host copies within the budget, or :class:`~cswap.budget.BudgetError` names the budget that
+binds, with the least device budget whose greedy plan fits the host budget and the host peak of the
+greedy's plan at the device budget (:func:`capuchin_host_minimum_bytes`).
+
 Example:
     >>> plan = plan_capuchin([
     ...     Candidate(key=0, nbytes=400, swap_s=0.0),
@@ -42,7 +47,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from cswap.budget import BudgetError
@@ -51,7 +56,15 @@ from cswap.planner.fastpath import least_peak_fast
 from cswap.planner.milp import BudgetPlan, budget_plan_of
 from cswap.planner.problem import Option, PlanningProblem, TensorOptions
 
-__all__ = ["CAPUCHIN_ROUNDS", "Candidate", "CapuchinPlan", "capuchin_minimum_bytes", "plan_capuchin", "plan_capuchin_budget"]
+__all__ = [
+    "CAPUCHIN_ROUNDS",
+    "Candidate",
+    "CapuchinPlan",
+    "capuchin_host_minimum_bytes",
+    "capuchin_minimum_bytes",
+    "plan_capuchin",
+    "plan_capuchin_budget",
+]
 
 
 @dataclass(frozen=True)
@@ -183,23 +196,41 @@ def _cheapest(tensor: TensorOptions, action: str, problem: PlanningProblem) -> O
     return min(mine, key=lambda o: (o.cost_s, int(problem.holds(o).sum()))) if mine else None
 
 
-def plan_capuchin_budget(problem: PlanningProblem, budget_bytes: int, time_limit_s: float = 30.0) -> BudgetPlan:
-    """Capuchin's plan of ``problem`` within ``budget_bytes`` (see the module docstring).
+def plan_capuchin_budget(problem: PlanningProblem, budget_bytes: int, time_limit_s: float = 30.0,
+                         host_budget_bytes: int | None = None) -> BudgetPlan:
+    """Capuchin's plan of ``problem`` within ``budget_bytes`` (and ``host_budget_bytes``; see the module docstring).
 
     Raises:
-        BudgetError: no plan the greedy finds fits; it carries :func:`capuchin_minimum_bytes`.
+        BudgetError: no plan the greedy finds fits; it carries :func:`capuchin_minimum_bytes` (and,
+            with a host budget, which budget binds and :func:`capuchin_host_minimum_bytes`).
         ValueError: a budget that is not positive.
     """
     if budget_bytes <= 0:
         raise ValueError(f"budget_bytes must be positive, got {budget_bytes}")
     plan = _greedy_plan(problem, int(budget_bytes))
-    if plan is None:
-        raise BudgetError(capuchin_minimum_bytes(problem, time_limit_s), "capuchin", int(budget_bytes))
-    return plan
+    if host_budget_bytes is None:
+        if plan is None:
+            raise BudgetError(capuchin_minimum_bytes(problem, time_limit_s), "capuchin", int(budget_bytes))
+        return plan
+    if plan is not None and plan.host_peak_bytes <= host_budget_bytes:
+        return replace(plan, host_budget_bytes=int(host_budget_bytes))
+    least = capuchin_minimum_bytes(problem, time_limit_s, host_budget_bytes)
+    binding = "device" if plan is None else "host"
+    host_least = capuchin_host_minimum_bytes(problem, int(budget_bytes) if plan is not None else least, time_limit_s)
+    raise BudgetError(least, "capuchin", int(budget_bytes), host_budget_bytes=host_budget_bytes, host_minimum_bytes=host_least,
+                      binding=binding)
 
 
-def capuchin_minimum_bytes(problem: PlanningProblem, time_limit_s: float = 30.0) -> int:
-    """The least budget Capuchin's greedy meets on ``problem`` (bisection; the greedy meets the answer).
+def capuchin_host_minimum_bytes(problem: PlanningProblem, budget_bytes: int, time_limit_s: float = 30.0) -> int | None:
+    """The host peak of Capuchin's greedy plan within ``budget_bytes`` (``None``: the greedy meets no
+    plan there): the least host budget a run at that device budget meets, the greedy being what it is."""
+    plan = _greedy_plan(problem, max(int(budget_bytes), 1))
+    return None if plan is None else plan.host_peak_bytes
+
+
+def capuchin_minimum_bytes(problem: PlanningProblem, time_limit_s: float = 30.0, host_budget_bytes: int | None = None) -> int:
+    """The least budget Capuchin's greedy meets on ``problem`` (bisection; the greedy meets the answer);
+    with ``host_budget_bytes``, the least whose greedy plan also keeps its host copies within it.
 
     Example:
         >>> from cswap.planner.lifetime import lifetimes_from_orders
@@ -212,11 +243,16 @@ def capuchin_minimum_bytes(problem: PlanningProblem, time_limit_s: float = 30.0)
     low = least_peak_fast(problem, "capuchin", time_limit_s)
     keeps = [_cheapest(t, KEEP, problem) for t in problem.tensors]
     high = max(int(sum(problem.holds(o) for o in keeps if o is not None).max(initial=0)) if keeps else 0, 1)
-    if low >= high or _greedy_plan(problem, max(low, 1)) is not None:
+
+    def meets(budget: int) -> bool:  # keeping everything (at ``high``) holds nothing on the host
+        plan = _greedy_plan(problem, budget)
+        return plan is not None and (host_budget_bytes is None or plan.host_peak_bytes <= host_budget_bytes)
+
+    if low >= high or meets(max(low, 1)):
         return max(min(low, high), 1)
     while high - low > 1:  # the greedy fails at ``low`` and meets ``high``
         middle = (low + high) // 2
-        if _greedy_plan(problem, middle) is None:
+        if not meets(middle):
             low = middle
         else:
             high = middle

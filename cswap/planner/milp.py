@@ -12,6 +12,12 @@ finds none in time.
 the peak instead of time. Its plan meets it, so planning at exactly that budget is feasible.
 Which planner a policy uses (this one, or Capuchin's greedy) is :mod:`cswap.planner.solve`'s choice.
 
+A **host budget** adds a second row per event: the host copies the chosen options hold there
+(:attr:`cswap.planner.problem.Option.host_holds`) stay within it, beside the device row.
+:func:`least_peak` then gives the least device peak within the host budget, and
+:func:`least_host_peak` the least host peak within a device budget; :func:`budgets_error` says
+which budget binds when a plan cannot meet both, with the least of each.
+
 Example:
     >>> from cswap.planner.lifetime import lifetimes_from_orders
     >>> from cswap.planner.problem import LinkModel, TensorSpec, build_problem
@@ -46,7 +52,19 @@ from cswap.planner.actions import tensor_actions
 from cswap.planner.lifetime import resident_bytes
 from cswap.planner.problem import Option, PlanningProblem, TensorOptions
 
-__all__ = ["HIGHS_DEBUG_LINE", "BudgetPlan", "PlannedTensor", "budget_plan_of", "least_peak", "solve_milp", "stdout_to_stderr", "timeline_of"]
+__all__ = [
+    "HIGHS_DEBUG_LINE",
+    "BudgetPlan",
+    "PlannedTensor",
+    "budget_plan_of",
+    "budgets_error",
+    "host_timeline_of",
+    "least_host_peak",
+    "least_peak",
+    "solve_milp",
+    "stdout_to_stderr",
+    "timeline_of",
+]
 
 # constraint rows in MiB keep HiGHS's coefficients near 1; plans are checked in exact bytes after
 _SCALE = 1.0 / 2**20
@@ -100,6 +118,9 @@ class BudgetPlan:
         greedy_gap_s: ``greedy_s`` minus the solver's objective (``None`` without both).
         bound_s: the solver's lower bound on the predicted seconds.
         prefetch_window_bytes: the most bytes fetched back ahead of need at any event.
+        host_budget_bytes: the host memory budget it was planned within (``None``: none).
+        host_peak_bytes: the most bytes its host copies hold at one event.
+        host_timeline_bytes: host bytes at each event.
     """
 
     policy: str
@@ -116,6 +137,9 @@ class BudgetPlan:
     greedy_gap_s: float | None
     bound_s: float | None
     prefetch_window_bytes: int
+    host_budget_bytes: int | None = None
+    host_peak_bytes: int = 0
+    host_timeline_bytes: tuple[int, ...] = ()
 
     @property
     def actions(self) -> Mapping[int, str]:
@@ -137,6 +161,7 @@ class _Arrays:
     cost: np.ndarray
     held: np.ndarray  # options x events, int64
     tensor_count: int
+    host: np.ndarray = None  # type: ignore[assignment]  # options x events, int64: host bytes (the tied fast path leaves it out)
 
 
 def _arrays(problem: PlanningProblem, policy: str) -> _Arrays:
@@ -149,10 +174,13 @@ def _arrays(problem: PlanningProblem, policy: str) -> _Arrays:
         options += chosen
         owner += [t] * len(chosen)
     held = np.zeros((len(options), problem.event_count), dtype=np.int64)
+    host = np.zeros((len(options), problem.event_count), dtype=np.int64)
     for v, option in enumerate(options):
         held[v] = problem.holds(option)
+        if option.host_holds:
+            host[v] = problem.host_holds(option)
     return _Arrays(
-        tuple(options), np.asarray(owner, dtype=np.int64), np.array([o.cost_s for o in options]), held, len(problem.tensors)
+        tuple(options), np.asarray(owner, dtype=np.int64), np.array([o.cost_s for o in options]), held, len(problem.tensors), host
     )
 
 
@@ -164,17 +192,44 @@ def timeline_of(problem: PlanningProblem, choice: list[Option]) -> np.ndarray:
     return total
 
 
-def _milp(arrays: _Arrays, c: np.ndarray, budget_bytes: int | None, peak_variable: bool, time_limit_s: float):  # type: ignore[no-untyped-def]
+def host_timeline_of(problem: PlanningProblem, choice: list[Option]) -> np.ndarray:
+    """Host bytes at each event when each tensor takes the option in ``choice`` (problem order)."""
+    total = np.zeros(problem.event_count, dtype=np.int64)
+    for option in choice:
+        if option.host_holds:
+            total += problem.host_holds(option)
+    return total
+
+
+def _milp(arrays: _Arrays, c: np.ndarray, budget_bytes: int | None, peak_variable: bool, time_limit_s: float,  # type: ignore[no-untyped-def]
+          host_budget_bytes: int | None = None, host_peak: bool = False):
+    """The program: ``peak_variable`` minimises the device peak (the last variable), ``host_peak``
+    the host peak, within ``budget_bytes`` on the device; ``host_budget_bytes`` bounds the host."""
     count = len(arrays.options)
-    extra = 1 if peak_variable else 0
+    extra = 1 if peak_variable or host_peak else 0
     one = csr_matrix((np.ones(count), (arrays.owner, np.arange(count))), shape=(arrays.tensor_count, count + extra))
-    memory = arrays.held.T.astype(float) * _SCALE
-    if peak_variable:
-        memory = np.hstack([memory, -np.ones((memory.shape[0], 1))])
-        upper = np.zeros(memory.shape[0])
+    if extra:
+        memory = arrays.held.T.astype(float) * _SCALE
+        if peak_variable:
+            memory = np.hstack([memory, -np.ones((memory.shape[0], 1))])
+            upper = np.zeros(memory.shape[0])
+        else:
+            memory = np.hstack([memory, np.zeros((memory.shape[0], 1))])
+            upper = np.full(memory.shape[0], budget_bytes * _SCALE)
     else:
+        memory = arrays.held.T.astype(float) * _SCALE
         upper = np.full(memory.shape[0], budget_bytes * _SCALE)
     constraints = [LinearConstraint(one, 1, 1), LinearConstraint(csr_matrix(memory), -np.inf, upper)]
+    if host_peak or host_budget_bytes is not None:
+        host = arrays.host.T[np.any(arrays.host.T != 0, axis=1)].astype(float) * _SCALE
+        if host.shape[0]:
+            if host_peak:
+                host = np.hstack([host, -np.ones((host.shape[0], 1))])
+                host_upper = np.zeros(host.shape[0])
+            else:
+                host = np.hstack([host, np.zeros((host.shape[0], extra))])
+                host_upper = np.full(host.shape[0], host_budget_bytes * _SCALE)
+            constraints.append(LinearConstraint(csr_matrix(host), -np.inf, host_upper))
     integrality = np.concatenate([np.ones(count), np.zeros(extra)])
     bounds = Bounds(np.zeros(count + extra), np.concatenate([np.ones(count), np.full(extra, np.inf)]))
     with stdout_to_stderr():
@@ -250,25 +305,101 @@ def _least_peak_choice(arrays: _Arrays) -> np.ndarray:
     return chosen
 
 
-def least_peak(problem: PlanningProblem, policy: str, time_limit_s: float = 30.0) -> int:
+def least_peak(problem: PlanningProblem, policy: str, time_limit_s: float = 30.0, host_budget_bytes: int | None = None) -> int:
     """The smallest peak any plan of ``policy``'s actions has: the solver's plan measured in exact bytes,
     or, if it finds none in time, the peak of each tensor at its smallest-footprint option (a budget
-    that plan meets)."""
+    that plan meets). With ``host_budget_bytes``, among the plans whose host copies stay within it
+    (keeping everything holds nothing on the host, so there always is one)."""
     if not problem.tensors:
         return 0
     arrays = _arrays(problem, policy)
     c = np.concatenate([np.zeros(len(arrays.options)), [1.0]])
-    result = _milp(arrays, c, None, peak_variable=True, time_limit_s=time_limit_s)
-    chosen = _choice(arrays, result.x[:-1]) if result.x is not None else _least_peak_choice(arrays)
+    result = _milp(arrays, c, None, peak_variable=True, time_limit_s=time_limit_s, host_budget_bytes=host_budget_bytes)
+    chosen = _choice(arrays, result.x[:-1]) if result.x is not None else None
+    if chosen is not None and host_budget_bytes is not None and arrays.host[chosen].sum(axis=0).max(initial=0) > host_budget_bytes:
+        chosen = None  # the solver's tolerance let a few host bytes through: not a plan
+    if chosen is None:
+        chosen = _least_peak_choice(arrays)
+        if host_budget_bytes is not None and arrays.host[chosen].sum(axis=0).max(initial=0) > host_budget_bytes:
+            chosen = _keep_choice(arrays)
     return int(arrays.held[chosen].sum(axis=0).max(initial=0))
 
 
-def _greedy(arrays: _Arrays, budget_bytes: int) -> np.ndarray | None:
+def _keep_choice(arrays: _Arrays) -> np.ndarray:
+    # every tensor at its cheapest option that holds nothing on the host (a keep: always offered)
+    chosen = np.zeros(arrays.tensor_count, dtype=np.int64)
+    on_host = arrays.host.any(axis=1)
+    for t in range(arrays.tensor_count):
+        mine = np.flatnonzero((arrays.owner == t) & ~on_host)
+        chosen[t] = mine[np.argmin(arrays.cost[mine])]
+    return chosen
+
+
+def least_host_peak(problem: PlanningProblem, policy: str, budget_bytes: int, time_limit_s: float = 30.0) -> int | None:
+    """The least host peak of ``policy``'s plans within ``budget_bytes`` on the device (``None``:
+    no plan meets that device budget); planning at the two budgets succeeds.
+
+    Example:
+        >>> from cswap.planner.lifetime import lifetimes_from_orders
+        >>> from cswap.planner.problem import LinkModel, TensorSpec, build_problem
+        >>> events = lifetimes_from_orders([0, 1], [1, 0])
+        >>> specs = [TensorSpec(key=k, nbytes=1000, lifetime=lt) for k, lt in enumerate(events.lifetimes)]
+        >>> problem = build_problem(specs, events, [0.0, 1.0, 2.0, 3.0], 1.5, LinkModel(1e-6, 1e-6, async_copies=False))
+        >>> least_host_peak(problem, "swap", 1000), least_host_peak(problem, "swap", 2000), least_host_peak(problem, "swap", 500)
+        (1000, 0, None)
+    """
+    if not problem.tensors:
+        return 0
+    arrays = _arrays(problem, policy)
+    c = np.concatenate([np.zeros(len(arrays.options)), [1.0]])
+    result = _milp(arrays, c, budget_bytes, peak_variable=False, time_limit_s=time_limit_s, host_peak=True)
+    chosen = _choice(arrays, result.x[:-1]) if result.x is not None else None
+    if chosen is None or arrays.held[chosen].sum(axis=0).max(initial=0) > budget_bytes:
+        chosen = _greedy(arrays, budget_bytes)  # nothing in time (or the tolerance let bytes through)
+    if chosen is None:
+        return None
+    return int(arrays.host[chosen].sum(axis=0).max(initial=0))
+
+
+def budgets_error(problem: PlanningProblem, policy: str, budget_bytes: int, host_budget_bytes: int | None,
+                  time_limit_s: float = 30.0) -> BudgetError:
+    """The :class:`~cswap.budget.BudgetError` of a plan that cannot meet ``budget_bytes`` (and
+    ``host_budget_bytes``): the device budget binds when no plan meets it alone, else the host
+    budget does; it carries the least device budget within the host budget and the least host
+    budget within the device budget (or within that least device budget, when the device binds).
+
+    Example:
+        >>> from cswap.planner.lifetime import lifetimes_from_orders
+        >>> from cswap.planner.problem import LinkModel, TensorSpec, build_problem
+        >>> events = lifetimes_from_orders([0, 1], [1, 0])
+        >>> specs = [TensorSpec(key=k, nbytes=1000, lifetime=lt) for k, lt in enumerate(events.lifetimes)]
+        >>> problem = build_problem(specs, events, [0.0, 1.0, 2.0, 3.0], 1.5, LinkModel(1e-6, 1e-6, async_copies=False))
+        >>> error = budgets_error(problem, "swap", 1000, 500)
+        >>> error.binding, error.minimum_bytes, error.host_minimum_bytes
+        ('host', 2000, 1000)
+    """
+    if host_budget_bytes is None:
+        return BudgetError(least_peak(problem, policy, time_limit_s), policy, budget_bytes)
+    alone = least_peak(problem, policy, time_limit_s)
+    device_least = least_peak(problem, policy, time_limit_s, host_budget_bytes)
+    binding = "device" if budget_bytes < alone else "host"
+    host_least = least_host_peak(problem, policy, max(budget_bytes, device_least) if binding == "device" else budget_bytes,
+                                 time_limit_s)
+    return BudgetError(device_least, policy, budget_bytes, host_budget_bytes=host_budget_bytes, host_minimum_bytes=host_least,
+                       binding=binding)
+
+
+def _greedy(arrays: _Arrays, budget_bytes: int, host_budget_bytes: int | None = None) -> np.ndarray | None:
     cost, held, owner = arrays.cost, arrays.held, arrays.owner
     chosen = np.zeros(arrays.tensor_count, dtype=np.int64)
     for t in range(arrays.tensor_count):
         mine = np.flatnonzero(owner == t)
         chosen[t] = mine[np.lexsort((held[mine].sum(axis=1), cost[mine]))[0]]
+    host, host_level = arrays.host, None
+    if host_budget_bytes is not None:
+        host_level = host[chosen].sum(axis=0)
+        if host_level.max(initial=0) > host_budget_bytes:
+            return None  # the cheapest options already pass the host budget: left to the solver
     level = held[chosen].sum(axis=0)
 
     def overflow(line: np.ndarray) -> int:
@@ -289,6 +420,11 @@ def _greedy(arrays: _Arrays, budget_bytes: int) -> np.ndarray | None:
             t = owner[v]
             line = level - held[chosen[t]] + held[v]
             if overflow(line) < before:
+                if host_level is not None:
+                    host_line = host_level - host[chosen[t]] + host[v]
+                    if host_line.max(initial=0) > host_budget_bytes:  # type: ignore[operator]
+                        continue  # it would pass the host budget: the next best move
+                    host_level = host_line
                 chosen[t], level, moved = v, line, True
                 break
         if not moved:
@@ -301,33 +437,47 @@ def _greedy(arrays: _Arrays, budget_bytes: int) -> np.ndarray | None:
                 break
             line = level - held[chosen[t]] + held[v]
             if line.max(initial=0) <= budget_bytes:
+                if host_level is not None:
+                    host_line = host_level - host[chosen[t]] + host[v]
+                    if host_line.max(initial=0) > host_budget_bytes:  # type: ignore[operator]
+                        continue
+                    host_level = host_line
                 chosen[t], level = v, line
                 break
     return chosen
 
 
-def solve_milp(problem: PlanningProblem, policy: str, budget_bytes: int, time_limit_s: float = 30.0, greedy: bool = True) -> BudgetPlan:
+def solve_milp(problem: PlanningProblem, policy: str, budget_bytes: int, time_limit_s: float = 30.0, greedy: bool = True,
+               host_budget_bytes: int | None = None) -> BudgetPlan:
     """The least-time plan of ``policy``'s actions whose timeline stays within ``budget_bytes``
     (the arguments are :func:`cswap.planner.solve.plan_budget`'s; ``greedy`` also runs the greedy,
-    for its gap and as the fallback).
+    for its gap and as the fallback), and whose host copies stay within ``host_budget_bytes``.
 
     Raises:
-        BudgetError: the policy cannot meet the budget; it carries :func:`least_peak`.
+        BudgetError: the policy cannot meet the budgets; it carries :func:`least_peak` (and, with a
+            host budget, which binds and the least of each: :func:`budgets_error`).
         ValueError: an unknown policy or a budget that is not positive.
     """
     if budget_bytes <= 0:
         raise ValueError(f"budget_bytes must be positive, got {budget_bytes}")
+    if host_budget_bytes is not None and host_budget_bytes <= 0:
+        raise ValueError(f"host_budget_bytes must be positive, got {host_budget_bytes}")
     started = time.perf_counter()
     if not problem.tensors:  # nothing to place (every activation recomputed): the empty plan
-        return budget_plan_of(problem, policy, budget_bytes, [], status="optimal", solve_s=time.perf_counter() - started)
+        return budget_plan_of(problem, policy, budget_bytes, [], status="optimal", solve_s=time.perf_counter() - started,
+                              host_budget_bytes=host_budget_bytes)
     arrays = _arrays(problem, policy)
-    result = _milp(arrays, arrays.cost, budget_bytes, peak_variable=False, time_limit_s=time_limit_s)
+    result = _milp(arrays, arrays.cost, budget_bytes, peak_variable=False, time_limit_s=time_limit_s,
+                   host_budget_bytes=host_budget_bytes)
     solver_choice = _choice(arrays, result.x) if result.x is not None else None
-    if solver_choice is not None and arrays.held[solver_choice].sum(axis=0).max(initial=0) > budget_bytes:
+    if solver_choice is not None and (
+        arrays.held[solver_choice].sum(axis=0).max(initial=0) > budget_bytes
+        or (host_budget_bytes is not None and arrays.host[solver_choice].sum(axis=0).max(initial=0) > host_budget_bytes)
+    ):
         solver_choice = None  # the solver's tolerance let a few bytes through: not a plan
-    greedy_choice = _greedy(arrays, budget_bytes) if greedy or solver_choice is None else None
+    greedy_choice = _greedy(arrays, budget_bytes, host_budget_bytes) if greedy or solver_choice is None else None
     if solver_choice is None and greedy_choice is None:
-        raise BudgetError(least_peak(problem, policy, time_limit_s), policy, budget_bytes)
+        raise budgets_error(problem, policy, budget_bytes, host_budget_bytes, time_limit_s)
     solver_s = float(arrays.cost[solver_choice].sum()) if solver_choice is not None else None
     greedy_s = float(arrays.cost[greedy_choice].sum()) if greedy_choice is not None else None
     if solver_choice is not None and (greedy_s is None or solver_s <= greedy_s):
@@ -345,6 +495,7 @@ def solve_milp(problem: PlanningProblem, policy: str, budget_bytes: int, time_li
         greedy_s=greedy_s,
         greedy_gap_s=None if greedy_s is None or solver_s is None else greedy_s - solver_s,
         bound_s=None if bound is None or not np.isfinite(bound) else float(bound),
+        host_budget_bytes=host_budget_bytes,
     )
 
 
@@ -358,10 +509,12 @@ def budget_plan_of(
     greedy_s: float | None = None,
     greedy_gap_s: float | None = None,
     bound_s: float | None = None,
+    host_budget_bytes: int | None = None,
 ) -> BudgetPlan:
     """The :class:`BudgetPlan` of one option per tensor (problem order), whichever planner chose them."""
     held = [problem.holds(option) for option in choice]
     level = np.sum(held, axis=0) if held else np.zeros(problem.event_count, dtype=np.int64)
+    host_level = host_timeline_of(problem, choice)
     binding = int(np.argmax(level)) if level.size else 0
     unpacked_at = {t.lifetime.unpack: t.key for t in problem.tensors if t.lifetime is not None and t.lifetime.unpack is not None}
     tensors = tuple(
@@ -392,6 +545,9 @@ def budget_plan_of(
         greedy_gap_s=greedy_gap_s,
         bound_s=bound_s,
         prefetch_window_bytes=_prefetch_window(problem, choice),
+        host_budget_bytes=None if host_budget_bytes is None else int(host_budget_bytes),
+        host_peak_bytes=int(host_level.max(initial=0)),
+        host_timeline_bytes=tuple(int(b) for b in host_level),
     )
 
 

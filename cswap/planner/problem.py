@@ -14,7 +14,9 @@ An :class:`Option` is one action carried out one way: the bytes it holds over th
   backward the copy back is issued ``d`` events before the unpack (``d`` in the prefetch
   distances; ``0``: on demand), so the stored bytes are held from there, and ``max(Size/BW_h2d -
   Hidden_b, 0)`` is exposed with ``Hidden_b`` the compute of those ``d`` events. ``zvc-swap``
-  adds ``Time_c + Time_dc`` and moves the compressed bytes.
+  adds ``Time_c + Time_dc`` and moves the compressed bytes. On the host, the copy (raw, or the
+  compressed bytes) is held from the pack to the free point (:attr:`Option.host_holds`), whatever
+  the variant: the host budget bounds these.
 
 * ``recompute``: the raw bytes at its pack only (the op writes them, then they are dropped), nothing
   until backward, then the raw bytes from the event before its unpack (the recomputed segment is
@@ -123,6 +125,10 @@ class Option:
         wait_offload: pack waits for the copy out to finish.
         prefetch_distance: events before its unpack that the copy back is issued (swaps only).
         fetched_ahead: the hold of its copy back before the unpack, if it is fetched ahead.
+        host_holds: ``(first_event, last_event, nbytes)`` segments of host memory it holds: a
+            swap's host copy (raw for ``swap``, compressed for ``zvc-swap``) from its pack to its
+            free point, as :func:`cswap.planner.hostpool.host_pool_of` lays it out; nothing for
+            the actions that stay on the device.
     """
 
     action: str
@@ -131,6 +137,7 @@ class Option:
     wait_offload: bool = False
     prefetch_distance: int | None = None
     fetched_ahead: tuple[int, int, int] | None = None
+    host_holds: tuple[tuple[int, int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -160,6 +167,10 @@ class PlanningProblem:
     def holds(self, option: Option) -> np.ndarray:
         """The bytes ``option`` holds at each event."""
         return resident_bytes(self.event_count, option.holds)
+
+    def host_holds(self, option: Option) -> np.ndarray:
+        """The host bytes ``option`` holds at each event."""
+        return resident_bytes(self.event_count, option.host_holds)
 
 
 def _seconds(nbytes: float, gbps: float) -> float:
@@ -239,6 +250,9 @@ def _swap_options(
             backward.append(
                 (life.unpack - fetch, ahead + at_unpack, max(in_s - hidden_s, 0.0), fetch, ahead[0] if ahead else None)
             )
+    # The host copy is written at the pack and dies with the saved tensor's handle, at its free
+    # point (never at the unpack: unpack may run again): the lifetime the host pool lays out.
+    host = tuple(_segment(life.pack, life.free, stored))
     options = []
     for waits, inflight, forward_s in forward:
         for distance, holds, backward_s, fetch, ahead_hold in backward:
@@ -251,6 +265,7 @@ def _swap_options(
                     wait_offload=waits,
                     prefetch_distance=distance,
                     fetched_ahead=ahead_hold,
+                    host_holds=host,
                 )
             )
     return options

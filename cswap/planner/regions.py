@@ -71,7 +71,7 @@ import torch
 from cswap.budget import BudgetError, MemoryBudget
 from cswap.planner import BudgetPlan, PlanningProblem, minimum_bytes, plan_budget, problem_from_trace, timeline_of
 from cswap.planner.actions import POLICY_TABLE
-from cswap.planner.budgeted import FALLBACK_ACTIONS, NO_CODEC, PASSIVE_ACTION, SPARSITY_MARGIN, plan_from_budget
+from cswap.planner.budgeted import FALLBACK_ACTIONS, NO_CODEC, PASSIVE_ACTION, SPARSITY_MARGIN, host_budget_error, plan_from_budget
 from cswap.planner.costmodel import TimeModel
 from cswap.planner.plan import Action, Decision, LaunchCache, Plan
 from cswap.profile.regions import InputRecord, RegionProfile
@@ -113,8 +113,10 @@ class RegionPlan:
 class _Planning:
     """Problems and least budgets per set of enabled regions, each built once."""
 
-    def __init__(self, trace: Trace, profile: RegionProfile, base: str, time_model: TimeModel, backend: str, min_bytes: int) -> None:
+    def __init__(self, trace: Trace, profile: RegionProfile, base: str, time_model: TimeModel, backend: str, min_bytes: int,
+                 host_budget_bytes: int | None = None) -> None:
         self.trace = trace
+        self.host_budget_bytes = host_budget_bytes
         self.profile = profile
         self.base = base
         self.time_model = time_model
@@ -187,19 +189,22 @@ class _Planning:
             self._memo[regions] = (problem, self.extra_bytes(regions))
         return self._memo[regions]
 
-    def least(self, regions: tuple[str, ...]) -> int:
+    def least(self, regions: tuple[str, ...], host: bool = False) -> int:
+        """The least device budget with ``regions`` enabled (within the host budget with ``host``: the
+        region choice ranks by the device alone, which the floor certifies without a solver, and the
+        host budget is held where the rest is planned)."""
         problem, extra = self.problem(regions)
         if self.base == "none":  # one option per tensor: the peak of keeping them all, no solver needed
             keeps = [next(o for o in t.options if o.action == "keep") for t in problem.tensors]
             return int(timeline_of(problem, keeps).max(initial=0)) + extra
-        return minimum_bytes(problem, self.base) + extra
+        return minimum_bytes(problem, self.base, host_budget_bytes=self.host_budget_bytes if host else None) + extra
 
     def solve(self, regions: tuple[str, ...], budget_bytes: int) -> BudgetPlan | None:
         problem, extra = self.problem(regions)
         if budget_bytes - extra <= 0:
             return None
         try:
-            return plan_budget(problem, self.base, budget_bytes - extra)
+            return plan_budget(problem, self.base, budget_bytes - extra, host_budget_bytes=self.host_budget_bytes)
         except BudgetError:
             return None
 
@@ -409,6 +414,8 @@ def plan_regions(
     launches: LaunchCache | None = None,
     profiled_peak_bytes: int = 0,
     time_trials: int = TIME_TRIALS,
+    host_budget_bytes: int | None = None,
+    profiled_host_peak_bytes: int = 0,
 ) -> RegionPlan:
     """The plan of recomputing ``policy`` from a profiling iteration (module docstring).
 
@@ -424,6 +431,9 @@ def plan_regions(
         launches: the codec launch configs.
         profiled_peak_bytes: the resident peak of the profiling iteration (the least budget is at least this).
         time_trials: candidate regions tried for time once the budget is met (``capuchin``, ``cswap``).
+        host_budget_bytes: the host memory budget (``None``: none): the rest's host copies stay
+            within it; a recomputed region holds nothing on the host.
+        profiled_host_peak_bytes: the host bytes the profiling iteration held.
 
     Raises:
         ValueError: ``policy`` does not recompute.
@@ -431,7 +441,7 @@ def plan_regions(
     if policy not in BASE_POLICIES:
         raise ValueError(f"policy {policy!r} does not recompute: choose one of {', '.join(BASE_POLICIES)}")
     launches = launches if launches is not None else LaunchCache(backend, None)
-    planning = _Planning(trace, profile, BASE_POLICIES[policy], time_model, backend, min_bytes)
+    planning = _Planning(trace, profile, BASE_POLICIES[policy], time_model, backend, min_bytes, host_budget_bytes)
     full, _ = planning.problem(())
     budget_bytes: int | None = None
     none_bytes = minimum_bytes(full, "none") if budget is not None else None
@@ -439,7 +449,7 @@ def plan_regions(
         budget_bytes = budget.resolve(max(none_bytes, 1)) if budget.relative else budget.resolve()
     fixed = POLICY_TABLE[policy].checkpoints_layers
     smallest, layers_note = layer_regions(profile) if fixed else (_least_footprint(planning), "")
-    smallest_bytes = max(planning.least(smallest), 1)
+    smallest_bytes = max(planning.least(smallest, host=True), 1)
     least = max(smallest_bytes, profiled_peak_bytes)  # a run at a budget profiles first, within it
     if budget_bytes is None:
         regions, target, least = smallest, smallest_bytes, smallest_bytes
@@ -461,7 +471,18 @@ def plan_regions(
         if layers_note:
             reason += f" ({layers_note})"
         plan = Plan(**rules, default_action=PASSIVE_ACTION, prefetch_bytes=0, default_reason=reason)
-        return RegionPlan(plan, target, BudgetError(least, policy, target, none_peak_bytes=minimum_bytes(full, "none") or None))
+        none_peak = minimum_bytes(full, "none") or None
+        if host_budget_bytes is None or budget_bytes is None:
+            error = BudgetError(least, policy, target, none_peak_bytes=none_peak)
+        else:
+            least = max(least, target + 1) if target >= least else least  # no plan at the edge: not within these budgets
+            alone = max(planning.least(smallest), profiled_peak_bytes)
+            rest, extra_bytes = planning.problem(smallest)  # region inputs held throughout: device bytes beside the rest's
+            error = host_budget_error(rest, BASE_POLICIES[policy], target - extra_bytes, host_budget_bytes, alone - extra_bytes,
+                                      least - extra_bytes, profiled_host_peak_bytes, none_peak)
+            error = BudgetError(error.minimum_bytes, policy, target, none_peak_bytes=none_peak, host_budget_bytes=host_budget_bytes,
+                                host_minimum_bytes=error.host_minimum_bytes, binding=error.binding)
+        return RegionPlan(plan, target, error)
     plan = plan_from_budget(trace, problem, planned, rules, PASSIVE_ACTION if rules["fallback_action"] else Action.KEEP, least,
                             none_bytes)
     if extra:

@@ -5,7 +5,9 @@ greedy (:mod:`cswap.planner.capuchin`), every other policy by the exact program 
 (:mod:`cswap.planner.milp`: SciPy's ``milp`` with a greedy alongside). A large problem whose layers
 repeat (a transformer's) takes the fast path first (:mod:`cswap.planner.fastpath`): the same program
 with repeated layers' decisions tied in blocks, which keeps the budget at every event; the exact
-program answers when no tied plan fits, or always with ``exact=True``. This module only chooses.
+program answers when no tied plan fits, or always with ``exact=True``. Under a host budget every
+policy but ``capuchin`` is planned by the exact program: the tied blocks do not carry host rows. This
+module only chooses.
 
 Example:
     >>> from cswap.planner.lifetime import lifetimes_from_orders
@@ -23,28 +25,48 @@ Example:
 from __future__ import annotations
 
 from cswap.budget import BudgetError
-from cswap.planner.capuchin import capuchin_minimum_bytes, plan_capuchin_budget
+from cswap.planner.capuchin import capuchin_host_minimum_bytes, capuchin_minimum_bytes, plan_capuchin_budget
 from cswap.planner.fastpath import least_peak_fast, repeated_layers
-from cswap.planner.milp import BudgetPlan, least_peak, solve_milp
+from cswap.planner.milp import BudgetPlan, least_host_peak, least_peak, solve_milp
 from cswap.planner.problem import PlanningProblem
 from cswap.planner.tied import plan_tied
 
-__all__ = ["minimum_bytes", "plan_budget"]
+__all__ = ["minimum_bytes", "minimum_host_bytes", "plan_budget"]
 
 
-def minimum_bytes(problem: PlanningProblem, policy: str, time_limit_s: float = 30.0, exact: bool = False) -> int:
+def minimum_bytes(problem: PlanningProblem, policy: str, time_limit_s: float = 30.0, exact: bool = False,
+                  host_budget_bytes: int | None = None) -> int:
     """The least budget ``policy`` can meet on ``problem``; planning at it succeeds.
 
     ``capuchin``'s is the least its greedy meets (:func:`cswap.planner.capuchin.capuchin_minimum_bytes`);
     every other policy's is the least peak of its actions (:func:`cswap.planner.milp.least_peak`),
     found without the solver where a floor certifies it (:func:`cswap.planner.fastpath.least_peak_fast`;
-    ``exact=True``: always by the solver).
+    ``exact=True``: always by the solver). With ``host_budget_bytes``, the least device budget
+    among the plans whose host copies stay within it (by the exact program: the floor knows no host).
     """
     if policy == "capuchin":
-        return capuchin_minimum_bytes(problem, time_limit_s)
-    if exact:
-        return least_peak(problem, policy, time_limit_s)
+        return capuchin_minimum_bytes(problem, time_limit_s, host_budget_bytes)
+    if exact or host_budget_bytes is not None:
+        return least_peak(problem, policy, time_limit_s, host_budget_bytes)
     return least_peak_fast(problem, policy, time_limit_s)
+
+
+def minimum_host_bytes(problem: PlanningProblem, policy: str, budget_bytes: int, time_limit_s: float = 30.0) -> int | None:
+    """The least host budget ``policy`` can meet on ``problem`` within ``budget_bytes`` on the device
+    (``None``: it cannot meet that device budget at all); planning at both succeeds.
+
+    Example:
+        >>> from cswap.planner.lifetime import lifetimes_from_orders
+        >>> from cswap.planner.problem import LinkModel, TensorSpec, build_problem
+        >>> events = lifetimes_from_orders([0, 1], [1, 0])
+        >>> specs = [TensorSpec(key=k, nbytes=1000, lifetime=lt) for k, lt in enumerate(events.lifetimes)]
+        >>> problem = build_problem(specs, events, [0.0, 1.0, 2.0, 3.0], 1.5, LinkModel(1e-6, 1e-6, async_copies=False))
+        >>> minimum_host_bytes(problem, "swap", 1000), plan_budget(problem, "swap", 1000, host_budget_bytes=1000).host_peak_bytes
+        (1000, 1000)
+    """
+    if policy == "capuchin":
+        return capuchin_host_minimum_bytes(problem, budget_bytes, time_limit_s)
+    return least_host_peak(problem, policy, budget_bytes, time_limit_s)
 
 
 def plan_budget(
@@ -54,8 +76,10 @@ def plan_budget(
     time_limit_s: float = 30.0,
     greedy: bool = True,
     exact: bool = False,
+    host_budget_bytes: int | None = None,
 ) -> BudgetPlan:
-    """The least-time plan of ``policy`` whose timeline stays within ``budget_bytes``.
+    """The least-time plan of ``policy`` whose timeline stays within ``budget_bytes`` (and whose host
+    copies stay within ``host_budget_bytes``).
 
     Args:
         problem: every tensor's options.
@@ -64,15 +88,21 @@ def plan_budget(
         time_limit_s: the solver's time limit (per solve: the fast path's, then the exact one's).
         greedy: also run the solver's greedy (for its gap, and as the fallback); not for ``capuchin``.
         exact: skip the fast path (to measure its gap to the exact optimum).
+        host_budget_bytes: the host memory budget (``None``: none).
 
     Raises:
-        BudgetError: the policy cannot meet the budget; it carries :func:`minimum_bytes`.
+        BudgetError: the policy cannot meet the budget; it carries :func:`minimum_bytes` (with a
+            host budget also which budget binds and :func:`minimum_host_bytes`).
         ValueError: an unknown policy or a budget that is not positive.
     """
     if policy == "capuchin":
-        return plan_capuchin_budget(problem, budget_bytes, time_limit_s)
+        return plan_capuchin_budget(problem, budget_bytes, time_limit_s, host_budget_bytes)
     if budget_bytes <= 0:
         raise ValueError(f"budget_bytes must be positive, got {budget_bytes}")
+    if host_budget_bytes is not None:
+        # The tied fast path has no host rows (its blocks share decisions on the device timeline
+        # only), so under a host budget the exact program plans, whatever the problem's size.
+        return solve_milp(problem, policy, budget_bytes, time_limit_s, greedy, host_budget_bytes)
     repeats = None if exact else repeated_layers(problem)
     if repeats is not None:
         plan = plan_tied(problem, policy, budget_bytes, repeats, time_limit_s, greedy)

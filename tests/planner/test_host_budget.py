@@ -1,0 +1,127 @@
+"""The host memory budget in the planner: host copies' bytes per option, a second row per event, and
+a BudgetError that names the budget that binds with the least of each, which planning then meets."""
+
+from __future__ import annotations
+
+import pytest
+
+from cswap.budget import HOST_AUTO_SHARE, BudgetError, HostBudget, host_memory_limit_bytes, parse_host_budget
+from cswap.planner import LinkModel, TensorSpec, build_problem, minimum_bytes, plan_budget
+from cswap.planner.lifetime import lifetimes_from_orders
+from cswap.planner.milp import host_timeline_of
+from cswap.planner.solve import minimum_host_bytes
+
+SIZES = (4000, 3000, 2000, 1000, 500)
+COMPRESSED = (1500, 2900, 400, 900, 100)
+
+
+def _problem(recompute: bool = False):  # type: ignore[no-untyped-def]
+    n = len(SIZES)
+    events = lifetimes_from_orders(list(range(n)), list(reversed(range(n))))
+    specs = [TensorSpec(key=k, nbytes=SIZES[k], lifetime=lt, compressed_nbytes=COMPRESSED[k], compress_s=1e-4, decompress_s=1e-4,
+                        recompute_s=2e-3 if recompute else None) for k, lt in enumerate(events.lifetimes)]
+    times = [float(e) for e in range(events.event_count)]
+    return build_problem(specs, events, times, n - 0.5, LinkModel(1.0, 1.0, async_copies=False))
+
+
+def test_host_holds_are_the_stored_bytes_from_pack_to_free() -> None:
+    problem = _problem()
+    for tensor in problem.tensors:
+        life = tensor.lifetime
+        for option in tensor.options:
+            expected = {"swap": SIZES[tensor.key], "zvc-swap": COMPRESSED[tensor.key]}.get(option.action)
+            if expected is None:
+                assert option.host_holds == ()
+            else:
+                assert option.host_holds == ((life.pack, life.free, expected),)
+
+
+@pytest.mark.parametrize("policy", ["swap", "compress-swap", "cswap"])
+def test_a_plan_holds_both_budgets_at_every_event(policy: str) -> None:
+    problem = _problem()
+    free = plan_budget(problem, policy, 6000)
+    host_budget = free.host_peak_bytes // 2
+    try:
+        plan = plan_budget(problem, policy, 6000, host_budget_bytes=host_budget)
+    except BudgetError as error:
+        assert error.binding == "host" and error.host_budget_bytes == host_budget
+        plan = plan_budget(problem, policy, 6000, host_budget_bytes=error.host_minimum_bytes)
+        host_budget = error.host_minimum_bytes
+        assert host_budget > free.host_peak_bytes // 2
+    choice = [next(o for o in t.options if o.action == p.action and o.prefetch_distance == p.prefetch_distance
+                   and o.wait_offload == p.wait_offload) for t, p in zip(problem.tensors, plan.tensors)]
+    assert max(plan.timeline_bytes) <= 6000 and plan.peak_bytes <= 6000
+    assert max(host_timeline_of(problem, choice)) == plan.host_peak_bytes <= host_budget
+    assert plan.host_budget_bytes == host_budget and len(plan.host_timeline_bytes) == problem.event_count
+
+
+def test_the_host_budget_binds_and_its_minimum_is_met() -> None:
+    problem = _problem()
+    with pytest.raises(BudgetError) as caught:
+        plan_budget(problem, "swap", 6000, host_budget_bytes=1000)
+    error = caught.value
+    # swap alone meets 6000 on the device; with 1000 on the host it needs more on the device
+    assert error.binding == "host" and minimum_bytes(problem, "swap") <= 6000
+    assert error.minimum_bytes == minimum_bytes(problem, "swap", host_budget_bytes=1000) > 6000
+    assert error.host_minimum_bytes == minimum_host_bytes(problem, "swap", 6000) > 1000
+    assert "the host budget binds" in str(error) and f"host budget to at least {error.host_minimum_bytes} bytes" in str(error)
+    assert f"device budget to at least {error.minimum_bytes} bytes" in str(error)
+    # each minimum, with the other budget as given, plans
+    assert plan_budget(problem, "swap", 6000, host_budget_bytes=error.host_minimum_bytes).host_peak_bytes <= error.host_minimum_bytes
+    assert plan_budget(problem, "swap", error.minimum_bytes, host_budget_bytes=1000).peak_bytes <= error.minimum_bytes
+
+
+def test_the_device_budget_binds_when_it_cannot_be_met_alone() -> None:
+    problem = _problem()
+    least = minimum_bytes(problem, "swap")
+    with pytest.raises(BudgetError) as caught:
+        plan_budget(problem, "swap", least - 1, host_budget_bytes=10**9)
+    assert caught.value.binding == "device" and caught.value.minimum_bytes == least
+    assert "the device budget binds" in str(caught.value)
+
+
+def test_capuchin_under_a_host_budget() -> None:
+    problem = _problem(recompute=True)
+    free = plan_budget(problem, "capuchin", 6000)
+    assert free.host_peak_bytes > 0
+    try:
+        plan = plan_budget(problem, "capuchin", 6000, host_budget_bytes=free.host_peak_bytes // 2)
+        assert plan.host_peak_bytes <= free.host_peak_bytes // 2 and plan.peak_bytes <= 6000
+    except BudgetError as error:
+        assert error.host_minimum_bytes is not None
+        plan = plan_budget(problem, "capuchin", 6000, host_budget_bytes=error.host_minimum_bytes)
+        assert plan.host_peak_bytes <= error.host_minimum_bytes and plan.peak_bytes <= 6000
+
+
+def test_budget_error_pickles_with_its_host_fields() -> None:
+    import pickle
+
+    error = BudgetError(2000, "swap", 1000, host_budget_bytes=500, host_minimum_bytes=800, binding="host")
+    again = pickle.loads(pickle.dumps(error))
+    assert (again.binding, again.host_budget_bytes, again.host_minimum_bytes, str(again)) == ("host", 500, 800, str(error))
+
+
+@pytest.mark.parametrize("value, nbytes", [("8GiB", 8 << 30), ("512 MB", 512 * 10**6), (4096, 4096), ("3e9", 3 * 10**9)])
+def test_host_budget_forms(value: object, nbytes: int) -> None:
+    assert parse_host_budget(value) == HostBudget(nbytes=nbytes)
+
+
+@pytest.mark.parametrize("value, message", [(0.5, "not a fraction"), ("0.5", "not a fraction"), (0, "bytes must be positive"),
+                                            ("2 parsecs", "unknown unit"), (True, "a bool")])
+def test_bad_host_budgets_say_the_forms(value: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message) as caught:
+        parse_host_budget(value)
+    assert str(caught.value).startswith("host memory budget") and "'auto'" in str(caught.value)
+
+
+def test_auto_takes_a_share_of_the_cgroup_limit_else_available_ram(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    limit = tmp_path / "memory.max"
+    limit.write_text("8589934592\n")
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       32000000 kB\nMemAvailable:   1000000 kB\n")
+    assert host_memory_limit_bytes((str(limit),), str(meminfo)) == (8 << 30, f"cgroup limit ({limit})")
+    limit.write_text("max\n")  # no cgroup limit: the RAM available now
+    assert host_memory_limit_bytes((str(limit),), str(meminfo)) == (1000000 * 1024, f"available RAM ({meminfo})")
+    budget = parse_host_budget("auto", limit=(8 << 30, "cgroup limit"))
+    assert budget == HostBudget(nbytes=int(HOST_AUTO_SHARE * (8 << 30)), auto=True, source="cgroup limit")
+    assert "'auto'" in str(budget)
