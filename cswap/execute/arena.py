@@ -81,6 +81,7 @@ class _Pool:
         # per key: the (dtype, shape, stride) its view was made for, the view, and its slot marker
         self.views: dict[int, tuple[torch.dtype, tuple[int, ...], tuple[int, ...], torch.Tensor, PoolSlot]] = {}
         self.conflicts = {key: frozenset(keys) for key, keys in layout.conflicts.items()}
+        self.sizes = dict(layout.sizes)  # read once per planned swap: a plain dict
         self.held: set[int] = set()
         self.hits = 0
         self.fallbacks = 0
@@ -88,9 +89,9 @@ class _Pool:
     def take(self, key: int, dtype: torch.dtype, shape: tuple[int, ...], stride: tuple[int, ...], nbytes: int) -> tuple[torch.Tensor, PoolSlot] | None:
         """The view of ``key``'s slot as ``dtype``, ``shape``, ``stride``, now held, and its marker;
         ``None`` (counted) when the key has no slot, outgrew it, or bytes of its slot are still held."""
-        size = self.layout.sizes.get(key)
+        size = self.sizes.get(key)
         held = self.held
-        if size is None or nbytes > size or key in held or not held.isdisjoint(self.conflicts[key]):
+        if size is None or nbytes > size or key in held or (held and not held.isdisjoint(self.conflicts[key])):
             self.fallbacks += 1
             return None
         cached = self.views.get(key)

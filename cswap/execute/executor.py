@@ -72,17 +72,22 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from cswap.codecs import value_range
-from cswap.execute.arena import ArenaBlock, HostArena, PoolSlot
+from cswap.execute.arena import ALIGN_BYTES, ArenaBlock, HostArena, PoolSlot
 from cswap.execute.layout import Layout
 from cswap.execute.stored import Counters, Handle, Stored
 from cswap.execute.streams import Transfers
-from cswap.planner.plan import Action, Decision, Plan
+from cswap.planner.plan import DTYPE_NAMES, Action, Decision, Plan
 from cswap.profile.profiler import Profiler
 
 __all__ = ["Counters", "Executor", "IterationState"]
 
 _BITS_BY_ITEMSIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+_SWAP = Action.SWAP.value
+_KEEP = Action.KEEP.value
+_LEAF_REASON = "leaf tensor that requires grad (a parameter): never offloaded"
+_VIEW_REASON = "view of a leaf tensor that requires grad (a parameter): never offloaded"
+_DTYPE_NAMES = dict(DTYPE_NAMES)  # a plain dict: read once per saved tensor
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -117,6 +122,8 @@ class IterationState:
         self.plan = plan
         self.profiler = profiler
         self.protected = protected
+        self.decisions = plan.decision_table()
+        self.layouts: dict[int, Layout] = {}  # per key, the layout of its contiguous aligned tensor (see Executor.begin)
         self.next_key = 0
         self.stored_by_key: dict[int, weakref.ref[Stored]] = {}
         self.unpack_position = {key: i for i, key in enumerate(plan.unpack_order)}
@@ -202,9 +209,11 @@ class Executor:
         # reference posts itself to _dead_storages then (no scan of what is still alive).
         self._handed_out: dict[weakref.ref[torch.UntypedStorage], tuple[int, int]] = {}  # -> (bytes, key)
         self._dead_storages: collections.deque[weakref.ref[torch.UntypedStorage]] = collections.deque()
+        self._storage_died = self._dead_storages.append
         self._prefetched_bytes = 0
         self._rebuilt: dict[int, tuple[StorageWeakRef, int]] = {}  # storage id -> (ref, bytes)
         self._protected: tuple[Plan, weakref.ref[torch.nn.Module], frozenset[int]] | None = None
+        self._layouts: tuple[Plan | None, dict[int, Layout]] = (None, {})
         self._arena_plan: Plan | None = None
         self._arena_profiling = False  # the last iteration begun was a profiling one
         self._profiling_bytes = 0  # the most host bytes a profiling iteration took in first-fit blocks
@@ -245,7 +254,11 @@ class Executor:
             arena.reset_peak()
             self.counters.iteration_peak_resident_bytes = self.counters.resident_bytes
             self.counters.iteration_peak_host_bytes = self.counters.host_bytes
-        return IterationState(plan, profiler, self._protected_storages(plan, model))
+        it = IterationState(plan, profiler, self._protected_storages(plan, model))
+        if self._layouts[0] is not plan:
+            self._layouts = (plan, {})
+        it.layouts = self._layouts[1]  # a planned key's tensor has the same layout every iteration
+        return it
 
     def _protected_storages(self, plan: Plan, model: torch.nn.Module | None) -> frozenset[int]:
         """The storage ids of ``model``'s parameters and buffers, walked once per plan and model.
@@ -270,8 +283,196 @@ class Executor:
             it.profiler = None
 
     def hooks(self, it: IterationState) -> tuple[Callable[[torch.Tensor], Handle], Callable[[Handle], torch.Tensor]]:
-        """``(pack, unpack)`` for ``torch.autograd.graph.saved_tensors_hooks``."""
-        return functools.partial(self.pack, it), functools.partial(self.unpack, it)
+        """``(pack, unpack)`` for ``torch.autograd.graph.saved_tensors_hooks``: for an iteration
+        that is not profiled, a pack that carries out what the plan already says with nothing built
+        (:meth:`_planned_pack`), else :meth:`pack`."""
+        if it.profiler is not None or not it.decisions:
+            return functools.partial(self.pack, it), functools.partial(self.unpack, it)
+        return self._planned_pack(it), self._planned_unpack(it)
+
+    def _planned_pack(self, it: IterationState) -> Callable[[torch.Tensor], Handle]:
+        """The pack hook of a planned iteration.
+
+        It takes what most packs are once planned, with the plan's answer known in advance: a
+        parameter the plan keeps where it is, a contiguous aligned tensor the plan swaps (copied
+        to its pool slot), and a second save of data already swapped. Anything else, and every
+        pack whose facts differ from the plan's guard, goes to :meth:`pack`. The rules are
+        :meth:`Plan.resolve`'s, whose answer for these is always the planned decision (a swap
+        holds nothing on the device, so the budget never changes it), and the checks are
+        :meth:`_never_move`'s; they are inlined because this runs once per saved tensor, and
+        every attribute read and call here is host time the device waits for.
+        """
+        general = functools.partial(self.pack, it)
+        decision_of = it.decisions.get
+        dtype_name = _DTYPE_NAMES.get
+        protected = it.protected
+        layouts = it.layouts
+        dedupe = self._dedupe
+        counters = self.counters
+        actions = counters.actions
+        lock = self._lock
+        pending = self._releases_pending
+        drain = self._drain
+        transfers = self.transfers
+        released = self._released
+        budget = it.plan.budget_bytes
+        on_cpu, device = self._on_cpu, self.device
+        kept_storages = self._kept_storages
+        note_planned = it.plan.note_planned
+        keeps_within_budget = it.plan.keeps_within_budget
+        swaps_stand = it.plan.swaps_stand
+        perf_counter = time.perf_counter
+        keep, swap, strided, parameter, plain_tensor = Action.KEEP, Action.SWAP, torch.strided, torch.nn.Parameter, torch.Tensor
+
+        def pack(tensor: torch.Tensor) -> Handle:
+            started = perf_counter()
+            planned = decision_of(it.next_key)
+            if (planned is None or it._backward_ended or it.profiler is not None
+                    or tensor.shape != planned.shape or dtype_name(tensor.dtype) != planned.dtype):
+                return general(tensor)
+            action = planned.action
+            if action is keep and (planned.reason == _LEAF_REASON or planned.reason == _VIEW_REASON):
+                # A parameter or a view of one, kept as the plan says, for the reason _never_move gives it.
+                if tensor.layout is not strided or not (tensor.is_cpu if on_cpu else tensor.device == device):
+                    return general(tensor)
+                kind = type(tensor)
+                leaf = tensor.requires_grad and tensor.is_leaf
+                if kind is parameter or (kind is plain_tensor and leaf):
+                    if not leaf or planned.reason != _LEAF_REASON:
+                        return general(tensor)
+                else:
+                    base = tensor._base
+                    if (kind is not plain_tensor or base is None or not (base.requires_grad and base.is_leaf)
+                            or planned.reason != _VIEW_REASON):
+                        return general(tensor)
+                with lock:
+                    key = it.next_key
+                    it.next_key = key + 1
+                    note_planned(key)
+                    counters.never_moved_tensors += 1
+                    counters.packed_tensors += 1
+                    counters.pack_s += perf_counter() - started
+                return Handle(key, None, tensor.detach())
+            if (action is not keep and (action is not swap or not swaps_stand)) or not tensor.is_contiguous():
+                return general(tensor)
+            storage = tensor.untyped_storage()
+            storage_id = storage._cdata
+            offset = tensor.storage_offset()
+            stride = tensor.stride()
+            # torch.Size hashes and compares as the tuple the general path builds.
+            dedupe_key = (storage_id, offset, tensor.shape, stride, tensor.dtype, tensor._version)
+            with lock:
+                if pending():
+                    drain()
+                key = it.next_key
+                ref = dedupe.get(dedupe_key)
+                stored = ref() if ref is not None else None
+                if stored is not None and stored.storage_ref() is storage:
+                    if stored.decision.action is not action:
+                        return general(tensor)
+                    stored.handles += 1
+                    counters.deduplicated_tensors += 1
+                else:
+                    # _never_move's checks, for a tensor the plan may move
+                    if (type(tensor) is not plain_tensor or tensor.layout is not strided
+                            or not (tensor.is_cpu if on_cpu else tensor.device == device)
+                            or (tensor.requires_grad and tensor.is_leaf) or storage_id in protected
+                            or offset * tensor.element_size() % ALIGN_BYTES):
+                        return general(tensor)
+                    base = tensor._base
+                    if base is not None and base.requires_grad and base.is_leaf:
+                        return general(tensor)
+                    layout = layouts.get(key)
+                    if layout is None or stride != layout.stride:  # size-1 dimensions may stride anyhow
+                        layout = layouts[key] = Layout.of(tensor)
+                    if layout.nbytes != planned.nbytes:
+                        return general(tensor)
+                    if action is keep:
+                        # Another view of a kept storage counts it already (the general path shares
+                        # it); a keep that would pass the budget falls back there too.
+                        if (kept_storages and storage_id in kept_storages) or (
+                                budget is not None and not keeps_within_budget(planned, counters.resident_bytes)):
+                            return general(tensor)
+                        stored = Stored(key, planned, layout, released)
+                        stored.storage_ref = weakref.ref(storage)
+                        stored.tensor = tensor.detach()
+                        stored.held_bytes = layout.nbytes
+                        counters.kept_bytes += layout.nbytes
+                        counters.add_resident(layout.nbytes)
+                        kept_storages[storage_id] = stored
+                        actions[_KEEP] += 1
+                        stored.dedupe_key = dedupe_key
+                        ref = dedupe[dedupe_key] = weakref.ref(stored)
+                        it.next_key = key + 1
+                        it.stored_by_key[key] = ref
+                        note_planned(key)
+                        counters.packed_tensors += 1
+                        counters.pack_s += perf_counter() - started
+                        return stored
+                    stored = Stored(key, planned, layout, released)
+                    stored.storage_ref = weakref.ref(storage)
+                    if transfers.side_stream is None:  # to its slot in the plan's host pool, if it has one
+                        transfers.copy_to_host(stored, tensor.detach(), non_blocking=False, pool_key=key)
+                    else:
+                        transfers.store(stored, tensor.detach(), swap, None, pool_key=key)
+                    counters.offloaded_bytes += layout.nbytes
+                    counters.transferred_bytes += layout.nbytes
+                    actions[_SWAP] += 1
+                    stored.dedupe_key = dedupe_key
+                    ref = dedupe[dedupe_key] = weakref.ref(stored)
+                    if budget is not None:
+                        transfers.wait_for_budget(budget)
+                it.next_key = key + 1
+                it.stored_by_key[key] = ref
+                note_planned(key)
+                counters.packed_tensors += 1
+                counters.pack_s += perf_counter() - started
+            # The entry is its own handle: an unpack reads the data it holds and prefetches after
+            # the key that stored it, whichever of its handles asks.
+            return stored
+
+        return pack
+
+    def _planned_unpack(self, it: IterationState) -> Callable[[Handle | Stored], torch.Tensor]:
+        """The unpack hook of a planned iteration: :meth:`unpack` without the profiler, for the
+        handles :meth:`_planned_pack` returns (a :class:`Stored` entry of a swap is its own handle)."""
+        general = functools.partial(self.unpack, it)
+        lock = self._lock
+        pending = self._releases_pending
+        drain = self._drain
+        materialize = self._materialize
+        prefetch_after = self._prefetch_after
+        counters = self.counters
+        perf_counter = time.perf_counter
+        stored_type = Stored
+        keep = Action.KEEP
+
+        def unpack(handle: Handle | Stored) -> torch.Tensor:
+            if type(handle) is not stored_type or it.profiler is not None:
+                return general(handle)
+            started = perf_counter()
+            stored = handle
+            with lock:
+                if pending():
+                    drain()
+                if stored.action is keep:
+                    out = stored.tensor
+                else:
+                    out = stored.held_out
+                    if out is None:
+                        out = materialize(stored, it)
+                    stored.unpacks += 1
+                    stored.held_out = out if stored.unpacks < stored.handles else None
+                stored.unpacked = True
+                if not it._backward_watched:
+                    self._watch_backward(it)
+                if it.prefetch_cursor < it.prefetch_end:
+                    prefetch_after(it, stored.key)
+                counters.unpacks += 1
+                counters.unpack_s += perf_counter() - started
+            return out
+
+        return unpack
 
     def close(self) -> None:
         """Collect the host compressions still running and stop their worker threads (they also
@@ -403,10 +604,10 @@ class Executor:
         if t.numel() == 0:
             return "empty tensor: kept"
         if t.requires_grad and t.is_leaf:
-            return "leaf tensor that requires grad (a parameter): never offloaded"
+            return _LEAF_REASON
         base = t._base
         if base is not None and base.requires_grad and base.is_leaf:
-            return "view of a leaf tensor that requires grad (a parameter): never offloaded"
+            return _VIEW_REASON
         if storage_id in it.protected:
             return "parameter or buffer of the model: never offloaded"
         return None
@@ -457,11 +658,14 @@ class Executor:
         dedupe_key = (storage_id, tensor.storage_offset(), layout.shape, layout.stride, tensor.dtype, tensor._version)
         ref = self._dedupe.get(dedupe_key)
         stored = ref() if ref is not None else None
+        if stored is not None and stored.storage_ref() is not storage:
+            stored = None  # the storage it stored died, and a new one took its address
         producer = profiler.producer(tensor) if profiler is not None else ""
         zeros: Any = 0
         encoding_facts: Any = None
         if stored is not None:
             plan.resolve(key, layout.shape, layout.dtype, layout.nbytes, duplicate_of=stored.decision)
+            stored.handles += 1
             counters.deduplicated_tensors += 1
             if profiler is not None:
                 profiler.record_duplicate(key, stored.key)
@@ -506,9 +710,7 @@ class Executor:
         counters = self.counters
         action = decision.action
         stored = Stored(key, decision, layout, self._released)
-        # Deduplication keys on the storage's address: holding a weak reference to the storage
-        # keeps that address from being reused by a new storage while this entry lives.
-        stored.storage_ref = StorageWeakRef(tensor.untyped_storage() if storage is None else storage)
+        stored.storage_ref = weakref.ref(tensor.untyped_storage() if storage is None else storage)
         zeros: Any = 0
         if action is Action.KEEP:
             stored.tensor = tensor
@@ -590,11 +792,13 @@ class Executor:
 
     # ------------------------------------------------------------------ unpack
 
-    def unpack(self, it: IterationState, handle: Handle) -> torch.Tensor:
+    def unpack(self, it: IterationState, handle: Handle | Stored) -> torch.Tensor:
         """The unpack hook: the saved tensor's values, with its shape, dtype, strides and device."""
         started = time.perf_counter()
         profiler = it.profiler
         stamp = profiler.stamp() if profiler is not None else None
+        if type(handle) is Stored:  # a planned pack's swap is its own handle
+            handle = Handle(handle.key, handle)
         with self._lock:
             if profiler is not None or self._releases_pending():
                 self._drain(profiler)
@@ -605,14 +809,14 @@ class Executor:
                 out = stored.tensor
             else:
                 out = self._materialize(stored, it)
+                stored.unpacks += 1
+                stored.held_out = out if stored.unpacks < stored.handles else None
                 if profiler is not None:
                     profiler.record_rebuilt(handle.key, out.untyped_storage().nbytes())
             if stored is not None:
                 stored.unpacked = True
-            if not it._backward_watched and torch._C._current_graph_task_id() != -1:
-                # Told when this backward finishes: the micro-batch may be over (IterationState).
-                torch.autograd.Variable._execution_engine.queue_callback(functools.partial(self._backward_ended, it))
-                it._backward_watched = True
+            if not it._backward_watched:
+                self._watch_backward(it)
             if it.prefetch_cursor < it.prefetch_end:
                 # a duplicate read first stands for the key that stored the data (the plan's event)
                 self._prefetch_after(it, stored.key if stored is not None else handle.key)
@@ -624,12 +828,22 @@ class Executor:
         assert out is not None
         return out
 
+    def _watch_backward(self, it: IterationState) -> None:
+        """Be told when the backward running this unpack finishes: the micro-batch may be over
+        (:meth:`IterationState.backward_ended`)."""
+        if torch._C._current_graph_task_id() != -1:
+            torch.autograd.Variable._execution_engine.queue_callback(functools.partial(self._backward_ended, it))
+            it._backward_watched = True
+
     def _backward_ended(self, it: IterationState) -> None:
         with self._lock:
             it.backward_ended()
 
     def _materialize(self, stored: Stored, it: IterationState) -> torch.Tensor:
         """The rebuilt tensor of an offloaded or compressed ``stored``, on the device, ready for the compute stream."""
+        held = stored.held_out
+        if held is not None:
+            return held
         counters = self.counters
         if stored.prefetched is not None:
             out, event = stored.prefetched
@@ -647,10 +861,11 @@ class Executor:
             out, event = self.transfers.fetch(stored)
             nbytes = out.untyped_storage().nbytes()
             counters.add_resident(nbytes)
-        self.transfers.hand_to_compute(out, event)
+        if event is not None:
+            self.transfers.hand_to_compute(out, event)
         # A storage's Python object lives as long as the storage (torch preserves it), so a weak
         # reference to it is told exactly when the storage is freed.
-        self._handed_out[weakref.ref(out.untyped_storage(), self._dead_storages.append)] = (nbytes, stored.key)
+        self._handed_out[weakref.ref(out.untyped_storage(), self._storage_died)] = (nbytes, stored.key)
         stored.last_out = weakref.ref(out)
         return out
 
@@ -706,9 +921,13 @@ class Executor:
             return
         order = plan.unpack_order
         end = it.prefetch_end
+        stored_of = it.stored_by_key.get
+        budget = plan.budget_bytes
+        counters = self.counters
+        fetch = self.transfers.fetch
         i = max(position + 1, it.prefetch_cursor)
         while i < end:
-            ref = it.stored_by_key.get(order[i])
+            ref = stored_of(order[i])
             stored = ref() if ref is not None else None
             if stored is None or not stored.action.offloads or stored.unpacked or stored.prefetched is not None:
                 i += 1
@@ -716,14 +935,14 @@ class Executor:
             nbytes = stored.layout.nbytes
             if self._prefetched_bytes + nbytes > window:
                 break
-            if plan.budget_bytes is not None and self.counters.resident_bytes + nbytes > plan.budget_bytes:
+            if budget is not None and counters.resident_bytes + nbytes > budget:
                 break
-            out, event = self.transfers.fetch(stored)
+            out, event = fetch(stored)
             held = out.untyped_storage().nbytes()
             stored.prefetched = (out, event)
             stored.prefetched_bytes = held
             self._prefetched_bytes += held
-            self.counters.add_resident(held)
-            self.counters.prefetches += 1
+            counters.add_resident(held)
+            counters.prefetches += 1
             i += 1
         it.prefetch_cursor = i

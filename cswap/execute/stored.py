@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.multiprocessing.reductions import StorageWeakRef
 
 from cswap.codecs import Unsized
 from cswap.codecs.format import Packed
@@ -126,6 +125,9 @@ class Stored:
         "prefetched",
         "prefetched_bytes",
         "last_out",
+        "held_out",
+        "handles",
+        "unpacks",
         "unpacked",
         "decompress_launch",
         "storage_ref",
@@ -154,9 +156,16 @@ class Stored:
         self.prefetched: tuple[torch.Tensor, Any] | None = None
         self.prefetched_bytes = 0
         self.last_out: weakref.ref[torch.Tensor] | None = None
+        # The rebuilt tensor, held while handles sharing this entry have yet to read it (backward
+        # asks for a deduplicated tensor once per handle, often with the first copy freed between).
+        self.held_out: torch.Tensor | None = None
+        self.handles = 1  # handles that refer to this entry
+        self.unpacks = 0  # unpacks served from it
         self.unpacked = False
         self.decompress_launch: Any = None
-        self.storage_ref: StorageWeakRef | None = None
+        # The stored tensor's storage: deduplication keys on the storage's address, and a new
+        # storage may take a dead one's address, so a match must be this very storage.
+        self.storage_ref: weakref.ref[torch.UntypedStorage] | None = None
         self.unsized: Unsized | None = None  # compressed, its size not read back yet
         self.source: torch.Tensor | None = None  # what it was compressed from, until then
         self.owner: Stored | None = None  # the entry counting the storage this one keeps too

@@ -38,7 +38,7 @@ from cswap.profile.trace import Trace
 from cswap.codecs.launch import Launch, LaunchLookup
 from cswap.planner.actions import POLICY_TABLE, RUNTIME_POLICIES
 
-__all__ = ["DEFAULT_ACTIONS", "POLICY_REASONS", "Action", "Decision", "LaunchCache", "Plan", "constrained"]
+__all__ = ["DEFAULT_ACTIONS", "DTYPE_NAMES", "POLICY_REASONS", "Action", "Decision", "LaunchCache", "Plan", "constrained"]
 
 
 class Action(str, enum.Enum):
@@ -82,12 +82,13 @@ POLICY_REASONS: Mapping[str, str] = MappingProxyType({name: POLICY_TABLE[name].r
 def _dtype_name(dtype: torch.dtype | str) -> str:
     if isinstance(dtype, str):
         return dtype
-    name = _DTYPE_NAMES.get(dtype)
+    name = DTYPE_NAMES.get(dtype)
     return name if name is not None else str(dtype).removeprefix("torch.")
 
 
 # The pack hook names a dtype per saved tensor: looked up, not formatted.
-_DTYPE_NAMES: Mapping[torch.dtype, str] = MappingProxyType(
+#: Each torch dtype's name as plans and traces spell it (``torch.bfloat16`` -> ``"bfloat16"``).
+DTYPE_NAMES: Mapping[torch.dtype, str] = MappingProxyType(
     {value: name for name, value in vars(torch).items() if isinstance(value, torch.dtype) and str(value) == f"torch.{name}"}
 )
 
@@ -312,6 +313,11 @@ class Plan:
         swapped = {key for key, decision in self.decisions.items() if decision.action is Action.SWAP}
         return replace(self, host_pool=host_pool_of(trace, swapped))
 
+    def decision_table(self) -> dict[int, Decision]:
+        """:attr:`decisions` as the plain dict the pack hook reads once per saved tensor (not a
+        copy: treat it as read-only)."""
+        return self._decisions_table  # type: ignore[attr-defined,no-any-return]
+
     def lookup(self, key: int, shape: tuple[int, ...], dtype: str) -> Decision | None:
         """The planned decision for ``key`` if its guard matches ``shape`` and ``dtype``, else ``None``."""
         decision = self.decisions.get(key)
@@ -395,19 +401,44 @@ class Plan:
             resolved[key] = decision
         return decision
 
-    def _within_budget(self, decision: Decision, resident_bytes: int) -> Decision:
-        """``decision``, or the fallback action when keeping it would pass the budget now."""
+    @property
+    def swaps_stand(self) -> bool:
+        """Whether :meth:`resolve` returns a planned swap whose guard holds as it is, whatever is
+        held when it is packed (the pack hook then takes it without asking)."""
+        return True
+
+    def note_planned(self, key: int) -> None:
+        """Record that ``key``'s pack took its planned decision as it is (what :meth:`resolve`
+        records when it returns one), for a pack hook that knew it without calling :meth:`resolve`."""
+        resolved: dict[int, Decision] = self._resolved  # type: ignore[attr-defined]
+        if resolved:
+            resolved.pop(key, None)
+
+    def keeps_within_budget(self, decision: Decision, resident_bytes: int) -> bool:
+        """Whether ``decision`` stands under the budget with ``resident_bytes`` held now: it moves
+        the tensor, the policy has nothing to fall back to, or keeping it stays within the budget
+        and within the slack the plan left it (:meth:`resolve`'s rule)."""
         fallback = self.fallback_action
         if self.budget_bytes is None or fallback is None or decision.action.offloads or decision.action is fallback:
-            return decision
+            return True
         held = decision.nbytes
         if decision.action is Action.ZVC_KEEP and decision.compressed_nbytes is not None:
             held = min(held, int(decision.compressed_nbytes))
         expected = self.expected_bytes.get(decision.key) if decision.planned else None
         drift = resident_bytes - expected if expected is not None else 0
-        within_slack = decision.slack_bytes is None or drift <= decision.slack_bytes
-        if resident_bytes + held <= self.budget_bytes and within_slack:
+        return resident_bytes + held <= self.budget_bytes and (decision.slack_bytes is None or drift <= decision.slack_bytes)
+
+    def _within_budget(self, decision: Decision, resident_bytes: int) -> Decision:
+        """``decision``, or the fallback action when keeping it would pass the budget now."""
+        if self.keeps_within_budget(decision, resident_bytes):
             return decision
+        fallback = self.fallback_action
+        assert fallback is not None
+        held = decision.nbytes
+        if decision.action is Action.ZVC_KEEP and decision.compressed_nbytes is not None:
+            held = min(held, int(decision.compressed_nbytes))
+        expected = self.expected_bytes.get(decision.key) if decision.planned else None
+        drift = resident_bytes - expected if expected is not None else 0
         action, why = constrained(fallback, decision.nbytes, decision.dtype, self.min_bytes)
         if action is decision.action or (why is not None and not action.offloads):
             return decision  # the rules leave nothing smaller (below min_bytes, or nothing to fall back to)
