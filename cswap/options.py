@@ -13,7 +13,7 @@ Example:
     >>> load_options(min_byte=0)
     Traceback (most recent call last):
     ...
-    TypeError: unknown Runtime option 'min_byte'; valid options are arena_slack, backend, d2h_gbps, decider, device, h2d_gbps, launch_lookup, logistic_model, memory_budget, min_bytes, model, paper_size, passive_profile, policy, prefetch_bytes, time_model
+    TypeError: unknown Runtime option 'min_byte'; valid options are arena_slack, backend, d2h_gbps, decider, device, h2d_gbps, host_memory_budget, launch_lookup, logistic_model, memory_budget, min_bytes, model, paper_size, passive_profile, policy, prefetch_bytes, time_model
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import yaml
 
-from cswap.budget import MemoryBudget, parse_budget
+from cswap.budget import HostBudget, MemoryBudget, parse_budget, parse_host_budget
 from cswap.codecs.launch import LaunchLookup
 from cswap.paths import shipped_configs_dir
 from cswap.planner.actions import RECOMPUTING_POLICIES, RUNTIME_POLICIES
@@ -79,7 +79,7 @@ FILE_OPTIONS: tuple[str, ...] = (
 )
 
 #: Options that are objects, given as keyword arguments only (``None`` by default).
-OBJECT_OPTIONS: tuple[str, ...] = ("model", "time_model", "launch_lookup", "logistic_model", "memory_budget")
+OBJECT_OPTIONS: tuple[str, ...] = ("model", "time_model", "launch_lookup", "logistic_model", "memory_budget", "host_memory_budget")
 
 @dataclass(frozen=True)
 class RuntimeOptions:
@@ -107,6 +107,9 @@ class RuntimeOptions:
         memory_budget: the most bytes of saved activations kept on the device
             (:class:`cswap.budget.MemoryBudget`; given as bytes, ``"2GiB"`` or a fraction of policy
             ``none``'s peak, read by :func:`cswap.budget.parse_budget`); ``None``: no budget.
+        host_memory_budget: the most bytes of saved activations' host copies (raw or compressed)
+            held on the host at once (:class:`cswap.budget.HostBudget`; given as bytes, ``"8GiB"``
+            or ``"auto"``, read by :func:`cswap.budget.parse_host_budget`); ``None``: no host budget.
     """
 
     policy: str
@@ -125,10 +128,12 @@ class RuntimeOptions:
     launch_lookup: LaunchLookup | None = None
     logistic_model: Any = None
     memory_budget: MemoryBudget | None = None
+    host_memory_budget: HostBudget | None = None
 
     def __post_init__(self) -> None:
-        # any accepted form becomes a MemoryBudget; parse_budget's error names the forms
+        # any accepted form becomes a MemoryBudget (a HostBudget); the parsers' errors name the forms
         object.__setattr__(self, "memory_budget", parse_budget(self.memory_budget))
+        object.__setattr__(self, "host_memory_budget", parse_host_budget(self.host_memory_budget))
         if isinstance(self.policy, str):  # "Swap", " CSWAP": a policy's name in any case
             object.__setattr__(self, "policy", self.policy.strip().lower())
         for name in FILE_OPTIONS + OBJECT_OPTIONS:
@@ -185,6 +190,8 @@ def _problem(name: str, value: Any) -> str | None:
         return None if value is None or callable(value) else "must be a callable (backend, op, dtype, nbytes) -> Launch | None"
     if name == "memory_budget":
         return None if value is None or isinstance(value, MemoryBudget) else "read it with cswap.budget.parse_budget"
+    if name == "host_memory_budget":
+        return None if value is None or isinstance(value, HostBudget) else "read it with cswap.budget.parse_host_budget"
     if name == "logistic_model":
         ok = value is None or callable(getattr(value, "should_compress", None))
         return None if ok else "must have should_compress(nbytes, sparsity, hidden_forward_s, hidden_backward_s, d2h_gbps, h2d_gbps)"

@@ -98,6 +98,15 @@ class Runtime:
             peak; ``GB`` is 10^9 bytes, ``GiB`` 2^30), and a budget above the device's memory (the
             GPU's total memory; on CPU the host's physical memory, where the activations live)
             warns with a ``UserWarning``: it could never bind.
+        host_memory_budget: the most bytes of saved activations' host copies (raw for ``swap``,
+            compressed for ``zvc-swap``) held on the host at once: ``None`` (no host budget), int
+            bytes, a string with a unit (``"8GiB"``), or ``"auto"`` (:data:`cswap.budget.HOST_AUTO_SHARE`
+            of the cgroup's memory limit when one is set, else of the available RAM). Under a
+            ``memory_budget`` the plan holds both at every event of the profiled timeline, or
+            :class:`cswap.BudgetError` names the budget that binds and the least of each. At pack, a
+            swap whose host copy would pass it is kept instead where the device budget leaves room
+            (the profiling iteration's, and without a ``memory_budget``, every iteration's rule).
+            :meth:`stats` reports ``host_peak_bytes`` against it.
 
     Raises:
         TypeError: an unknown option (the message lists the valid ones).
@@ -135,6 +144,7 @@ class Runtime:
         launch_lookup: LaunchLookup | None = None,
         logistic_model: Any = None,
         memory_budget: int | str | float | None = None,
+        host_memory_budget: int | str | None = None,
         **unknown: Any,
     ) -> None:
         given = dict(
@@ -146,7 +156,7 @@ class Runtime:
         # option's error lists the valid ones.
         overrides = {name: value for name, value in given.items() if value != _DEFAULTS[name] or type(value) is not type(_DEFAULTS[name])}
         objects = dict(model=model, time_model=time_model, launch_lookup=launch_lookup, logistic_model=logistic_model,
-                       memory_budget=memory_budget)
+                       memory_budget=memory_budget, host_memory_budget=host_memory_budget)
         overrides.update({name: value for name, value in objects.items() if value is not None})
         self._options = load_options(**overrides, **unknown)
         opts = self._options
@@ -185,6 +195,16 @@ class Runtime:
         if self._budget_bytes is not None:
             self._plan = replace(self._plan, budget_bytes=self._budget_bytes, fallback_action=FALLBACK_ACTIONS[opts.policy])
             warn_if_over_device(self._budget_bytes, fingerprint(device).memory_bytes, str(device))
+        # Under a host budget the plan reads the host bytes the executor counts at pack (a swap that
+        # would pass it is kept instead).
+        self._host_meter = self._executor.counters
+        host = opts.host_memory_budget
+        self._host_budget_bytes: int | None = None if host is None else host.resolve()
+        if self._host_budget_bytes is not None and (budget is None or not budget.relative):
+            # A fraction of none's peak is not known before the first profile, which must then hold
+            # the device budget blind: it stores every tensor at the least device footprint, and the
+            # host budget holds from the plan made from it on.
+            self._plan = replace(self._plan, host_budget_bytes=self._host_budget_bytes, host_meter=self._host_meter)
         self._resolved_budget: ResolvedBudget | None = None
         self._bandwidths: tuple[float, float] | None = None
         self._time_model: Any = opts.time_model
@@ -280,7 +300,7 @@ class Runtime:
             profiling = self._needs_profile
         started = time.perf_counter()
         try:
-            if not profiling and self.policy == "none" and self._options.memory_budget is None:
+            if not profiling and self.policy == "none" and self._options.memory_budget is None and self._host_budget_bytes is None:
                 yield
             else:
                 yield from self._hooked(profiling)
@@ -386,26 +406,36 @@ class Runtime:
         self._after_regions(tracer, regions, count=not profiling)
         executor.end(it)
         if profiler is None:
-            self._check_graph(executor.counters.unknown_keys > unknown_before, executor.counters.iteration_peak_resident_bytes)
+            counters = executor.counters  # read as they stand: a snapshot would settle deferred sizes on a GPU
+            self._check_graph(counters.unknown_keys > unknown_before, counters.iteration_peak_resident_bytes,
+                              counters.iteration_peak_host_bytes)
         if profiler is not None:
             profiler.meta["micro_batches"] = it.micro_batches
             if passive is not None and passive.retries:
                 profiler.meta["out_of_memory_retries"] = passive.retries
             self._finish_profile(profiler, tracer)
 
-    def _check_graph(self, unknown: bool, peak_bytes: int) -> None:
+    def _check_graph(self, unknown: bool, peak_bytes: int, host_peak_bytes: int = 0) -> None:
         """After a planned iteration: if it saved tensors its plan did not know, or passed the budget
-        (the policy had no way to move what a changed graph holds longer), plan anew from the next
-        iteration's profile, which raises :class:`BudgetError` with the new least budget if the
-        policy cannot hold this graph."""
+        (the policy had no way to move what a changed graph holds longer) or the host budget, plan
+        anew from the next iteration's profile, which raises :class:`BudgetError` with the new least
+        budget if the policy cannot hold this graph."""
         budget = self._budget_bytes
         over = budget is not None and peak_bytes > budget
-        if not (unknown or over):
+        host_budget = self._host_budget_bytes if self._options.memory_budget is not None else None
+        over_host = host_budget is not None and host_peak_bytes > host_budget
+        if not (unknown or over or over_host):
             return
         if over:
             warnings.warn(
                 f"policy {self.policy} passed the memory budget in this iteration ({peak_bytes:,d} B > {budget:,d} B): the saved "
                 "tensors are not those its plan was made for; the next iteration profiles again",
+                stacklevel=4,
+            )
+        if over_host:
+            warnings.warn(
+                f"policy {self.policy} passed the host memory budget in this iteration ({host_peak_bytes:,d} B > {host_budget:,d} B "
+                "on the host): the saved tensors are not those its plan was made for; the next iteration profiles again",
                 stacklevel=4,
             )
         with self._lock:
@@ -485,7 +515,11 @@ class Runtime:
         budget_bytes = None
         region_keys: dict[str, tuple[int, ...]] = {}
         # its own peak (a graph that changed is profiled again in the middle of an epoch)
-        profiled_peak = self._executor.snapshot().iteration_peak_resident_bytes
+        profiled = self._executor.snapshot()
+        profiled_peak = profiled.iteration_peak_resident_bytes
+        profiled_host_peak = profiled.iteration_peak_host_bytes
+        # Without a device budget there is no plan to hold the host budget in: the pack's rule does.
+        host_budget = self._host_budget_bytes if budget is not None else None
         if tracer is not None:
             regions = self._recompute_regions()
             profile = tracer.profile().excluding(regions.ineligible)  # with those torch refused before
@@ -493,7 +527,8 @@ class Runtime:
             regions.mark_ineligible(profile.ineligible)
             time_model = self._codec_time_model() if self.policy == "cswap" else NO_CODEC
             chosen = plan_regions(trace, profile, self.policy, budget, time_model, self._backend, self._options.min_bytes,
-                                  self._epoch, self._plan.launches, profiled_peak)
+                                  self._epoch, self._plan.launches, profiled_peak, host_budget_bytes=host_budget,
+                                  profiled_host_peak_bytes=profiled_host_peak)
             plan, error, region_keys = chosen.plan, chosen.error, dict(chosen.region_keys)
             budget_bytes = chosen.budget_bytes if budget is not None else None
         elif budget is None:
@@ -502,9 +537,12 @@ class Runtime:
             compresses = bool(POLICY_ACTIONS[self.policy] & {ZVC_SWAP, ZVC_KEEP})
             time_model = self._codec_time_model() if compresses else NO_CODEC
             plan, budget_bytes, error = budget_plan(trace, self.policy, budget, time_model, self._backend, self._options.min_bytes,
-                                                    self._epoch, self._plan.launches, profiled_peak)
+                                                    self._epoch, self._plan.launches, profiled_peak, host_budget,
+                                                    profiled_host_peak)
         if plan.host_pool is None:
             plan = plan.with_host_pool(trace)
+        if self._host_budget_bytes is not None:
+            plan = replace(plan, host_budget_bytes=self._host_budget_bytes, host_meter=self._host_meter)
         if budget is not None and error is None and budget_bytes is not None:
             resolved = ResolvedBudget(budget, budget_bytes, plan.planner.get("none_peak_bytes"))
             if self._resolved_budget is None:  # said once, at the start of training
@@ -611,6 +649,10 @@ class Runtime:
                 host_pool_fallbacks=arena.pool_fallbacks,
                 iteration_s=self._iteration_s,
                 budget_bytes=self._budget_bytes,
+                host_bytes=counters.host_bytes,
+                host_peak_bytes=counters.peak_host_bytes,
+                iteration_host_peak_bytes=counters.iteration_peak_host_bytes,
+                host_budget_bytes=self._host_budget_bytes,
                 graph_changes=self._graph_changes,
                 history=(*self._history, self._epoch_stats(counters)),
             )

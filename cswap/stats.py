@@ -17,6 +17,7 @@ Example:
       offloaded    3.0 MiB, transferred 3.0 MiB
       compressed   0 B -> 0 B (ratio 1.00x)
       peak         5.0 MiB resident (now 0 B)
+      host         0 B peak (now 0 B)
       host arena   4.0 MiB (0 misses)
       time         500.0 ms in iterations (250.0 ms each), pack hooks 1.0 ms, unpack hooks 2.0 ms
 """
@@ -129,6 +130,13 @@ class RuntimeStats:
             would have passed the budget (a graph that changed since its plan holds them longer).
         graph_changes: planned iterations that saved tensors their plan did not know (another
             graph, another batch size); each is followed by a profiling iteration.
+        host_bytes: bytes of saved tensors' host copies held now: a ``swap``'s raw bytes, a
+            ``zvc-swap``'s (and a collected ``host-zvc-swap``'s) compressed bytes, as the executor
+            counts them; the host arena's capacity, a cache reserved ahead, is ``arena_bytes``.
+        host_peak_bytes: the most ``host_bytes`` ever (every iteration, profiling ones included).
+        iteration_host_peak_bytes: the most ``host_bytes`` in the last iteration the hooks ran.
+        host_budget_bytes: the host memory budget in bytes (``None``: none); ``host_peak_bytes``
+            stays within it.
         history: per epoch, oldest first, the current one last.
     """
 
@@ -166,6 +174,10 @@ class RuntimeStats:
     graph_changes: int = 0
     host_pool_bytes: int = 0
     host_pool_fallbacks: int = 0
+    host_bytes: int = 0
+    host_peak_bytes: int = 0
+    iteration_host_peak_bytes: int = 0
+    host_budget_bytes: int | None = None
     history: tuple[EpochStats, ...] = field(default_factory=tuple)
 
     @property
@@ -209,6 +221,9 @@ class RuntimeStats:
                      + (f", {self.budget_waits} copy waits" if self.budget_waits else "")
                      + (f", {self.budget_evictions} kept tensors swapped in backward" if self.budget_evictions else "")
                      + (f", graph changed {self.graph_changes}x (profiled again)" if self.graph_changes else "")),
+            ("host", f"{human_bytes(self.host_peak_bytes)} peak"
+                     + (f" of host budget {human_bytes(self.host_budget_bytes)}" if self.host_budget_bytes is not None else "")
+                     + f" (now {human_bytes(self.host_bytes)})"),
             ("host arena", f"{human_bytes(self.arena_bytes)} ({self.arena_misses} misses)"),
             ("time", f"{_seconds(self.iteration_s)} in iterations{mean}, pack hooks {_seconds(self.pack_s)}, "
                      f"unpack hooks {_seconds(self.unpack_s)}"),

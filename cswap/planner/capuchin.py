@@ -197,7 +197,7 @@ def _cheapest(tensor: TensorOptions, action: str, problem: PlanningProblem) -> O
 
 
 def plan_capuchin_budget(problem: PlanningProblem, budget_bytes: int, time_limit_s: float = 30.0,
-                         host_budget_bytes: int | None = None) -> BudgetPlan:
+                         host_budget_bytes: int | None = None, explain: bool = True) -> BudgetPlan:
     """Capuchin's plan of ``problem`` within ``budget_bytes`` (and ``host_budget_bytes``; see the module docstring).
 
     Raises:
@@ -214,6 +214,8 @@ def plan_capuchin_budget(problem: PlanningProblem, budget_bytes: int, time_limit
         return plan
     if plan is not None and plan.host_peak_bytes <= host_budget_bytes:
         return replace(plan, host_budget_bytes=int(host_budget_bytes))
+    if not explain:  # the caller only asks whether a plan fits (cswap.planner.solve.plan_budget)
+        raise BudgetError(int(budget_bytes) + 1, "capuchin", int(budget_bytes), host_budget_bytes=host_budget_bytes)
     least = capuchin_minimum_bytes(problem, time_limit_s, host_budget_bytes)
     binding = "device" if plan is None else "host"
     host_least = capuchin_host_minimum_bytes(problem, int(budget_bytes) if plan is not None else least, time_limit_s)

@@ -448,7 +448,7 @@ def _greedy(arrays: _Arrays, budget_bytes: int, host_budget_bytes: int | None = 
 
 
 def solve_milp(problem: PlanningProblem, policy: str, budget_bytes: int, time_limit_s: float = 30.0, greedy: bool = True,
-               host_budget_bytes: int | None = None) -> BudgetPlan:
+               host_budget_bytes: int | None = None, explain: bool = True) -> BudgetPlan:
     """The least-time plan of ``policy``'s actions whose timeline stays within ``budget_bytes``
     (the arguments are :func:`cswap.planner.solve.plan_budget`'s; ``greedy`` also runs the greedy,
     for its gap and as the fallback), and whose host copies stay within ``host_budget_bytes``.
@@ -456,6 +456,8 @@ def solve_milp(problem: PlanningProblem, policy: str, budget_bytes: int, time_li
     Raises:
         BudgetError: the policy cannot meet the budgets; it carries :func:`least_peak` (and, with a
             host budget, which binds and the least of each: :func:`budgets_error`).
+            ``explain=False`` leaves the least budgets out (the caller only asks whether a plan fits):
+            its ``minimum_bytes`` is then ``budget_bytes + 1``, a bound, not the least.
         ValueError: an unknown policy or a budget that is not positive.
     """
     if budget_bytes <= 0:
@@ -477,6 +479,8 @@ def solve_milp(problem: PlanningProblem, policy: str, budget_bytes: int, time_li
         solver_choice = None  # the solver's tolerance let a few bytes through: not a plan
     greedy_choice = _greedy(arrays, budget_bytes, host_budget_bytes) if greedy or solver_choice is None else None
     if solver_choice is None and greedy_choice is None:
+        if not explain:
+            raise BudgetError(budget_bytes + 1, policy, budget_bytes, host_budget_bytes=host_budget_bytes)
         raise budgets_error(problem, policy, budget_bytes, host_budget_bytes, time_limit_s)
     solver_s = float(arrays.cost[solver_choice].sum()) if solver_choice is not None else None
     greedy_s = float(arrays.cost[greedy_choice].sum()) if greedy_choice is not None else None

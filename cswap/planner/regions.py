@@ -204,7 +204,7 @@ class _Planning:
         if budget_bytes - extra <= 0:
             return None
         try:
-            return plan_budget(problem, self.base, budget_bytes - extra, host_budget_bytes=self.host_budget_bytes)
+            return plan_budget(problem, self.base, budget_bytes - extra, host_budget_bytes=self.host_budget_bytes, explain=False)
         except BudgetError:
             return None
 

@@ -77,6 +77,7 @@ def plan_budget(
     greedy: bool = True,
     exact: bool = False,
     host_budget_bytes: int | None = None,
+    explain: bool = True,
 ) -> BudgetPlan:
     """The least-time plan of ``policy`` whose timeline stays within ``budget_bytes`` (and whose host
     copies stay within ``host_budget_bytes``).
@@ -89,6 +90,8 @@ def plan_budget(
         greedy: also run the solver's greedy (for its gap, and as the fallback); not for ``capuchin``.
         exact: skip the fast path (to measure its gap to the exact optimum).
         host_budget_bytes: the host memory budget (``None``: none).
+        explain: a :class:`~cswap.budget.BudgetError` carries the least budgets (``False``: only
+            that no plan fits, for a caller that tries several problems and catches it).
 
     Raises:
         BudgetError: the policy cannot meet the budget; it carries :func:`minimum_bytes` (with a
@@ -96,13 +99,13 @@ def plan_budget(
         ValueError: an unknown policy or a budget that is not positive.
     """
     if policy == "capuchin":
-        return plan_capuchin_budget(problem, budget_bytes, time_limit_s, host_budget_bytes)
+        return plan_capuchin_budget(problem, budget_bytes, time_limit_s, host_budget_bytes, explain)
     if budget_bytes <= 0:
         raise ValueError(f"budget_bytes must be positive, got {budget_bytes}")
     if host_budget_bytes is not None:
         # The tied fast path has no host rows (its blocks share decisions on the device timeline
         # only), so under a host budget the exact program plans, whatever the problem's size.
-        return solve_milp(problem, policy, budget_bytes, time_limit_s, greedy, host_budget_bytes)
+        return solve_milp(problem, policy, budget_bytes, time_limit_s, greedy, host_budget_bytes, explain)
     repeats = None if exact else repeated_layers(problem)
     if repeats is not None:
         plan = plan_tied(problem, policy, budget_bytes, repeats, time_limit_s, greedy)

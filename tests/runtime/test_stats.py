@@ -151,7 +151,8 @@ def test_printed_stats_are_a_short_table_in_human_units() -> None:
     ratio = stats.compressed_input_bytes / stats.compressed_bytes
     assert table["compressed"] == f"768.0 KiB -> {stats.compressed_bytes / 1024:.1f} KiB (ratio {ratio:.2f}x)"
     assert table["peak"].endswith(" resident (now 0 B)")
-    assert "mappingproxy" not in str(stats) and len(lines) == 8
+    assert table["host"] == f"{stats.host_peak_bytes / 1024:.1f} KiB peak (now 0 B)"
+    assert "mappingproxy" not in str(stats) and len(lines) == 9
     # repr and to_dict stay complete.
     assert "history=(EpochStats(" in repr(stats) and stats.to_dict()["history"][0]["actions"]["zvc-swap"] == 3
 

@@ -1,0 +1,125 @@
+"""The runtime under a device and a host memory budget: every swapping policy holds both, with
+gradients bit-identical to plain PyTorch, or raises a BudgetError naming the budget that binds, whose
+least a fresh run meets.
+
+A ResNet-18 (width 1/8) and a two-layer GPT-2 with its default dropout, on the CPU, at a device
+budget of 0.3 of policy ``none``'s peak (in bytes, so that the first profiling iteration knows it)
+and a host budget of half the host bytes the policy's planned iteration held without one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+import cswap
+from cswap.models import build
+from tests.runtime.helpers import assert_bit_equal, batches, runtime_for, train
+
+POLICIES = ("swap", "compress-swap", "cswap", "capuchin")
+
+#: the profiling iteration and one planned iteration
+CNN_BATCHES = batches(2, (4, 3, 32, 32), 10)
+VOCAB, SEQ = 64, 16
+
+
+def _cnn() -> torch.nn.Module:
+    return build("resnet18", num_classes=10, width_mult=0.125)
+
+
+class _Logits(torch.nn.Module):
+    """GPT-2's logits as one tensor, so the training helper's loss reads them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        transformers = pytest.importorskip("transformers")
+        config = transformers.GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=32, n_layer=2, n_head=2)  # dropout 0.1
+        self.gpt2 = transformers.GPT2LMHeadModel(config)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.gpt2(input_ids=ids).logits
+
+
+def _lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), labels.reshape(-1))
+
+
+def _lm_batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(3)
+    ids = [torch.randint(0, VOCAB, (4, SEQ), generator=g) for _ in range(2)]
+    return [(x, torch.roll(x, -1, dims=1)) for x in ids]
+
+
+MODELS: dict[str, tuple[Callable[[], torch.nn.Module], Callable[[], list[Any]], Any]] = {
+    "resnet18": (_cnn, lambda: CNN_BATCHES, torch.nn.functional.cross_entropy),
+    "gpt2": (_Logits, _lm_batches, _lm_loss),
+}
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict[str, tuple[list[list[torch.Tensor]], int]]:
+    """Per model: plain PyTorch's gradients and policy none's peak."""
+    found = {}
+    for name, (model, data, loss_fn) in MODELS.items():
+        grads, _ = train(model, data(), 1, loss_fn=loss_fn)
+        _, rt = train(model, data()[:1], 1, runtime_for("none", memory_budget=1.0), loss_fn=loss_fn)
+        found[name] = (grads, rt.stats().peak_resident_bytes)
+    return found
+
+
+def _run(name: str, policy: str, **budgets: Any) -> tuple[list[list[torch.Tensor]], cswap.Runtime]:
+    model, data, loss_fn = MODELS[name]
+    return train(model, data(), 1, runtime_for(policy, **budgets), loss_fn=loss_fn)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("name", list(MODELS))
+def test_both_budgets_held_or_the_binding_one_named(name: str, policy: str, reference: Any) -> None:
+    grads_ref, none_peak = reference[name]
+    device = int(0.3 * none_peak)
+    _, free = _run(name, policy, memory_budget=device)
+    offloaded = free.stats().iteration_host_peak_bytes  # what the planned iteration held on the host
+    assert offloaded > 0, f"{policy} moved nothing to the host at 0.3 of none's peak"
+    host = offloaded // 2
+    try:
+        grads, rt = _run(name, policy, memory_budget=device, host_memory_budget=host)
+    except cswap.BudgetError as error:
+        assert error.policy == policy and error.budget_bytes == device and error.host_budget_bytes == host
+        assert error.binding in ("device", "host") and f"the {error.binding} budget binds" in str(error)
+        if error.binding == "host":  # the device budget alone is met: the host budget's least, beside it
+            assert error.host_minimum_bytes > host and f"host budget to at least {error.host_minimum_bytes} bytes" in str(error)
+            assert error.minimum_bytes > device
+            device_bytes, host = device, error.host_minimum_bytes
+        else:
+            assert error.minimum_bytes > device
+            device_bytes = error.minimum_bytes
+        grads, rt = _run(name, policy, memory_budget=device_bytes, host_memory_budget=host)
+        device = device_bytes
+    stats = rt.stats()
+    assert stats.budget_bytes == device and stats.host_budget_bytes == host
+    assert stats.peak_resident_bytes <= device, f"{policy}: device peak {stats.peak_resident_bytes} over {device}"
+    assert stats.host_peak_bytes <= host, f"{policy}: host peak {stats.host_peak_bytes} over {host}"
+    assert f"of host budget {cswap.stats.human_bytes(host)}" in str(stats)
+    assert_bit_equal([g for it in grads_ref for g in it], [g for it in grads for g in it], "gradient")
+
+
+def test_host_budget_without_a_device_budget_keeps_what_does_not_fit() -> None:
+    _, free = _run("resnet18", "swap")
+    host = free.stats().host_peak_bytes // 3
+    grads, rt = _run("resnet18", "swap", host_memory_budget=host)
+    stats = rt.stats()
+    assert 0 < stats.host_peak_bytes <= host and stats.budget_fallbacks > 0 and stats.actions["keep"] > 0
+    grads_ref, _ = train(_cnn, CNN_BATCHES, 1)
+    assert_bit_equal([g for it in grads_ref for g in it], [g for it in grads for g in it], "gradient")
+
+
+def test_host_budget_option_forms() -> None:
+    rt = cswap.Runtime("swap", device="cpu", host_memory_budget="1GiB")
+    assert rt.options.host_memory_budget == cswap.budget.HostBudget(nbytes=1 << 30) and rt.stats().host_budget_bytes == 1 << 30
+    auto = cswap.Runtime("swap", device="cpu", host_memory_budget="auto").stats().host_budget_bytes
+    assert 0 < auto <= cswap.budget.host_memory_limit_bytes()[0]
+    with pytest.raises(ValueError, match="host memory budget 0.5 is not valid"):
+        cswap.Runtime("swap", device="cpu", host_memory_budget=0.5)
