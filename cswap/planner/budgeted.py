@@ -30,6 +30,7 @@ from typing import Any
 
 from cswap.budget import BudgetError, MemoryBudget, format_bytes
 from cswap.planner import BudgetPlan, PlannedTensor, PlanningProblem, TensorOptions, minimum_bytes, plan_budget, problem_from_trace
+from cswap.planner.solve import minimum_host_bytes
 from cswap.planner.actions import POLICY_TABLE, carried_out
 from cswap.planner.costmodel import TimeModel
 from cswap.planner.plan import Action, Decision, LaunchCache, Plan
@@ -43,6 +44,7 @@ __all__ = [
     "PROFILE_ACTIONS",
     "SPARSITY_MARGIN",
     "budget_plan",
+    "host_budget_error",
     "plan_from_budget",
     "stated_least",
 ]
@@ -183,6 +185,11 @@ def plan_from_budget(
     summary = dict(status=planned.status, predicted_s=planned.predicted_s, peak_bytes=planned.peak_bytes, slack_bytes=planned.slack_bytes,
                    minimum_bytes=least_bytes, greedy_gap_s=planned.greedy_gap_s, solve_s=planned.solve_s,
                    prefetch_window_bytes=planned.prefetch_window_bytes, none_peak_bytes=none_peak_bytes)
+    if planned.host_budget_bytes is not None:
+        # Under a host budget the arena is sized by the planned host peak, not by every offloaded
+        # byte at once: the budget is what the host may hold.
+        host_bytes = planned.host_peak_bytes
+        summary.update(host_budget_bytes=planned.host_budget_bytes, host_peak_bytes=planned.host_peak_bytes)
     return Plan(**rules, default_action=default_action, decisions=decisions, unpack_order=tuple(r.key for r in unpacked),
                 host_bytes=host_bytes, default_reason=f"policy {rules['policy']} under a budget: not in the plan, smallest footprint",
                 prefetch_bytes=planned.prefetch_window_bytes, binding=binding, expected_bytes=expected, planner=MappingProxyType(summary))
@@ -240,6 +247,26 @@ def _above_plain(least: int, none_bytes: int, action: Action) -> str:
             "reads: create_graph=True, retain_graph=True), where plain PyTorch holds one reference.")
 
 
+def host_budget_error(problem: PlanningProblem, policy: str, budget_bytes: int, host_budget_bytes: int, alone_bytes: int,
+                      least_bytes: int, profiled_host_peak_bytes: int = 0, none_peak_bytes: int | None = None,
+                      why: str = "", advice: str | None = None, profile_action: Action | None = None) -> BudgetError:
+    """The :class:`~cswap.budget.BudgetError` of a policy that cannot meet ``budget_bytes`` and
+    ``host_budget_bytes`` together: the device budget binds when it is below ``alone_bytes`` (the
+    least the policy meets with no host budget), else the host budget does. It carries
+    ``least_bytes`` (the least device budget within the host budget) and the least host budget
+    within the device budget (or within ``least_bytes`` when the device binds), at least the host
+    bytes the profiling iteration held (``profiled_host_peak_bytes``: a run at the budgets profiles
+    first; with :data:`DRIFT_MARGIN` more when ``profile_action`` compresses, as :func:`stated_least`)."""
+    binding = "device" if budget_bytes < alone_bytes else "host"
+    host_least = minimum_host_bytes(problem, policy, least_bytes if binding == "device" else budget_bytes)
+    if host_least is not None:
+        host_least = max(host_least, profiled_host_peak_bytes, 1)
+        if profile_action is not None:
+            host_least = stated_least(host_least, profile_action)
+    return BudgetError(least_bytes, policy, budget_bytes, why, none_peak_bytes=none_peak_bytes, advice=advice,
+                       host_budget_bytes=host_budget_bytes, host_minimum_bytes=host_least, binding=binding)
+
+
 def budget_plan(
     trace: Trace,
     policy: str,
@@ -250,6 +277,8 @@ def budget_plan(
     epoch: int,
     launches: LaunchCache | None = None,
     profiled_peak_bytes: int = 0,
+    host_budget_bytes: int | None = None,
+    profiled_host_peak_bytes: int = 0,
 ) -> tuple[Plan, int, BudgetError | None]:
     """The plan of ``policy`` within ``budget`` from a profiling iteration's ``trace``.
 
@@ -266,6 +295,9 @@ def budget_plan(
             the budget profiles first, so the least budget is at least this (``compress-keep``'s
             profile keeps compressed tensors beside their rebuilt ones in backward, which a plan
             may avoid).
+        host_budget_bytes: the host memory budget (``None``: none): the plan's host copies stay
+            within it at every event too, or the error names the budget that binds.
+        profiled_host_peak_bytes: the host bytes the profiling iteration itself held.
 
     Returns:
         ``(plan, budget_bytes, error)``: ``error`` is the :class:`~cswap.budget.BudgetError` to
@@ -280,16 +312,29 @@ def budget_plan(
                                  fallback_action=fallback, d2h_gbps=trace.d2h_gbps, h2d_gbps=trace.h2d_gbps)
     unpacked = sorted((r for r in trace.tensors if r.unpack_order is not None), key=lambda r: r.unpack_order)
     unpack_order = tuple(r.key for r in unpacked)
-    least = max(minimum_bytes(problem, policy), profiled_peak_bytes)
-    if budget_bytes < least:
+    alone = max(minimum_bytes(problem, policy), profiled_peak_bytes)
+    least = alone if host_budget_bytes is None else max(minimum_bytes(problem, policy, host_budget_bytes=host_budget_bytes),
+                                                        profiled_peak_bytes)
+    planned = None
+    if budget_bytes >= least:
+        try:
+            planned = plan_budget(problem, policy, budget_bytes, host_budget_bytes=host_budget_bytes)
+        except BudgetError:
+            if host_budget_bytes is None:
+                raise
+            least = max(least, budget_bytes + 1)  # the solver found no plan at the edge: not within these budgets
+    if planned is None:
         action = PROFILE_ACTIONS[policy]
         stated = stated_least(least, action)
         why = " ".join(w for w in (_drift_note(least, stated), _above_plain(least, none_bytes, action)) if w)
         advice = _advice(trace, problem, policy, least, time_model, backend, min_bytes)
-        error = BudgetError(stated, policy, budget_bytes, why, none_peak_bytes=none_bytes or None, advice=advice)
+        if host_budget_bytes is None:
+            error = BudgetError(stated, policy, budget_bytes, why, none_peak_bytes=none_bytes or None, advice=advice)
+        else:
+            error = host_budget_error(problem, policy, budget_bytes, host_budget_bytes, alone, stated, profiled_host_peak_bytes,
+                                      none_bytes or None, why, advice, action)
         plan = Plan(**rules, default_action=action, unpack_order=unpack_order, prefetch_bytes=0,
                     default_reason=f"budget {budget_bytes:,d} B below this policy's least {least:,d} B: {action.value}")
         return plan, budget_bytes, error
-    planned = plan_budget(problem, policy, budget_bytes)
     plan = plan_from_budget(trace, problem, planned, rules, PROFILE_ACTIONS[policy], least, none_bytes)
     return plan, budget_bytes, None

@@ -33,12 +33,18 @@ from typing import Any
 import torch
 
 from cswap.codecs.encoding import dtype_named, encodable
+from cswap.codecs.format import zvc_compressed_nbytes
 from cswap.planner.hostpool import PoolLayout, host_pool_of
 from cswap.profile.trace import Trace
 from cswap.codecs.launch import Launch, LaunchLookup
 from cswap.planner.actions import POLICY_TABLE, RUNTIME_POLICIES
 
 __all__ = ["DEFAULT_ACTIONS", "DTYPE_NAMES", "POLICY_REASONS", "Action", "Decision", "LaunchCache", "Plan", "constrained"]
+
+
+#: What the host copy of compressed buffers holds beyond their bytes: the bitmap and the offsets
+#: each start on the host pool's alignment, 64 bytes (:data:`cswap.planner.hostpool.ALIGN_BYTES`).
+_HOST_ALIGN_SLACK_BYTES = 2 * 64
 
 
 class Action(str, enum.Enum):
@@ -272,6 +278,12 @@ class Plan:
         host_pool: where each planned swap's host copy lives, laid out before the iteration from
             the profile's lifetimes (:func:`cswap.planner.hostpool.host_pool_of`; ``None``: every
             host copy takes a first-fit block).
+        host_budget_bytes: the host memory budget in bytes (``None``: none): a swap whose host
+            copy would take the host bytes held (``host_meter``) past it is kept instead, where the
+            device budget leaves room (a profiling iteration, before sizes are known; a graph
+            that changed since its plan).
+        host_meter: what counts the host bytes saved tensors hold now (an object with
+            ``host_bytes``: the executor's :class:`cswap.execute.stored.Counters`); ``None``: 0.
     """
 
     policy: str
@@ -295,6 +307,8 @@ class Plan:
     recompute_regions: tuple[str, ...] = ()
     recomputed: Mapping[int, Decision] = field(default_factory=dict)
     host_pool: PoolLayout | None = field(default=None, compare=False, repr=False)
+    host_budget_bytes: int | None = None
+    host_meter: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "decisions", MappingProxyType(dict(self.decisions)))
@@ -364,6 +378,7 @@ class Plan:
                 never_moved is None
                 and duplicate_of is None
                 and (self.budget_bytes is None or planned.action.offloads or planned.action is self.fallback_action)
+                and (self.host_budget_bytes is None or not planned.action.offloads)
             )
         ):
             # The pack hook's common case, decided without building anything: the planned
@@ -401,11 +416,45 @@ class Plan:
             resolved[key] = decision
         return decision
 
+    def _within_budget(self, decision: Decision, resident_bytes: int) -> Decision:
+        """``decision``, or the fallback action when keeping it would pass the budget now, or a keep
+        when its host copy would pass the host budget (:meth:`_within_host_budget`)."""
+        decision = self._within_device_budget(decision, resident_bytes)
+        if self.host_budget_bytes is not None and decision.action.offloads:
+            decision = self._within_host_budget(decision, resident_bytes)
+        return decision
+
+    def _within_host_budget(self, decision: Decision, resident_bytes: int) -> Decision:
+        """``decision``, or a keep when its host copy would take the host bytes held past the host
+        budget and keeping it leaves the device budget held. Where neither fits, the device budget
+        comes first (a device out of memory stops training; the host copy is counted, and the
+        plan made from this profile says which budget binds)."""
+        meter = self.host_meter
+        held = int(getattr(meter, "host_bytes", 0))
+        size = decision.nbytes
+        if decision.action is Action.ZVC_SWAP:
+            if decision.compressed_nbytes is not None:
+                size = int(decision.compressed_nbytes)
+            else:  # not sized yet (a profile compresses every tensor): ZVC's most, for a tensor with no zero
+                itemsize = dtype_named(decision.dtype).itemsize
+                numel = decision.nbytes // itemsize
+                size = zvc_compressed_nbytes(numel, numel, itemsize) + _HOST_ALIGN_SLACK_BYTES
+        assert self.host_budget_bytes is not None
+        if held + size <= self.host_budget_bytes:
+            return decision
+        if self.budget_bytes is not None and resident_bytes + decision.nbytes > self.budget_bytes:
+            return decision
+        reason = (f"host budget fallback: {held:,d} B on the host at pack, its {decision.action.value} copy of {size:,d} B would "
+                  f"pass the {self.host_budget_bytes:,d} B host budget; keep instead")
+        return replace(decision, action=Action.KEEP, reason=reason, planned=False, budget_fallback=True, compress_launch=None,
+                       decompress_launch=None)
+
     @property
     def swaps_stand(self) -> bool:
         """Whether :meth:`resolve` returns a planned swap whose guard holds as it is, whatever is
-        held when it is packed (the pack hook then takes it without asking)."""
-        return True
+        held when it is packed (the pack hook then takes it without asking): not under a host
+        budget, which may turn it into a keep."""
+        return self.host_budget_bytes is None
 
     def note_planned(self, key: int) -> None:
         """Record that ``key``'s pack took its planned decision as it is (what :meth:`resolve`
@@ -415,9 +464,9 @@ class Plan:
             resolved.pop(key, None)
 
     def keeps_within_budget(self, decision: Decision, resident_bytes: int) -> bool:
-        """Whether ``decision`` stands under the budget with ``resident_bytes`` held now: it moves
-        the tensor, the policy has nothing to fall back to, or keeping it stays within the budget
-        and within the slack the plan left it (:meth:`resolve`'s rule)."""
+        """Whether ``decision`` stands under the device budget with ``resident_bytes`` held now: it
+        moves the tensor, the policy has nothing to fall back to, or keeping it stays within the
+        budget and within the slack the plan left it (:meth:`resolve`'s rule)."""
         fallback = self.fallback_action
         if self.budget_bytes is None or fallback is None or decision.action.offloads or decision.action is fallback:
             return True
@@ -428,8 +477,8 @@ class Plan:
         drift = resident_bytes - expected if expected is not None else 0
         return resident_bytes + held <= self.budget_bytes and (decision.slack_bytes is None or drift <= decision.slack_bytes)
 
-    def _within_budget(self, decision: Decision, resident_bytes: int) -> Decision:
-        """``decision``, or the fallback action when keeping it would pass the budget now."""
+    def _within_device_budget(self, decision: Decision, resident_bytes: int) -> Decision:
+        """``decision``, or the fallback action when keeping it would pass the device budget now."""
         if self.keeps_within_budget(decision, resident_bytes):
             return decision
         fallback = self.fallback_action
@@ -471,6 +520,7 @@ class Plan:
             "d2h_gbps": self.d2h_gbps,
             "h2d_gbps": self.h2d_gbps,
             "budget_bytes": self.budget_bytes,
+            "host_budget_bytes": self.host_budget_bytes,
             "prefetch_bytes": self.prefetch_bytes,
             "binding": self.binding,
             "planner": dict(self.planner),
