@@ -24,6 +24,7 @@ _UNSET_DEFAULTS: dict[str, str] = {
     "train_samples": "all",
     "min_bytes": "the runtime's",
     "memory_budget": "no budget",
+    "host_memory_budget": "no host budget",
     "report": "runs/MODEL-POLICY/report.json",
     "plots": "beside the report",
     "save_model": "not saved",
@@ -59,6 +60,7 @@ def train_command(
     train_samples: Optional[int] = typer.Option(None, show_default=_default("train_samples"), help="Use only this many training images."),
     min_bytes: Optional[int] = typer.Option(None, show_default=_default("min_bytes"), help="Saved tensors below this many bytes stay on the device."),
     memory_budget: Optional[str] = typer.Option(None, show_default=_default("memory_budget"), help="Most bytes of saved activations on the device: 512MiB, 2GiB, bytes, or a fraction of policy none's peak (0.5)."),
+    host_memory_budget: Optional[str] = typer.Option(None, show_default=_default("host_memory_budget"), help="Most bytes of saved activations' host copies held at once: 8GiB, bytes, or auto (half the cgroup limit, else of the available RAM)."),
     report: Optional[Path] = typer.Option(None, show_default=_default("report"), help="JSON report path."),
     plots: Optional[Path] = typer.Option(None, show_default=_default("plots"), help="Directory for PNG plots."),
     seed: Optional[int] = typer.Option(None, show_default=_default("seed"), help="Random seed."),
@@ -75,7 +77,7 @@ def train_command(
         "model": model, "dataset": dataset, "epochs": epochs, "batch_size": batch_size, "lr": lr, "policy": policy,
         "tune": tune, "tune_budget": tune_budget, "tuner_url": tuner_url, "device": device, "amp": amp,
         "image_size": image_size, "width_mult": width_mult, "train_samples": train_samples, "min_bytes": min_bytes,
-        "memory_budget": memory_budget, "report": report, "plots": plots, "seed": seed, "save_model": save_model,
+        "memory_budget": memory_budget, "host_memory_budget": host_memory_budget, "report": report, "plots": plots, "seed": seed, "save_model": save_model,
     }
     try:
         with warnings_as_lines():

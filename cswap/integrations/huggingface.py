@@ -53,6 +53,8 @@ class CswapCallback(RuntimeHolder, _transformers.TrainerCallback):
             ``configs/default.yaml``).
         memory_budget: passed to the runtime when it is not ``None`` (bytes, ``"2GiB"``, or a
             fraction of policy ``none``'s activation peak).
+        host_memory_budget: passed to the runtime when it is not ``None``: the most bytes of saved
+            activations' host copies held at once (bytes, ``"8GiB"``, or ``"auto"``).
         **options: any other :class:`cswap.Runtime` option (``min_bytes``, ``backend``, ...).
             ``model`` defaults to the Trainer's model and ``device`` to where its parameters are.
 
@@ -63,7 +65,10 @@ class CswapCallback(RuntimeHolder, _transformers.TrainerCallback):
     _made_at = "training begins (on_train_begin)"
     _started_by = "train()"
 
-    def __init__(self, policy: str | None = None, memory_budget: int | str | float | None = None, **options: Any) -> None:
+    def __init__(self, policy: str | None = None, memory_budget: int | str | float | None = None,
+                 host_memory_budget: int | str | None = None, **options: Any) -> None:
+        if host_memory_budget is not None:
+            options["host_memory_budget"] = host_memory_budget
         RuntimeHolder.__init__(self, policy, memory_budget, options)
 
     def close(self, error: BaseException | None = None) -> None:

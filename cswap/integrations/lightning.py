@@ -38,6 +38,8 @@ class CswapCallback(RuntimeHolder, _pl.Callback):
             ``configs/default.yaml``).
         memory_budget: passed to the runtime when it is not ``None`` (bytes, ``"2GiB"``, or a
             fraction of policy ``none``'s activation peak).
+        host_memory_budget: passed to the runtime when it is not ``None``: the most bytes of saved
+            activations' host copies held at once (bytes, ``"8GiB"``, or ``"auto"``).
         log_stats: log the runtime's stats after each optimizer step.
         **options: any other :class:`cswap.Runtime` option (``min_bytes``, ``backend``, ...).
             ``model`` defaults to the LightningModule and ``device`` to where it runs.
@@ -49,7 +51,10 @@ class CswapCallback(RuntimeHolder, _pl.Callback):
     _made_at = "fitting begins (on_fit_start)"
     _started_by = "fit()"
 
-    def __init__(self, policy: str | None = None, memory_budget: int | str | float | None = None, log_stats: bool = True, **options: Any) -> None:
+    def __init__(self, policy: str | None = None, memory_budget: int | str | float | None = None, log_stats: bool = True,
+                 host_memory_budget: int | str | None = None, **options: Any) -> None:
+        if host_memory_budget is not None:
+            options["host_memory_budget"] = host_memory_budget
         RuntimeHolder.__init__(self, policy, memory_budget, options)
         self._log_stats = log_stats
         self._stepped = False

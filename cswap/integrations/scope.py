@@ -100,7 +100,7 @@ def log_values(rt: Runtime) -> dict[str, float]:
 
     Cumulative bytes offloaded, transferred and compressed, the compression ratio, the peak of
     resident activation bytes, and, when the runtime plans to a memory budget, the budget and the
-    peak's share of it.
+    peak's share of it; the host copies' peak, and under a host budget the budget and its share.
     """
     stats = rt.stats()
     values = {
@@ -115,6 +115,11 @@ def log_values(rt: Runtime) -> dict[str, float]:
     if budget_bytes:
         values["cswap/budget_bytes"] = float(budget_bytes)
         values["cswap/peak_to_budget"] = stats.peak_resident_bytes / budget_bytes
+    values["cswap/host_peak_bytes"] = float(getattr(stats, "host_peak_bytes", 0))
+    host_budget_bytes = getattr(stats, "host_budget_bytes", None)
+    if host_budget_bytes:
+        values["cswap/host_budget_bytes"] = float(host_budget_bytes)
+        values["cswap/host_peak_to_budget"] = stats.host_peak_bytes / host_budget_bytes
     return values
 
 

@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from cswap.budget import parse_budget
+from cswap.budget import parse_budget, parse_host_budget
 from cswap.paths import shipped_configs_dir
 from cswap.planner.actions import RUNTIME_POLICIES
 
@@ -93,6 +93,8 @@ class TrainConfig(BaseModel):
         min_bytes: tensors below it stay on the device.
         memory_budget: the most bytes of saved activations on the device: bytes, ``"512MiB"``, or a
             fraction in (0, 1] of policy ``none``'s peak (:func:`cswap.budget.parse_budget`); ``None``: no budget.
+        host_memory_budget: the most bytes of saved activations' host copies held at once: bytes,
+            ``"8GiB"``, or ``"auto"`` (:func:`cswap.budget.parse_host_budget`); ``None``: no host budget.
         report: JSON report path (``None``: ``runs/<model>-<policy>/report.json``).
         plots: directory for PNG plots (``None``: the report's folder, as ``<report stem>-<plot>.png``).
         seed: seeds model init, data order and dropout.
@@ -119,6 +121,7 @@ class TrainConfig(BaseModel):
     train_samples: int | None = Field(None, ge=1)
     min_bytes: int | None = Field(None, ge=0)
     memory_budget: int | float | str | None = None
+    host_memory_budget: int | str | None = None
     report: Path | None = None
     plots: Path | None = None
     seed: int = 0
@@ -133,6 +136,13 @@ class TrainConfig(BaseModel):
     @classmethod
     def _budget(cls, value: int | float | str | None) -> int | float | str | None:
         parse_budget(value)  # its ValueError names the value and the accepted forms
+        return value
+
+    @field_validator("host_memory_budget")
+    @classmethod
+    def _host_budget(cls, value: int | str | None) -> int | str | None:
+        # its ValueError names the value and the forms; "auto" is read where training runs, not here
+        parse_host_budget(value, limit=(1, "not read yet"))
         return value
 
     @field_validator("tuner_url")

@@ -291,6 +291,7 @@ def train(cfg: TrainConfig, console: Console | None = None, show_progress: bool 
     if cfg.min_bytes is not None:
         runtime_options["min_bytes"] = cfg.min_bytes
     runtime_options["memory_budget"] = cfg.memory_budget
+    runtime_options["host_memory_budget"] = cfg.host_memory_budget
     runtime = Runtime(policy=cfg.policy, **runtime_options)
     trained: nn.Module = model
     if ctx.distributed:
