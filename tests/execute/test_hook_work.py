@@ -4,17 +4,22 @@ The model's parameters are walked once per plan, not once per iteration; a conti
 tensor is copied to the host with its own shape and strides and rebuilt by one copy, exactly; what
 the executor tracks for stored data and for tensors handed back to backward is released when they
 die, without scans, so its tables do not grow over iterations; and a rebuilt tensor someone keeps
-counts as resident until its storage is freed.
+counts as resident until its storage is freed. Once planned, an iteration's lean hooks do what the
+general ones do, fetch a tensor saved twice once, and never take a new storage for a dead one.
 """
 
 from __future__ import annotations
 
+import functools
 import gc
+import weakref
 
 import pytest
 import torch
 
 from cswap.execute.executor import Executor
+from cswap.execute.streams import Transfers
+from cswap.stats import RuntimeStats
 from cswap.execute.layout import Layout
 from cswap.planner.plan import Action, Plan
 from tests.execute.test_executor import make_runtime
@@ -117,3 +122,116 @@ def test_a_rebuilt_tensor_kept_by_the_user_counts_until_freed() -> None:
     assert torch.equal(kept, x.exp().detach())
     del kept
     assert rt.stats().resident_bytes == 0
+
+
+# ------------------------------------------------------------------ the planned iteration's hooks
+
+
+def _blocks(count: int = 4, width: int = 32) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*(torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU()) for _ in range(count)))
+
+
+def _grads(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.grad.clone() for p in model.parameters()]
+
+
+_COUNTED = ("packed_tensors", "deduplicated_tensors", "never_moved_tensors", "kept_bytes", "offloaded_bytes", "transferred_bytes",
+            "unknown_keys", "budget_fallbacks")
+
+
+@pytest.mark.parametrize(("policy", "budget"), (("swap", None), ("cswap", None), ("swap", 0.5), ("cswap", 0.5), ("none", None)))
+def test_the_planned_hooks_do_what_the_general_ones_do(policy: str, budget: float | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under one plan, an iteration with the lean hooks stores every tensor as one with the
+    general hooks does: the same actions and plan rows, the same counts and bytes, the same peak
+    of resident bytes, and plain PyTorch's gradients."""
+    x = torch.randn(8, 32)
+    plain = _blocks()
+    _step(plain, x)
+    model = _blocks()
+    rt = make_runtime(policy, model=model, memory_budget=budget)
+    for _ in range(2):
+        with rt.iteration():
+            _step(model, x)
+    plan = rt.plan()
+
+    def iteration() -> tuple[dict[str, object], dict[int, tuple[str, bool]]]:
+        before = rt.stats()
+        with rt.iteration():
+            _step(model, x)
+        after = rt.stats()
+        assert rt.plan() is plan
+        for got, want in zip(_grads(model), _grads(plain)):
+            assert torch.equal(got, want)
+        delta: dict[str, object] = {name: getattr(after, name) - getattr(before, name) for name in _COUNTED}
+        delta["actions"] = {action: after.actions[action] - before.actions[action] for action in after.actions}
+        delta["iteration_peak_resident_bytes"] = after.iteration_peak_resident_bytes
+        return delta, {key: (d.action.value, d.planned) for key, d in plan.rows().items()}
+
+    general_packs = []
+    with monkeypatch.context() as patch:
+        original = Executor.pack
+        patch.setattr(Executor, "pack", lambda self, it, tensor: general_packs.append(1) or original(self, it, tensor))
+        lean = iteration()
+    if policy == "swap":
+        assert not general_packs  # every pack of a swap plan takes the lean path (compressions do not)
+    with monkeypatch.context() as patch:
+        patch.setattr(Executor, "hooks", lambda self, it: (functools.partial(self.pack, it), functools.partial(self.unpack, it)))
+        general = iteration()
+    assert lean == general
+    assert lean[0]["packed_tensors"] == 3 * 4 - 1 or policy == "none"  # weight view, input, ReLU output per block
+
+
+def test_a_deduplicated_swap_is_rebuilt_once_per_backward(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ReLU's output is saved twice (by the ReLU and by the next Linear) and read twice in
+    backward, with the first rebuilt copy freed between: it is fetched from the host once."""
+    model = _blocks(count=6)
+    x = torch.randn(8, 32)
+    rt = make_runtime("swap", model=model)
+    for _ in range(2):
+        with rt.iteration():
+            _step(model, x)
+    fetches = []
+    original = Transfers.fetch
+    monkeypatch.setattr(Transfers, "fetch", lambda self, stored: fetches.append(stored.key) or original(self, stored))
+    before = rt.stats()
+    with rt.iteration():
+        _step(model, x)
+    after = rt.stats()
+    stored = after.actions["swap"] - before.actions["swap"]
+    assert after.deduplicated_tensors - before.deduplicated_tensors >= 5  # every ReLU output but the last
+    assert len(fetches) == len(set(fetches)) == stored
+
+
+@pytest.mark.parametrize("planned", (False, True), ids=("profiling", "planned"))
+def test_an_entry_of_another_storage_is_not_taken_for_a_duplicate(planned: bool) -> None:
+    """Deduplication keys on the storage's address, which a new storage may take once a swapped
+    tensor's storage has died (a swap does not keep it alive): an entry whose storage is not this
+    tensor's, found under its key, is not taken for it; the tensor is stored anew."""
+    x = torch.randn(64, requires_grad=True)
+    rt = make_runtime("swap")
+
+    def fn(inject: bool) -> torch.Tensor:
+        a = x * 2
+        first = a.sin()  # stores a
+        c = x * 3
+        if inject:  # as if c's storage had taken a's address after a died
+            executor = rt._executor
+            (entry,) = [ref() for ref in executor._dedupe.values()]
+            key = (c.untyped_storage()._cdata, c.storage_offset(), tuple(c.shape), tuple(c.stride()), c.dtype, c._version)
+            executor._dedupe[key] = weakref.ref(entry)
+        return first.sum() + c.sin().sum()
+
+    fn(inject=False).backward()
+    want = x.grad.clone()
+    for _ in range(2 if planned else 0):
+        with rt.iteration():
+            fn(inject=False).backward()
+    x.grad = None
+    before = rt.stats()
+    with rt.iteration():
+        fn(inject=True).backward()
+    after = rt.stats()
+    assert after.deduplicated_tensors == before.deduplicated_tensors
+    assert after.actions["swap"] - before.actions["swap"] == 2
+    assert torch.equal(x.grad, want)
