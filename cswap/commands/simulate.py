@@ -40,6 +40,7 @@ def run_simulate(
     paper_size: bool = False,
     dtype: str | None = None,
     memory_budget: str | None = None,
+    host_memory_budget: str | None = None,
     time_limit_s: float = 30.0,
     seq_len: int | None = None,
     num_layers: int | None = None,
@@ -59,7 +60,11 @@ def run_simulate(
     (:mod:`cswap.simulate.strategies`; ``all`` names every policy and every strategy that can run
     on the trace, and ``skipped`` says why the others cannot): ``budget_bytes`` is the budget, and
     each has its figures with ``peak_bytes`` within it, or ``infeasible: true`` with
-    ``minimum_bytes``. A sweep has ``budgets``: one such report per budget.
+    ``minimum_bytes``. A sweep has ``budgets``: one such report per budget. With
+    ``host_memory_budget`` as well (bytes, a unit string or ``auto``:
+    :func:`cswap.budget.parse_host_budget`) every policy's plan holds it on the host at every event
+    (``planned_host_peak_bytes``), or it is infeasible with ``binding`` (the budget that binds) and
+    ``host_minimum_bytes``; the strategies plan no host budget and are skipped.
 
     Raises:
         ValueError: unknown model, hardware, policy or strategy (naming the valid ones), a strategy
@@ -72,6 +77,12 @@ def run_simulate(
     from cswap.profile.trace import Trace
 
     budgets = _budgets(memory_budget)
+    if host_memory_budget is not None:
+        from cswap.budget import parse_host_budget
+
+        parse_host_budget(host_memory_budget)  # a bad one fails here, before any simulation
+        if not budgets:
+            raise ValueError("--host-memory-budget bounds the host beside a device budget: add --memory-budget (e.g. 0.5)")
     names = _budget_policies(policies) if budgets else _unbudgeted_policies(policies)
     profile = load_hardware(hardware)
     if trace_path is not None:
@@ -110,13 +121,20 @@ def run_simulate(
         from cswap.simulate.sweep import budget_sweep
 
         skipped = {}
-        if policies.strip() == "all":  # every strategy that can run on this trace
+        if policies.strip() == "all" and host_memory_budget is not None:
+            skipped = {name: "it plans no host memory budget" for name in names if name in STRATEGIES}
+            names = tuple(name for name in names if name not in skipped)
+        elif policies.strip() == "all":  # every strategy that can run on this trace
             strategies = Strategies(simulator, time_limit_s)
             skipped = {name: strategies.unavailable(name) for name in names if name in STRATEGIES and strategies.unavailable(name)}
             names = tuple(name for name in names if name not in skipped)
-        sweep = budget_sweep(simulator, names, budgets, time_limit_s)
+        sweep = budget_sweep(simulator, names, budgets, time_limit_s, host_budget=host_memory_budget)
         rows = sweep.rows()
         report = {**header, "none_peak_bytes": sweep.none_peak_bytes}
+        if host_memory_budget is not None:
+            from cswap.budget import parse_host_budget
+
+            report["host_budget_bytes"] = parse_host_budget(host_memory_budget).resolve()  # type: ignore[union-attr]
         if skipped:
             report["skipped"] = skipped
         if len(rows) == 1:
@@ -191,12 +209,18 @@ def _table(report: dict[str, Any]) -> Table:
     )
     if "budget_bytes" in report:
         title += f", budget {report['budget_bytes'] / 1e9:.2f} GB"
+    if report.get("host_budget_bytes"):
+        title += f", host budget {report['host_budget_bytes'] / 1e9:.2f} GB"
     table = Table(title=title)
     for column in ("policy", "iter ms", "x none", "xfer ms", "codec ms", "peak GB", "formula ms", "plan"):
         table.add_column(column, justify="left" if column in ("policy", "plan") else "right", no_wrap=column == "policy")
     for name, row in report["policies"].items():
         if row.get("infeasible"):
-            table.add_row(name, "-", "-", "-", "-", f"needs {row['minimum_bytes'] / 1e9:.2f}", "-", "infeasible")
+            why = "infeasible"
+            if row.get("binding"):  # under a host budget: which binds, and the host's least beside the device budget
+                host_least = row.get("host_minimum_bytes")
+                why += f" ({row['binding']} binds" + (f"; host needs {host_least / 1e9:.2f} GB" if host_least else "") + ")"
+            table.add_row(name, "-", "-", "-", "-", f"needs {row['minimum_bytes'] / 1e9:.2f}", "-", why)
             continue
         table.add_row(
             name,
@@ -258,6 +282,11 @@ def register(app: typer.Typer) -> None:
             help="Plan every policy under this budget for saved activations: bytes, '2GiB', '1.5GB', or a fraction "
             "of none's peak (0.5); several, comma separated, sweep them (--plot draws time against budget).",
         ),
+        host_memory_budget: str = typer.Option(
+            None,
+            help="With --memory-budget: plan every policy within this host budget for saved activations' host copies "
+            "too: bytes, '8GiB', or auto (half the cgroup limit, else of the available RAM).",
+        ),
         time_limit: float = typer.Option(30.0, min=0.1, help="The planner's solver time limit per solve, seconds."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of the table."),
         plot: Path = typer.Option(None, help="Write stacked bars of the breakdown to this PNG."),
@@ -288,6 +317,7 @@ def register(app: typer.Typer) -> None:
                 paper_size=paper_size,
                 dtype=dtype,
                 memory_budget=memory_budget,
+                host_memory_budget=host_memory_budget,
                 time_limit_s=time_limit,
                 seq_len=seq_len,
                 num_layers=layers,

@@ -6,7 +6,9 @@ the compute timeline), each record's exact ZVC size and codec seconds, the link,
 may move (``min_bytes``). :func:`run_budget` plans a policy within the budget and simulates the plan
 in the queue model with the budget enforced (:mod:`cswap.simulate.queues`), prefetching as far ahead
 as the plan does. ``cswap``'s action set contains every other policy's, so its plan is checked in
-the queue model against their plans and the fastest is kept, as without a budget.
+the queue model against their plans and the fastest is kept, as without a budget. A host budget
+(``host_budget_bytes``) bounds the host copies the plan holds at every event too
+(:mod:`cswap.planner.milp`); an outcome that cannot meet both says which binds and the least of each.
 
 Example:
     >>> from cswap.simulate import SimConfig, Simulator, meta_trace
@@ -23,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from cswap.budget import BudgetError, MemoryBudget, parse_budget
+from cswap.budget import BudgetError, HostBudget, MemoryBudget, parse_budget, parse_host_budget
 from cswap.planner.actions import ACTIONS, carried_out
 from cswap.planner.lifetime import lifetimes_from_orders
 from cswap.planner import (
@@ -55,6 +57,10 @@ class BudgetOutcome:
         result: the queue model's result of the plan (``None`` when infeasible).
         plan: the planner's plan (``None`` when infeasible, and for a strategy the planner did not plan).
         note: what the figures rest on, where a reader needs to know (a strategy's).
+        host_budget_bytes: the host memory budget (``None``: none).
+        host_minimum_bytes: when infeasible under a host budget, the least host budget the policy
+            meets within the device budget (``None``: none does, or no host budget).
+        binding: when infeasible under a host budget, ``"device"`` or ``"host"``: the budget that binds.
     """
 
     policy: str
@@ -63,6 +69,9 @@ class BudgetOutcome:
     result: PolicyResult | None = None
     plan: BudgetPlan | None = None
     note: str = ""
+    host_budget_bytes: int | None = None
+    host_minimum_bytes: int | None = None
+    binding: str = ""
 
     @property
     def infeasible(self) -> bool:
@@ -72,13 +81,19 @@ class BudgetOutcome:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: the result's figures plus the plan's (when the planner made it), or
         ``infeasible`` with ``minimum_bytes``; and the ``note``, when there is one."""
-        noted = {"note": self.note} if self.note else {}
+        noted: dict[str, Any] = {"note": self.note} if self.note else {}
+        if self.host_budget_bytes is not None:
+            noted["host_budget_bytes"] = self.host_budget_bytes
         if self.result is None:
+            if self.host_budget_bytes is not None:
+                noted.update({"host_minimum_bytes": self.host_minimum_bytes, "binding": self.binding})
             return {"infeasible": True, "minimum_bytes": self.minimum_bytes, **noted}
         row = self.result.to_dict()
         row.update({"infeasible": False, "minimum_bytes": self.minimum_bytes, **noted})
         if self.plan is None:
             return row
+        if self.host_budget_bytes is not None:
+            row["planned_host_peak_bytes"] = self.plan.host_peak_bytes
         row.update(
             {
                 "predicted_s": self.plan.predicted_s,
@@ -173,6 +188,7 @@ def run_budget(
     time_limit_s: float = 30.0,
     minimums: dict[str, int] | None = None,
     plans: dict[str, BudgetPlan] | None = None,
+    host_budget_bytes: int | None = None,
 ) -> BudgetOutcome:
     """Plan ``policy`` within ``budget_bytes`` and simulate the plan (see the module docstring).
 
@@ -184,6 +200,8 @@ def run_budget(
         time_limit_s: the solver's time limit per solve.
         minimums, plans: caches shared between calls on the same problem and budget: each
             policy's least budget, and the plans made so far (``cswap`` checks against them).
+        host_budget_bytes: the host memory budget (``None``: none); an infeasible outcome then
+            carries the binding budget and the least host budget.
     """
     problem = problem or planning_problem(simulator)[0]
     minimums = {} if minimums is None else minimums
@@ -191,14 +209,20 @@ def run_budget(
 
     def least(name: str) -> int:
         if name not in minimums:
-            minimums[name] = minimum_bytes(problem, name, time_limit_s)
+            minimums[name] = minimum_bytes(problem, name, time_limit_s, host_budget_bytes=host_budget_bytes)
         return minimums[name]
 
     def planned(name: str) -> BudgetPlan:
         if name not in plans:
-            plans[name] = plan_budget(problem, name, budget_bytes, time_limit_s)
+            plans[name] = plan_budget(problem, name, budget_bytes, time_limit_s, host_budget_bytes=host_budget_bytes)
         return plans[name]
 
+    if host_budget_bytes is not None:
+        try:
+            planned(policy)
+        except BudgetError as error:  # it names the budget that binds, with the least of each
+            return BudgetOutcome(policy, budget_bytes, error.minimum_bytes, host_budget_bytes=host_budget_bytes,
+                                 host_minimum_bytes=error.host_minimum_bytes, binding=error.binding)
     if budget_bytes < least(policy):
         return BudgetOutcome(policy, budget_bytes, least(policy))
     try:
@@ -206,6 +230,7 @@ def run_budget(
     except BudgetError as error:  # the solver's tolerance, at the edge: report what it measured
         return BudgetOutcome(policy, budget_bytes, error.minimum_bytes)
     best = replay_plan(simulator, problem, plan, policy, f"budget {plan.status}")
+    host = {"host_budget_bytes": host_budget_bytes}
     best_plan = plan
     if policy == "cswap":
         for other in POLICY_ACTIONS:
@@ -218,7 +243,7 @@ def run_budget(
             result = replay_plan(simulator, problem, candidate, policy, f"budget {other} plan")
             if result.iteration_s < best.iteration_s:
                 best, best_plan = result, candidate
-    return BudgetOutcome(policy, budget_bytes, least(policy), best, best_plan)
+    return BudgetOutcome(policy, budget_bytes, least(policy), best, best_plan, **host)
 
 
 def run_budgets(
@@ -227,10 +252,20 @@ def run_budgets(
     budget: MemoryBudget | int | float | str,
     time_limit_s: float = 30.0,
     problem: PlanningProblem | None = None,
+    host_budget: HostBudget | int | str | None = None,
 ) -> dict[str, BudgetOutcome]:
     """Every policy in ``policies`` under the same ``budget`` (any form :func:`cswap.budget.parse_budget` reads).
 
     ``problem``: :func:`planning_problem` of ``simulator``, when the caller has it already.
+    ``host_budget``: a host memory budget (any form :func:`cswap.budget.parse_host_budget` reads).
+
+    Example:
+        >>> from cswap.simulate import SimConfig, Simulator, meta_trace
+        >>> sim = Simulator(meta_trace("vgg11", 2, 32, width_mult=0.125), "v100-pcie3", SimConfig(min_bytes=0))
+        >>> free = run_budgets(sim, ("swap",), budget=0.5)["swap"].plan.host_peak_bytes
+        >>> held = run_budgets(sim, ("swap",), budget=0.5, host_budget=free // 2)["swap"]
+        >>> held.infeasible, held.binding, held.host_minimum_bytes <= free
+        (True, 'host', True)
 
     Raises:
         ValueError: a bad budget, or a policy without an action set (naming those with one).
@@ -247,5 +282,9 @@ def run_budgets(
     plans: dict[str, BudgetPlan] = {}
     # cswap last: it checks its plan against the others' in the queue model
     ordered = sorted(policies, key=lambda p: p == "cswap")
-    outcomes = {p: run_budget(simulator, p, budget_bytes, problem, time_limit_s, minimums, plans) for p in ordered}
+    host = parse_host_budget(host_budget)
+    host_bytes = None if host is None else host.resolve()
+    if host_bytes is not None:
+        minimums = {}  # least budgets within the host budget: none's is its peak all the same
+    outcomes = {p: run_budget(simulator, p, budget_bytes, problem, time_limit_s, minimums, plans, host_bytes) for p in ordered}
     return {policy: outcomes[policy] for policy in policies}

@@ -196,10 +196,12 @@ def budget_sweep(
     policies: Sequence[str],
     budgets: Sequence[float | int | str],
     time_limit_s: float = 30.0,
+    host_budget: int | str | None = None,
 ) -> BudgetSweep:
     """Plan and simulate every policy and strategy (:mod:`cswap.simulate.strategies`) at every budget
     (any form :func:`cswap.budget.parse_budget` reads), side by side
-    (:func:`cswap.simulate.versus.run_side_by_side`: ``cswap`` takes a strategy's plan where it is faster).
+    (:func:`cswap.simulate.versus.run_side_by_side`: ``cswap`` takes a strategy's plan where it is faster),
+    all within ``host_budget`` on the host when one is given (policies only: the strategies plan none).
 
     Example:
         >>> from cswap.simulate.metatrace import meta_trace
@@ -218,7 +220,8 @@ def budget_sweep(
         resolved.append(parsed.resolve(none_peak))
     strategies = Strategies(simulator, time_limit_s)
     outcomes = tuple(
-        run_side_by_side(simulator, policies, nbytes, time_limit_s, problem=problem, strategies=strategies) for nbytes in resolved
+        run_side_by_side(simulator, policies, nbytes, time_limit_s, problem=problem, strategies=strategies, host_budget=host_budget)
+        for nbytes in resolved
     )
     return BudgetSweep(
         model=str(simulator.trace.meta.get("model", "")),

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from cswap.budget import MemoryBudget, parse_budget
+from cswap.budget import HostBudget, MemoryBudget, parse_budget, parse_host_budget
 from cswap.planner import PlanningProblem
 from cswap.simulate.budgeted import BudgetOutcome, budget_policies, none_peak_bytes, planning_problem, run_budgets
 from cswap.simulate.engine import Simulator
@@ -57,6 +57,7 @@ def run_side_by_side(
     time_limit_s: float = 30.0,
     problem: PlanningProblem | None = None,
     strategies: Strategies | None = None,
+    host_budget: HostBudget | int | str | None = None,
 ) -> dict[str, BudgetOutcome]:
     """Every policy and strategy in ``names`` under ``budget`` (any form :func:`cswap.budget.parse_budget`
     reads; a fraction is of policy ``none``'s activation peak), in the order given.
@@ -70,6 +71,9 @@ def run_side_by_side(
         problem: :func:`cswap.simulate.budgeted.planning_problem` of ``simulator``, when the caller has it.
         strategies: the strategies on ``simulator``, when the caller has them (they keep their
             plans between budgets).
+        host_budget: a host memory budget (:func:`cswap.budget.parse_host_budget`): the policies'
+            plans hold it too; the strategies plan no host budget, so none may be named with one,
+            and ``cswap`` takes no strategy's plan under one.
 
     Raises:
         ValueError: a bad budget, an unknown name (naming the known ones), or a strategy that
@@ -83,17 +87,21 @@ def run_side_by_side(
     if unknown:
         raise ValueError(f"unknown policies or strategies {unknown}: choose from {', '.join(known)}")
     strategies = strategies or Strategies(simulator, time_limit_s)
+    host = parse_host_budget(host_budget)
+    if host is not None and any(name in STRATEGIES for name in names):
+        raise ValueError(f"strategies {[n for n in names if n in STRATEGIES]} plan no host memory budget: leave them out "
+                         "under a host budget, or drop the host budget")
     for name in names:
         if name in STRATEGIES and strategies.unavailable(name) is not None:
             raise ValueError(f"strategy {name!r} cannot run on this trace: {strategies.unavailable(name)}")
     problem = problem or planning_problem(simulator)[0]
     budget_bytes = parsed.resolve(none_peak_bytes(problem))
     policies = [n for n in names if n not in STRATEGIES]
-    outcomes = dict(run_budgets(simulator, policies, budget_bytes, time_limit_s, problem=problem)) if policies else {}
+    outcomes = dict(run_budgets(simulator, policies, budget_bytes, time_limit_s, problem=problem, host_budget=host)) if policies else {}
     for name in names:
         if name in STRATEGIES:
             outcomes[name] = strategies.run(name, budget_bytes)
-    if "cswap" in outcomes:
+    if "cswap" in outcomes and host is None:
         outcomes["cswap"] = _fastest_for_cswap(outcomes["cswap"], strategies, budget_bytes)
     return {name: outcomes[name] for name in names}
 
