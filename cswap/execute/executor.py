@@ -448,9 +448,21 @@ class Executor:
         keep = Action.KEEP
 
         def unpack(handle: Handle | Stored) -> torch.Tensor:
-            if type(handle) is not stored_type or it.profiler is not None:
+            kind = type(handle)
+            if it.profiler is not None or (kind is not stored_type and handle.stored is not None):  # type: ignore[union-attr]
                 return general(handle)
             started = perf_counter()
+            if kind is not stored_type:  # a tensor that never moves
+                with lock:
+                    if pending():
+                        drain()
+                    if not it._backward_watched:
+                        self._watch_backward(it)
+                    if it.prefetch_cursor < it.prefetch_end:
+                        prefetch_after(it, handle.key)
+                    counters.unpacks += 1
+                    counters.unpack_s += perf_counter() - started
+                return handle.tensor  # type: ignore[union-attr,return-value]
             stored = handle
             with lock:
                 if pending():

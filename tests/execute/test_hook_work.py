@@ -19,7 +19,6 @@ import torch
 
 from cswap.execute.executor import Executor
 from cswap.execute.streams import Transfers
-from cswap.stats import RuntimeStats
 from cswap.execute.layout import Layout
 from cswap.planner.plan import Action, Plan
 from tests.execute.test_executor import make_runtime
