@@ -3,9 +3,9 @@
 Per model: two runtimes on copies of one model, ``swap`` and ``cpu-compress-swap``, both moving
 every saved tensor to the host (``min_bytes=0``), warmed up past their profiling iteration, then
 ``--rounds`` timed iterations interleaved round by round on the same batch. Per iteration: its
-seconds and the most host bytes the saved tensors held in it (the executor's
-``iteration_peak_host_bytes``: raw host copies, and compressed buffers once a worker has replaced
-a copy with them; for the moment both of one tensor are held, both count). Once more, untimed: the
+seconds and the most host bytes the saved tensors held in it (``stats().iteration_host_peak_bytes``:
+raw host copies, and compressed buffers once a worker has replaced a copy with them; for the moment
+both of one tensor are held, both count). Once more, untimed: the
 host bytes held at the end of forward with every compression collected (what the host holds when
 the workers keep up).
 
@@ -60,7 +60,7 @@ def _held_after_forward(rt: cswap.Runtime, model: torch.nn.Module, x: torch.Tens
     model.zero_grad(set_to_none=True)
     with rt.iteration():
         loss = F.cross_entropy(model(x), y)
-        held = rt._executor.snapshot().host_bytes  # the executor's counters: RuntimeStats has no host bytes yet
+        held = rt.stats().host_bytes  # stats() collects every compression first
         loss.backward()
     return held
 
@@ -84,9 +84,9 @@ def measure(name: str, batch: int, resolution: int, width_mult: float, rounds: i
     for _ in range(rounds):
         for policy in POLICIES:
             seconds[policy].append(_step(runtimes[policy], models[policy], x, y))
-            peaks[policy].append(runtimes[policy]._executor.counters.iteration_peak_host_bytes)
+            peaks[policy].append(runtimes[policy].stats().iteration_host_peak_bytes)
     held = {p: _held_after_forward(runtimes[p], models[p], x, y) for p in POLICIES}
-    counters = runtimes["cpu-compress-swap"]._executor.snapshot()
+    counters = runtimes["cpu-compress-swap"]._executor.snapshot()  # host compression counts are not in stats()
     for rt in runtimes.values():
         rt._executor.close()
 
