@@ -84,6 +84,7 @@ __all__ = ["Counters", "Executor", "IterationState"]
 _BITS_BY_ITEMSIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
 _SWAP = Action.SWAP.value
+_OFFLOADING = frozenset(action for action in Action if action.offloads)  # read per prefetch candidate: no property call
 _KEEP = Action.KEEP.value
 _LEAF_REASON = "leaf tensor that requires grad (a parameter): never offloaded"
 _VIEW_REASON = "view of a leaf tensor that requires grad (a parameter): never offloaded"
@@ -941,7 +942,7 @@ class Executor:
         while i < end:
             ref = stored_of(order[i])
             stored = ref() if ref is not None else None
-            if stored is None or not stored.action.offloads or stored.unpacked or stored.prefetched is not None:
+            if stored is None or stored.action not in _OFFLOADING or stored.unpacked or stored.prefetched is not None:
                 i += 1
                 continue
             nbytes = stored.layout.nbytes
