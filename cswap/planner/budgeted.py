@@ -28,8 +28,11 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
+import numpy as np
+
 from cswap.budget import BudgetError, MemoryBudget, format_bytes
 from cswap.planner import BudgetPlan, PlannedTensor, PlanningProblem, TensorOptions, minimum_bytes, plan_budget, problem_from_trace
+from cswap.planner.problem import Option
 from cswap.planner.solve import minimum_host_bytes
 from cswap.planner.actions import POLICY_TABLE, carried_out
 from cswap.planner.costmodel import TimeModel
@@ -45,6 +48,7 @@ __all__ = [
     "SPARSITY_MARGIN",
     "budget_plan",
     "host_budget_error",
+    "profile_peaks",
     "plan_from_budget",
     "stated_least",
 ]
@@ -267,6 +271,86 @@ def host_budget_error(problem: PlanningProblem, policy: str, budget_bytes: int, 
                        host_budget_bytes=host_budget_bytes, host_minimum_bytes=host_least, binding=binding)
 
 
+def _profile_option(tensor: TensorOptions, action: Action) -> Option | None:
+    """The option a profiling iteration stores ``tensor`` with: ``action``, fetched on demand (a
+    profile prefetches nothing), the copy waited for where that is offered."""
+    mine = [o for o in tensor.options if o.action == action.value]
+    if not mine:
+        return None
+    return min(mine, key=lambda o: (o.prefetch_distance or 0, not o.wait_offload))
+
+
+def profile_peaks(problem: PlanningProblem, action: Action, budget_bytes: int | None, host_budget_bytes: int | None) -> tuple[int, int]:
+    """The device and host peaks of a profiling iteration at these budgets, by the pack's rule
+    (:meth:`cswap.planner.plan.Plan.resolve`): in pack order, each tensor is stored with the
+    profile's ``action`` when its host copy fits the host bytes held, else kept where the device
+    budget leaves room, else stored with ``action`` all the same (the device budget first). A
+    compression not yet sized is taken at its raw bytes and a bitmap's more, as the rule does.
+
+    Example:
+        >>> from cswap.planner.lifetime import lifetimes_from_orders
+        >>> from cswap.planner.problem import LinkModel, TensorSpec, build_problem
+        >>> events = lifetimes_from_orders([0, 1], [1, 0])
+        >>> specs = [TensorSpec(key=k, nbytes=1000, lifetime=lt) for k, lt in enumerate(events.lifetimes)]
+        >>> problem = build_problem(specs, events, [0.0, 1.0, 2.0, 3.0], 1.5, LinkModel(1e-6, 1e-6, async_copies=False))
+        >>> profile_peaks(problem, Action.SWAP, None, 1000), profile_peaks(problem, Action.SWAP, 1000, 500)
+        ((1000, 1000), (2000, 1000))
+    """
+    device = np.zeros(problem.event_count, dtype=np.int64)
+    host = np.zeros(problem.event_count, dtype=np.int64)
+    order = sorted((t for t in problem.tensors if t.lifetime is not None), key=lambda t: t.lifetime.pack)  # type: ignore[union-attr]
+    for tensor in order:
+        keep = next(o for o in tensor.options if o.action == Action.KEEP.value)
+        moved = _profile_option(tensor, action)
+        choice = keep
+        if moved is not None and moved.host_holds:
+            pack = tensor.lifetime.pack  # type: ignore[union-attr]
+            size = tensor.nbytes + (tensor.nbytes // 8 + 256 if action is Action.ZVC_SWAP else 0)
+            if host_budget_bytes is None or host[pack] + size <= host_budget_bytes:
+                choice = moved
+            elif budget_bytes is not None and device[pack] + tensor.nbytes > budget_bytes:
+                choice = moved
+        elif moved is not None:
+            choice = moved
+        device += problem.holds(choice)
+        if choice.host_holds:
+            host += problem.host_holds(choice)
+    return int(device.max(initial=0)), int(host.max(initial=0))
+
+
+def _profile_least_host(problem: PlanningProblem, action: Action, budget_bytes: int) -> int:
+    """The least host budget a profiling iteration at ``budget_bytes`` holds both at. The device
+    side is held to the budget or to the profile's peak with every tensor moved, whichever is more:
+    the model's transient bytes (a compression's source beside its output) are the runtime's to
+    count, and a fresh run's profile reached that peak within the budget."""
+    everything = profile_peaks(problem, action, budget_bytes, None)
+    device_bound = max(budget_bytes, everything[0])
+    low, high = 0, max(everything[1], 1)  # the profile holds both at ``high``
+    while high - low > 1:
+        middle = (low + high) // 2
+        device, host = profile_peaks(problem, action, budget_bytes, middle)
+        if device <= device_bound and host <= middle:
+            high = middle
+        else:
+            low = middle
+    return high
+
+
+def _with_profile(error: BudgetError, problem: PlanningProblem, action: Action) -> BudgetError:
+    """``error`` with its least budgets raised to what the profiling iteration of a fresh run at
+    them needs (:func:`profile_peaks`): it stores every tensor at the policy's least device
+    footprint while the host takes it, and keeps the rest."""
+    host_budget = error.host_budget_bytes
+    assert host_budget is not None
+    least = max(error.minimum_bytes, stated_least(profile_peaks(problem, action, None, host_budget)[0], action))
+    host_least = error.host_minimum_bytes
+    if host_least is not None:
+        at = error.budget_bytes if error.binding == "host" else least
+        host_least = max(host_least, stated_least(_profile_least_host(problem, action, at), action))
+    return BudgetError(least, error.policy, error.budget_bytes, error.why, error.none_peak_bytes, error.advice, host_budget, host_least,
+                       error.binding)
+
+
 def budget_plan(
     trace: Trace,
     policy: str,
@@ -323,6 +407,11 @@ def budget_plan(
             if host_budget_bytes is None:
                 raise
             least = max(least, budget_bytes + 1)  # the solver found no plan at the edge: not within these budgets
+    if planned is not None and host_budget_bytes is not None and profiled_host_peak_bytes > host_budget_bytes:
+        # The plan fits, but its profile passed the host budget (the device budget was full): a run
+        # at these budgets does not hold both. The error says what a profile holds both at.
+        least = max(least, profile_peaks(problem, PROFILE_ACTIONS[policy], None, host_budget_bytes)[0], budget_bytes + 1)
+        planned = None
     if planned is None:
         action = PROFILE_ACTIONS[policy]
         stated = stated_least(least, action)
@@ -333,6 +422,7 @@ def budget_plan(
         else:
             error = host_budget_error(problem, policy, budget_bytes, host_budget_bytes, alone, stated, profiled_host_peak_bytes,
                                       none_bytes or None, why, advice, action)
+            error = _with_profile(error, problem, action)
         plan = Plan(**rules, default_action=action, unpack_order=unpack_order, prefetch_bytes=0,
                     default_reason=f"budget {budget_bytes:,d} B below this policy's least {least:,d} B: {action.value}")
         return plan, budget_bytes, error

@@ -71,7 +71,7 @@ import torch
 from cswap.budget import BudgetError, MemoryBudget
 from cswap.planner import BudgetPlan, PlanningProblem, minimum_bytes, plan_budget, problem_from_trace, timeline_of
 from cswap.planner.actions import POLICY_TABLE
-from cswap.planner.budgeted import FALLBACK_ACTIONS, NO_CODEC, PASSIVE_ACTION, SPARSITY_MARGIN, host_budget_error, plan_from_budget
+from cswap.planner.budgeted import FALLBACK_ACTIONS, NO_CODEC, PASSIVE_ACTION, SPARSITY_MARGIN, _with_profile, host_budget_error, plan_from_budget
 from cswap.planner.costmodel import TimeModel
 from cswap.planner.plan import Action, Decision, LaunchCache, Plan
 from cswap.profile.regions import InputRecord, RegionProfile
@@ -466,7 +466,9 @@ def plan_regions(
     problem, extra = planning.problem(regions)
     rules: dict[str, Any] = dict(policy=policy, epoch=epoch, min_bytes=min_bytes, launches=launches, budget_bytes=target,
                                  fallback_action=FALLBACK_ACTIONS[policy], d2h_gbps=trace.d2h_gbps, h2d_gbps=trace.h2d_gbps)
-    if target < least or planned is None:
+    profile_passed = host_budget_bytes is not None and profiled_host_peak_bytes > host_budget_bytes
+    if target < least or planned is None or profile_passed:
+        # (a profile that passed the host budget: the plan fits, but a run at these budgets does not hold both)
         reason = f"budget {target:,d} B below this policy's least {least:,d} B: {PASSIVE_ACTION.value} (passive)"
         if layers_note:
             reason += f" ({layers_note})"
@@ -475,13 +477,14 @@ def plan_regions(
         if host_budget_bytes is None or budget_bytes is None:
             error = BudgetError(least, policy, target, none_peak_bytes=none_peak)
         else:
-            least = max(least, target + 1) if target >= least else least  # no plan at the edge: not within these budgets
+            least = max(least, target + 1) if target >= least else least  # no plan at the edge, or its profile passed
             alone = max(planning.least(smallest), profiled_peak_bytes)
             rest, extra_bytes = planning.problem(smallest)  # region inputs held throughout: device bytes beside the rest's
             error = host_budget_error(rest, BASE_POLICIES[policy], target - extra_bytes, host_budget_bytes, alone - extra_bytes,
                                       least - extra_bytes, profiled_host_peak_bytes, none_peak)
-            error = BudgetError(error.minimum_bytes, policy, target, none_peak_bytes=none_peak, host_budget_bytes=host_budget_bytes,
-                                host_minimum_bytes=error.host_minimum_bytes, binding=error.binding)
+            error = BudgetError(error.minimum_bytes + extra_bytes, policy, target, none_peak_bytes=none_peak,
+                                host_budget_bytes=host_budget_bytes, host_minimum_bytes=error.host_minimum_bytes, binding=error.binding)
+            error = _with_profile(error, full, PASSIVE_ACTION)  # the profile runs without regions, swapping
         return RegionPlan(plan, target, error)
     plan = plan_from_budget(trace, problem, planned, rules, PASSIVE_ACTION if rules["fallback_action"] else Action.KEEP, least,
                             none_bytes)

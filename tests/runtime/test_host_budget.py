@@ -93,6 +93,11 @@ def test_both_budgets_held_or_the_binding_one_named(name: str, policy: str, refe
             assert error.host_minimum_bytes > host and f"host budget to at least {error.host_minimum_bytes} bytes" in str(error)
             assert error.minimum_bytes > device
             device_bytes, host = device, error.host_minimum_bytes
+            if policy == "swap" and name == "resnet18":  # and the least device budget within the host budget holds both too
+                _, at_least = _run(name, policy, memory_budget=error.minimum_bytes, host_memory_budget=error.host_budget_bytes)
+                least_stats = at_least.stats()
+                assert least_stats.peak_resident_bytes <= error.minimum_bytes
+                assert least_stats.host_peak_bytes <= error.host_budget_bytes
         else:
             assert error.minimum_bytes > device
             device_bytes = error.minimum_bytes
