@@ -82,7 +82,8 @@ class Runtime:
     epoch so the next iteration re-profiles and the plan follows the activations' new sparsity.
 
     Args:
-        policy: ``none``, ``swap``, ``compress-swap``, ``cswap``, ``compress-keep``, ``recompute`` or
+        policy: ``none``, ``swap``, ``cpu-compress-swap`` (swap, then compress the host copies on
+            worker threads), ``compress-swap``, ``cswap``, ``compress-keep``, ``recompute`` or
             ``capuchin`` (the last two recompute modules in backward and need ``model``; ``cswap``
             does too under a ``memory_budget`` when given ``model``: :mod:`cswap.planner.regions`).
         device, backend, min_bytes, prefetch_bytes, decider, paper_size, passive_profile,
