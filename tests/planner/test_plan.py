@@ -12,6 +12,7 @@ from torch import nn
 import cswap
 from cswap.codecs.launch import CpuLaunch
 from cswap.execute.executor import Executor
+from cswap.execute.stored import Stored
 from cswap.planner.plan import Action, Decision, LaunchCache, Plan
 from tests.runtime.helpers import FAST_CODEC, SLOW_LINK, one_thread_below_1mib
 
@@ -37,19 +38,27 @@ class Mixed(nn.Module):
 
 
 def _executed(monkeypatch: pytest.MonkeyPatch) -> dict[int, Action]:
-    """Per key, the action the executor carried out in the latest iteration."""
+    """Per key, the action the executor carried out in the latest iteration (whichever pack hook
+    took it: a planned iteration's lean one or the general one)."""
     done: dict[int, Action] = {}
-    original = Executor._pack
+    original = Executor.hooks
 
-    def spy(self: Executor, it: Any, key: int, tensor: torch.Tensor, profiler: Any) -> Any:
-        handle, record = original(self, it, key, tensor, profiler)
-        if key == 0:
-            done.clear()
-        # A never-moved tensor is held as it is: kept.
-        done[key] = handle.stored.action if handle.stored is not None else Action.KEEP
-        return handle, record
+    def spy(self: Executor, it: Any) -> Any:
+        pack, unpack = original(self, it)
 
-    monkeypatch.setattr(Executor, "_pack", spy)
+        def spied(tensor: torch.Tensor) -> Any:
+            key = it.next_key
+            handle = pack(tensor)
+            if key == 0:
+                done.clear()
+            stored = handle if isinstance(handle, Stored) else handle.stored
+            # A never-moved tensor is held as it is: kept.
+            done[key] = stored.action if stored is not None else Action.KEEP
+            return handle
+
+        return spied, unpack
+
+    monkeypatch.setattr(Executor, "hooks", spy)
     return done
 
 
