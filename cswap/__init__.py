@@ -24,6 +24,7 @@ _LAZY = {
     "Trace": "cswap.profile.trace",
     "BudgetError": "cswap.budget",
     "MemoryBudget": "cswap.budget",
+    "HostBudget": "cswap.budget",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -49,6 +49,7 @@ __all__ = [
     "budget_plan",
     "host_budget_error",
     "profile_peaks",
+    "with_profile_leasts",
     "plan_from_budget",
     "stated_least",
 ]
@@ -336,10 +337,22 @@ def _profile_least_host(problem: PlanningProblem, action: Action, budget_bytes: 
     return high
 
 
-def _with_profile(error: BudgetError, problem: PlanningProblem, action: Action) -> BudgetError:
+def with_profile_leasts(error: BudgetError, problem: PlanningProblem, action: Action) -> BudgetError:
     """``error`` with its least budgets raised to what the profiling iteration of a fresh run at
     them needs (:func:`profile_peaks`): it stores every tensor at the policy's least device
-    footprint while the host takes it, and keeps the rest."""
+    footprint while the host takes it, and keeps the rest.
+
+    Example:
+        >>> from cswap.planner.lifetime import lifetimes_from_orders
+        >>> from cswap.planner.problem import LinkModel, TensorSpec, build_problem
+        >>> events = lifetimes_from_orders([0, 1], [1, 0])
+        >>> specs = [TensorSpec(key=k, nbytes=1000, lifetime=lt) for k, lt in enumerate(events.lifetimes)]
+        >>> problem = build_problem(specs, events, [0.0, 1.0, 2.0, 3.0], 1.5, LinkModel(1e-6, 1e-6, async_copies=False))
+        >>> error = BudgetError(1000, "swap", 1000, host_budget_bytes=500, host_minimum_bytes=1000, binding="host")
+        >>> raised = with_profile_leasts(error, problem, Action.SWAP)
+        >>> raised.minimum_bytes, raised.host_minimum_bytes, raised.binding
+        (2000, 1000, 'host')
+    """
     host_budget = error.host_budget_bytes
     assert host_budget is not None
     least = max(error.minimum_bytes, stated_least(profile_peaks(problem, action, None, host_budget)[0], action))
@@ -422,7 +435,7 @@ def budget_plan(
         else:
             error = host_budget_error(problem, policy, budget_bytes, host_budget_bytes, alone, stated, profiled_host_peak_bytes,
                                       none_bytes or None, why, advice, action)
-            error = _with_profile(error, problem, action)
+            error = with_profile_leasts(error, problem, action)
         plan = Plan(**rules, default_action=action, unpack_order=unpack_order, prefetch_bytes=0,
                     default_reason=f"budget {budget_bytes:,d} B below this policy's least {least:,d} B: {action.value}")
         return plan, budget_bytes, error

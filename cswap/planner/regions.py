@@ -71,7 +71,7 @@ import torch
 from cswap.budget import BudgetError, MemoryBudget
 from cswap.planner import BudgetPlan, PlanningProblem, minimum_bytes, plan_budget, problem_from_trace, timeline_of
 from cswap.planner.actions import POLICY_TABLE
-from cswap.planner.budgeted import FALLBACK_ACTIONS, NO_CODEC, PASSIVE_ACTION, SPARSITY_MARGIN, _with_profile, host_budget_error, plan_from_budget
+from cswap.planner.budgeted import FALLBACK_ACTIONS, NO_CODEC, PASSIVE_ACTION, SPARSITY_MARGIN, with_profile_leasts, host_budget_error, plan_from_budget
 from cswap.planner.costmodel import TimeModel
 from cswap.planner.plan import Action, Decision, LaunchCache, Plan
 from cswap.profile.regions import InputRecord, RegionProfile
@@ -484,7 +484,7 @@ def plan_regions(
                                       least - extra_bytes, profiled_host_peak_bytes, none_peak)
             error = BudgetError(error.minimum_bytes + extra_bytes, policy, target, none_peak_bytes=none_peak,
                                 host_budget_bytes=host_budget_bytes, host_minimum_bytes=error.host_minimum_bytes, binding=error.binding)
-            error = _with_profile(error, full, PASSIVE_ACTION)  # the profile runs without regions, swapping
+            error = with_profile_leasts(error, full, PASSIVE_ACTION)  # the profile runs without regions, swapping
         return RegionPlan(plan, target, error)
     plan = plan_from_budget(trace, problem, planned, rules, PASSIVE_ACTION if rules["fallback_action"] else Action.KEEP, least,
                             none_bytes)
