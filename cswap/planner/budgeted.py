@@ -225,11 +225,12 @@ def _drift_note(least: int, stated: int) -> str:
 
 
 def _advice(trace: Trace, problem: PlanningProblem, policy: str, least: int, time_model: TimeModel, backend: str,
-            min_bytes: int) -> str:
+            min_bytes: int, host_budget: bool = False) -> str:
     """What would lower ``policy``'s ``least`` on this profile, as the end of a BudgetError's advice: the
-    policy with every action where its least is lower, and ``min_bytes=0`` where tensors below it bind."""
+    policy with every action where its least is lower (not under a host budget, where the least is
+    the profiling iteration's as much as the plan's), and ``min_bytes=0`` where tensors below it bind."""
     clauses = []
-    if policy != "cswap":
+    if policy != "cswap" and not host_budget:
         every = minimum_bytes(problem, "cswap")
         if every < least:
             clauses.append(f"or use policy cswap, whose least here is {every:,d} bytes (every action)")
@@ -429,7 +430,7 @@ def budget_plan(
         action = PROFILE_ACTIONS[policy]
         stated = stated_least(least, action)
         why = " ".join(w for w in (_drift_note(least, stated), _above_plain(least, none_bytes, action)) if w)
-        advice = _advice(trace, problem, policy, least, time_model, backend, min_bytes)
+        advice = _advice(trace, problem, policy, least, time_model, backend, min_bytes, host_budget_bytes is not None)
         if host_budget_bytes is None:
             error = BudgetError(stated, policy, budget_bytes, why, none_peak_bytes=none_bytes or None, advice=advice)
         else:
