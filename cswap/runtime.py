@@ -518,7 +518,9 @@ class Runtime:
         # its own peak (a graph that changed is profiled again in the middle of an epoch)
         profiled = self._executor.snapshot()
         profiled_peak = profiled.iteration_peak_resident_bytes
-        profiled_host_peak = profiled.iteration_peak_host_bytes
+        # A profile that ran without the host rule (the first under a fraction of none's peak, which
+        # it could not know) says nothing of what a profile within the host budget holds.
+        profiled_host_peak = profiled.iteration_peak_host_bytes if self._plan.host_budget_bytes is not None else 0
         # Without a device budget there is no plan to hold the host budget in: the pack's rule does.
         host_budget = self._host_budget_bytes if budget is not None else None
         if tracer is not None:

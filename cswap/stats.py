@@ -136,7 +136,8 @@ class RuntimeStats:
         host_peak_bytes: the most ``host_bytes`` ever (every iteration, profiling ones included).
         iteration_host_peak_bytes: the most ``host_bytes`` in the last iteration the hooks ran.
         host_budget_bytes: the host memory budget in bytes (``None``: none); ``host_peak_bytes``
-            stays within it.
+            stays within it, but for a first profiling iteration under a device budget given as a
+            fraction of ``none``'s peak (its bytes unknown then, it swaps every tensor).
         history: per epoch, oldest first, the current one last.
     """
 

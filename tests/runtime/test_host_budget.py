@@ -111,6 +111,18 @@ def test_both_budgets_held_or_the_binding_one_named(name: str, policy: str, refe
     assert_bit_equal([g for it in grads_ref for g in it], [g for it in grads for g in it], "gradient")
 
 
+def test_a_fractional_device_budget_holds_the_host_budget_from_its_plan_on() -> None:
+    # the first profile cannot know 0.3 of none's peak in bytes: it swaps every tensor, and the
+    # host budget holds from the plan made from it on
+    _, free = _run("resnet18", "swap", memory_budget=0.3)
+    host = free.stats().iteration_host_peak_bytes
+    grads, rt = _run("resnet18", "swap", memory_budget=0.3, host_memory_budget=host)
+    stats = rt.stats()
+    assert stats.iteration_host_peak_bytes <= host < stats.host_peak_bytes and stats.peak_resident_bytes <= stats.budget_bytes
+    grads_ref, _ = train(_cnn, CNN_BATCHES, 1)
+    assert_bit_equal([g for it in grads_ref for g in it], [g for it in grads for g in it], "gradient")
+
+
 def test_host_budget_without_a_device_budget_keeps_what_does_not_fit() -> None:
     _, free = _run("resnet18", "swap")
     host = free.stats().host_peak_bytes // 3
