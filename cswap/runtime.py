@@ -83,9 +83,10 @@ class Runtime:
 
     Args:
         policy: ``none``, ``swap``, ``cpu-compress-swap`` (swap, then compress the host copies on
-            worker threads), ``compress-swap``, ``cswap``, ``compress-keep``, ``recompute`` or
-            ``capuchin`` (the last two recompute modules in backward and need ``model``; ``cswap``
-            does too under a ``memory_budget`` when given ``model``: :mod:`cswap.planner.regions`).
+            worker threads), ``compress-swap``, ``cswap``, ``compress-keep``, ``recompute``,
+            ``capuchin`` or ``ac-full`` (the last three recompute modules in backward and need
+            ``model``; ``ac-full`` recomputes every repeated layer; ``cswap`` recomputes too under a
+            ``memory_budget`` when given ``model``: :mod:`cswap.planner.regions`).
         device, backend, min_bytes, prefetch_bytes, decider, paper_size, passive_profile,
             arena_slack, d2h_gbps, h2d_gbps, model, time_model, launch_lookup, logistic_model: the
             options, documented on :class:`cswap.options.RuntimeOptions`. The defaults shown are
@@ -322,8 +323,8 @@ class Runtime:
 
     @property
     def recomputes(self) -> bool:
-        """Whether this runtime may recompute modules: policies ``recompute`` and ``capuchin``, and
-        ``cswap`` under a memory budget when given ``model``."""
+        """Whether this runtime may recompute modules: policies ``recompute``, ``capuchin`` and
+        ``ac-full``, and ``cswap`` under a memory budget when given ``model``."""
         opts = self._options
         return self.policy in RECOMPUTING_POLICIES or (self.policy == "cswap" and opts.memory_budget is not None and opts.model is not None)
 
