@@ -11,12 +11,16 @@ policy                 actions under a budget  system it reproduces             
 ``swap``               keep, swap              vDNN                                  yes
 ``cpu-compress-swap``  keep, host-zvc-swap     vDNN++ (compression on the host CPU)  yes
 ``compress-swap``      keep, zvc-swap          cDMA (static compression)             yes
-``cswap``              every action            CSWAP's cost model, generalised       yes
+``cswap``              every action (*)        CSWAP's cost model, generalised       yes
 ``compress-keep``      keep, zvc-keep          FreeLunch                             yes
 ``recompute``          keep, recompute         checkpointing (Chen et al., MONeT)    yes
 ``capuchin``           keep, swap, recompute   Capuchin (its greedy, not the MILP)   yes
 ``ac-full``            (none: a fixed plan)    activation checkpointing per layer    yes
 =====================  ======================  ====================================  =========
+
+(*) ``host-zvc-swap`` only under a host memory budget: without one it is never planned (it moves
+the same raw bytes as ``swap`` and adds the host codec's time), so plans without a host budget are
+what they were.
 
 ``ac-full`` recomputes every repeated layer (the blocks of the model's largest list of identical
 modules, as Hugging Face's ``gradient_checkpointing_enable()`` does) and keeps everything else,
@@ -28,9 +32,12 @@ it cannot encode) gets no ``zvc`` option; a policy that swaps only compressed (`
 swaps such a tensor raw, as cDMA does (:func:`tensor_actions`), and ``compress-keep`` keeps it.
 
 ``cpu-compress-swap`` moves every tensor raw, as ``swap`` does, and compresses the host copies on
-worker threads (:mod:`cswap.execute.hostcodec`): it saves host memory, not device memory, so the
-device-side planner plans it as ``swap`` and its plan carries each swap out as ``host-zvc-swap``
-(:func:`carried_out`); a tensor ZVC cannot encode, or would not shrink, stays a raw swap.
+worker threads (:mod:`cswap.execute.hostcodec`): it saves host memory, not device memory. Under a
+host budget the planner offers ``host-zvc-swap`` (priced with the ``cpu`` backend's codec times, its
+host copy compressed once the worker is done) to ``cpu-compress-swap`` and to ``cswap``; without
+one, or for a tensor ZVC cannot encode or would not shrink, it offers none, and a planned ``swap``
+stands in for it (:func:`tensor_actions`) that ``cpu-compress-swap`` carries out as
+``host-zvc-swap`` (:func:`carried_out`); the runtime keeps a tensor that would not shrink a raw swap.
 
 Example:
     >>> sorted(allowed_actions("swap"))
@@ -72,11 +79,12 @@ SWAP = "swap"
 ZVC_SWAP = "zvc-swap"
 ZVC_KEEP = "zvc-keep"
 RECOMPUTE = "recompute"
-#: Swap in full, then compress the host copy on worker threads (vDNN++). The device-side planner
-#: prices it as a swap (:func:`tensor_actions`): it has no host-memory or host-codec term yet.
+#: Swap in full, then compress the host copy on worker threads (vDNN++). Offered by the planner only
+#: under a host budget (:func:`cswap.planner.problem.build_problem`), priced as a swap plus the host
+#: codec; elsewhere a swap stands in for it (:func:`tensor_actions`).
 HOST_ZVC_SWAP = "host-zvc-swap"
 
-#: Every action the planner chooses among.
+#: Every action the planner chooses among without a host budget (``host-zvc-swap`` joins them under one).
 ACTIONS: tuple[str, ...] = (KEEP, SWAP, ZVC_SWAP, ZVC_KEEP, RECOMPUTE)
 
 
@@ -131,7 +139,8 @@ POLICY_TABLE: Mapping[str, Policy] = MappingProxyType({
                frozenset({KEEP, HOST_ZVC_SWAP}), profile_action=HOST_ZVC_SWAP, fallback_action=HOST_ZVC_SWAP),
         Policy("compress-swap", "cDMA", ZVC_SWAP, "policy compress-swap: compress, then offload (cDMA)", frozenset({KEEP, ZVC_SWAP}),
                profile_action=ZVC_SWAP, fallback_action=ZVC_SWAP),
-        Policy("cswap", "CSWAP", SWAP, "policy cswap: not profiled yet, offload", frozenset(ACTIONS),
+        # cswap may choose host-zvc-swap, which the planner offers only under a host budget.
+        Policy("cswap", "CSWAP", SWAP, "policy cswap: not profiled yet, offload", frozenset({*ACTIONS, HOST_ZVC_SWAP}),
                profile_action=SWAP, fallback_action=SWAP, region_planner="cswap"),
         Policy("compress-keep", "FreeLunch", ZVC_KEEP, "policy compress-keep: compress and keep on the device (FreeLunch)",
                frozenset({KEEP, ZVC_KEEP}), profile_action=ZVC_KEEP),
@@ -189,7 +198,7 @@ def single_mechanism_policies() -> tuple[str, ...]:
 
 def tensor_actions(policy: str, offered: frozenset[str] | set[str]) -> frozenset[str]:
     """The actions ``policy`` may use on a tensor whose options have the actions ``offered``:
-    its action set, plus a raw ``swap`` where it would swap compressed but ZVC cannot shrink the tensor.
+    its action set, plus a raw ``swap`` where it would swap compressed but no compressed swap is offered.
 
     Example:
         >>> sorted(tensor_actions("compress-swap", {"keep", "swap"}))   # ZVC would expand it
@@ -198,12 +207,14 @@ def tensor_actions(policy: str, offered: frozenset[str] | set[str]) -> frozenset
         ['keep', 'zvc-swap']
         >>> sorted(tensor_actions("cpu-compress-swap", {"keep", "swap", "zvc-swap"}))   # swap stands in
         ['host-zvc-swap', 'keep', 'swap']
+        >>> sorted(tensor_actions("cpu-compress-swap", {"keep", "swap", "host-zvc-swap"}))   # under a host budget
+        ['host-zvc-swap', 'keep']
     """
     allowed = allowed_actions(policy)
     if HOST_ZVC_SWAP in allowed and HOST_ZVC_SWAP not in offered:
-        # The device-side planner offers no host-zvc-swap option: on the device it is a swap (the
-        # raw bytes out and back, the host codec off the device's path), which stands in for it
-        # and is carried out as host-zvc-swap (carried_out).
+        # No host-zvc-swap option (no host budget, or ZVC cannot shrink the tensor): on the device
+        # it is a swap (the raw bytes out and back, the host codec off the device's path), which
+        # stands in for it and is carried out as host-zvc-swap (carried_out).
         return allowed | {SWAP}
     if ZVC_SWAP in allowed and SWAP not in allowed and ZVC_SWAP not in offered:
         return allowed | {SWAP}
@@ -211,13 +222,18 @@ def tensor_actions(policy: str, offered: frozenset[str] | set[str]) -> frozenset
 
 
 def carried_out(policy: str, planned: str) -> str:
-    """What ``policy`` carries out for the planner's choice ``planned``: a policy that compresses on
-    the host carries a planned ``swap`` out as ``host-zvc-swap`` (:func:`tensor_actions`).
+    """What ``policy`` carries out for the planner's choice ``planned``: a policy that swaps only by
+    compressing on the host carries a planned ``swap`` (the stand-in of :func:`tensor_actions`) out
+    as ``host-zvc-swap``; a policy that may swap raw (``cswap``) carries it out as it is.
 
     Example:
         >>> carried_out("cpu-compress-swap", SWAP), carried_out("swap", SWAP), carried_out("cpu-compress-swap", KEEP)
         ('host-zvc-swap', 'swap', 'keep')
+        >>> carried_out("cswap", SWAP), carried_out("cswap", HOST_ZVC_SWAP)
+        ('swap', 'host-zvc-swap')
     """
-    if planned == SWAP and HOST_ZVC_SWAP in POLICY_ACTIONS.get(policy, ()):
-        return HOST_ZVC_SWAP
+    if planned == SWAP:
+        actions = POLICY_ACTIONS.get(policy, frozenset())
+        if HOST_ZVC_SWAP in actions and SWAP not in actions:
+            return HOST_ZVC_SWAP
     return planned

@@ -34,7 +34,7 @@ from cswap.budget import BudgetError, MemoryBudget, format_bytes
 from cswap.planner import BudgetPlan, PlannedTensor, PlanningProblem, TensorOptions, minimum_bytes, plan_budget, problem_from_trace
 from cswap.planner.problem import Option
 from cswap.planner.solve import minimum_host_bytes
-from cswap.planner.actions import POLICY_TABLE, carried_out
+from cswap.planner.actions import HOST_ZVC_SWAP, POLICY_ACTIONS, POLICY_TABLE, carried_out
 from cswap.planner.costmodel import TimeModel
 from cswap.planner.plan import Action, Decision, LaunchCache, Plan
 from cswap.profile.trace import Trace
@@ -48,6 +48,7 @@ __all__ = [
     "SPARSITY_MARGIN",
     "budget_plan",
     "host_budget_error",
+    "host_codec_model",
     "profile_peaks",
     "with_profile_leasts",
     "plan_from_budget",
@@ -129,6 +130,7 @@ def _decisions(
         if t.lifetime is not None
     }
     lifetimes = {t.key: t.lifetime for t in problem.tensors}
+    compressed = {t.key: t.compressed_nbytes for t in problem.tensors}
     timeline = planned.timeline_bytes
     kept_reasons: Mapping[str, str] = trace.meta.get("not_offloadable", {})
     duplicates: Mapping[str, int] = trace.meta.get("duplicates", {})
@@ -151,6 +153,8 @@ def _decisions(
         extra: dict[str, Any] = launches.launches(record.dtype, record.nbytes) if action.compresses else {}
         if action is Action.ZVC_KEEP:
             extra["compressed_nbytes"] = float(tensor.held_bytes - record.nbytes)  # it holds raw + compressed at pack
+        elif tensor.action == HOST_ZVC_SWAP and compressed.get(record.key) is not None:
+            extra["compressed_nbytes"] = float(compressed[record.key])  # what its host copy shrinks to
         decisions[record.key] = Decision(
             **base,
             action=action,
@@ -275,8 +279,11 @@ def host_budget_error(problem: PlanningProblem, policy: str, budget_bytes: int, 
 
 def _profile_option(tensor: TensorOptions, action: Action) -> Option | None:
     """The option a profiling iteration stores ``tensor`` with: ``action``, fetched on demand (a
-    profile prefetches nothing), the copy waited for where that is offered."""
+    profile prefetches nothing), the copy waited for where that is offered. A ``host-zvc-swap``
+    not offered (ZVC cannot shrink the tensor) is carried out as a raw swap."""
     mine = [o for o in tensor.options if o.action == action.value]
+    if not mine and action is Action.HOST_ZVC_SWAP:
+        mine = [o for o in tensor.options if o.action == Action.SWAP.value]
     if not mine:
         return None
     return min(mine, key=lambda o: (o.prefetch_distance or 0, not o.wait_offload))
@@ -360,9 +367,31 @@ def with_profile_leasts(error: BudgetError, problem: PlanningProblem, action: Ac
     host_least = error.host_minimum_bytes
     if host_least is not None:
         at = error.budget_bytes if error.binding == "host" else least
-        host_least = max(host_least, stated_least(_profile_least_host(problem, action, at), action))
+        # a profile compressing on the host holds compressed bytes there, which drift like a device compression's
+        host_margin = Action.ZVC_SWAP if action is Action.HOST_ZVC_SWAP else action
+        host_least = max(host_least, stated_least(_profile_least_host(problem, action, at), host_margin))
     return BudgetError(least, error.policy, error.budget_bytes, error.why, error.none_peak_bytes, error.advice, host_budget, host_least,
                        error.binding)
+
+
+def host_codec_model(policy: str, host_budget_bytes: int | None, time_model: TimeModel, backend: str,
+                     host_time_model: TimeModel | None = None) -> TimeModel | None:
+    """The host codec's time model to offer ``host-zvc-swap`` with, or ``None`` not to offer it:
+    only under a host budget (without one it never pays, and a plan without one is left as it
+    was) and for a policy that may use it. Default: ``time_model`` where it is the ``cpu``
+    backend's, else :data:`NO_CODEC`.
+
+    Example:
+        >>> host_codec_model("cswap", None, NO_CODEC, "cpu") is None, host_codec_model("swap", 1 << 20, NO_CODEC, "cpu") is None
+        (True, True)
+        >>> host_codec_model("cswap", 1 << 20, NO_CODEC, "cpu") is NO_CODEC
+        True
+    """
+    if host_budget_bytes is None or HOST_ZVC_SWAP not in POLICY_ACTIONS.get(policy, frozenset()):
+        return None
+    if host_time_model is not None:
+        return host_time_model
+    return time_model if backend == "cpu" else NO_CODEC
 
 
 def budget_plan(
@@ -377,6 +406,7 @@ def budget_plan(
     profiled_peak_bytes: int = 0,
     host_budget_bytes: int | None = None,
     profiled_host_peak_bytes: int = 0,
+    host_time_model: TimeModel | None = None,
 ) -> tuple[Plan, int, BudgetError | None]:
     """The plan of ``policy`` within ``budget`` from a profiling iteration's ``trace``.
 
@@ -396,13 +426,18 @@ def budget_plan(
         host_budget_bytes: the host memory budget (``None``: none): the plan's host copies stay
             within it at every event too, or the error names the budget that binds.
         profiled_host_peak_bytes: the host bytes the profiling iteration itself held.
+        host_time_model: predicts the host codec's seconds (backend ``cpu``): under a host budget,
+            a policy that may compress on the host is offered ``host-zvc-swap`` priced with it
+            (default: ``time_model``, when ``backend`` is ``cpu``, else :data:`NO_CODEC`).
 
     Returns:
         ``(plan, budget_bytes, error)``: ``error`` is the :class:`~cswap.budget.BudgetError` to
         raise when the policy cannot meet the budget (then ``plan`` is the smallest-footprint one).
     """
     launches = launches if launches is not None else LaunchCache(backend, None)
-    problem = problem_from_trace(trace, time_model, backend, min_bytes=min_bytes, sparsity_margin=SPARSITY_MARGIN)
+    host_codec = host_codec_model(policy, host_budget_bytes, time_model, backend, host_time_model)
+    problem = problem_from_trace(trace, time_model, backend, min_bytes=min_bytes, sparsity_margin=SPARSITY_MARGIN,
+                                 host_time_model=host_codec)
     none_bytes = minimum_bytes(problem, "none")
     budget_bytes = budget.resolve(max(none_bytes, 1)) if budget.relative else budget.resolve()
     fallback = FALLBACK_ACTIONS[policy]

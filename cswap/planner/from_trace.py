@@ -6,6 +6,8 @@ Each offloadable record becomes a :class:`~cswap.planner.problem.TensorSpec`: it
 timed at that width, as the encoding narrows it first), its codec
 seconds from a :class:`~cswap.planner.costmodel.TimeModel`, and its ``hidden_forward_s``. Events happen at
 the records' ``pack_at_s`` and ``unpack_at_s``; records below ``min_bytes`` may only be kept.
+With a ``host_time_model`` (under a host budget), each spec also has the host codec's seconds (the
+``cpu`` backend's) and the problem offers ``host-zvc-swap``.
 Parameters and buffers are not part of the problem (their bytes are not activations).
 
 Example:
@@ -30,12 +32,16 @@ import torch
 
 from cswap.codecs.encoding import Encoding, encodable
 from cswap.codecs.format import DEFAULT_CHUNK_WORDS
+from cswap.planner.actions import ACTIONS, HOST_ZVC_SWAP
 from cswap.planner.costmodel import TimeModel
 from cswap.planner.lifetime import Lifetime, lifetimes_from_trace
 from cswap.planner.problem import DEFAULT_PREFETCH_DISTANCES, LinkModel, PlanningProblem, TensorSpec, build_problem
 from cswap.profile.trace import TensorRecord, Trace
 
-__all__ = ["problem_from_trace"]
+__all__ = ["HOST_BACKEND", "problem_from_trace"]
+
+#: The backend the host codec of ``host-zvc-swap`` runs (:mod:`cswap.execute.hostcodec`).
+HOST_BACKEND = "cpu"
 
 
 def _encoding(record: TensorRecord) -> Encoding | None:
@@ -49,7 +55,8 @@ def _encoding(record: TensorRecord) -> Encoding | None:
 
 
 def _spec(  # type: ignore[no-untyped-def]
-    record: TensorRecord, lifetime, time_model: TimeModel, backend: str, min_bytes: int, chunk_words: int, sparsity_margin: float
+    record: TensorRecord, lifetime, time_model: TimeModel, backend: str, min_bytes: int, chunk_words: int, sparsity_margin: float,
+    host_time_model: TimeModel | None = None,
 ) -> TensorSpec:
     encoding = _encoding(record)
     used = record.unpack_at_s is not None or record.unpack_order is not None
@@ -60,6 +67,11 @@ def _spec(  # type: ignore[no-untyped-def]
     encoded_nbytes = numel * encoding.encoded_itemsize
     sparsity = max(record.sparsity - sparsity_margin, 0.0)
     density = 1.0 - sparsity
+    host: dict[str, float] = {}
+    if host_time_model is not None:
+        itemsize = encoding.encoded_itemsize
+        host["host_compress_s"] = float(host_time_model.compress_s(encoded_nbytes, density, itemsize, HOST_BACKEND))
+        host["host_decompress_s"] = float(host_time_model.decompress_s(encoded_nbytes, density, itemsize, HOST_BACKEND)) if used else 0.0
     return TensorSpec(
         key=record.key,
         nbytes=record.nbytes,
@@ -70,6 +82,7 @@ def _spec(  # type: ignore[no-untyped-def]
         hidden_forward_s=record.hidden_forward_s,
         movable=record.nbytes >= min_bytes,
         rebuilt_nbytes=record.rebuilt_nbytes,
+        **host,
     )
 
 
@@ -127,6 +140,7 @@ def problem_from_trace(
     storage_of: Mapping[int, int] | None = None,
     rebuilt_copies: Sequence[int] = (),
     rebuilt_bytes: Mapping[int, int] | None = None,
+    host_time_model: TimeModel | None = None,
 ) -> PlanningProblem:
     """Every offloadable record's options, keyed by the record's key.
 
@@ -155,6 +169,9 @@ def problem_from_trace(
         rebuilt_bytes: key -> bytes a rebuilt key holds while it lives (default: the record's
             bytes). A recomputed view holds its whole storage (one of three heads of a packed
             projection holds all three), and keys sharing a storage hold it once.
+        host_time_model: predicts the host codec's seconds (asked for backend ``cpu``); given, the
+            problem offers ``host-zvc-swap`` (the runtime gives it only under a host budget, so
+            a plan without one is what it was).
 
     Raises:
         ValueError: no link given and the trace has no bandwidths, or an unknown dtype.
@@ -183,7 +200,7 @@ def problem_from_trace(
             early = first_unpack.get(record.key)
             if early is not None and lifetime.unpack is not None and record.key not in rebuilt_at and early < lifetime.unpack:
                 lifetime = Lifetime(lifetime.pack, max(early, lifetime.pack + 1), lifetime.free)
-            specs.append(_spec(record, lifetime, time_model, backend, min_bytes, chunk_words, sparsity_margin))
+            specs.append(_spec(record, lifetime, time_model, backend, min_bytes, chunk_words, sparsity_margin, host_time_model))
         times[lifetime.pack] = record.pack_at_s
         if lifetime.unpack is not None:
             times[lifetime.unpack] = record.unpack_at_s if record.unpack_at_s is not None else trace.forward_s
@@ -197,4 +214,5 @@ def problem_from_trace(
     last_pack_s = float(times[events.forward_events - 1]) if events.forward_events else 0.0
     first_unpack_s = float(times[events.forward_events]) if events.event_count > events.forward_events else float("inf")
     backward_start_s = min(max(trace.forward_s, last_pack_s), first_unpack_s)
-    return build_problem(specs, events, times.tolist(), backward_start_s, link, prefetch_distances)
+    actions = ACTIONS if host_time_model is None else (*ACTIONS, HOST_ZVC_SWAP)
+    return build_problem(specs, events, times.tolist(), backward_start_s, link, prefetch_distances, actions)

@@ -17,6 +17,14 @@ An :class:`Option` is one action carried out one way: the bytes it holds over th
   adds ``Time_c + Time_dc`` and moves the compressed bytes. On the host, the copy (raw, or the
   compressed bytes) is held from the pack to the free point (:attr:`Option.host_holds`), whatever
   the variant: the host budget bounds these.
+* ``host-zvc-swap`` (vDNN++, offered only when ``actions`` names it: under a host budget): on the
+  device exactly ``swap``'s holds, as the raw bytes cross the link both ways. On the host, the raw
+  copy and the worker's compressed buffers from the pack until the first event after the copy and
+  the host compression (``host_compress_s``) are done, then the compressed bytes to the free point.
+  It costs ``swap``'s time, with the host decompression before the copy back exposed as
+  ``max(host_decompress_s + Size/BW_h2d - Hidden_b, 0)``, and on a CPU device (no asynchronous
+  copies) the host compression too, which shares the cores with the compute. So it is never
+  cheaper than a swap: it is chosen only where the host budget binds.
 
 * ``recompute``: the raw bytes at its pack only (the op writes them, then they are dropped), nothing
   until backward, then the raw bytes from the event before its unpack (the recomputed segment is
@@ -47,7 +55,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cswap.planner.actions import KEEP, RECOMPUTE, SWAP, ZVC_KEEP, ZVC_SWAP
+from cswap.planner.actions import HOST_ZVC_SWAP, KEEP, RECOMPUTE, SWAP, ZVC_KEEP, ZVC_SWAP
 from cswap.planner.lifetime import EventTimeline, Lifetime, resident_bytes
 
 __all__ = ["DEFAULT_PREFETCH_DISTANCES", "LinkModel", "Option", "PlanningProblem", "TensorOptions", "TensorSpec", "build_problem"]
@@ -85,6 +93,8 @@ class TensorSpec:
         lifetime: its events.
         compressed_nbytes: exact ZVC size, or ``None`` when ZVC cannot encode its dtype.
         compress_s, decompress_s: predicted codec seconds on the device.
+        host_compress_s, host_decompress_s: predicted seconds of the host codec (the ``cpu``
+            backend, on the host copy): what ``host-zvc-swap`` adds.
         hidden_forward_s: compute a copy out issued at its pack can overlap (``Hidden_f``).
         rebuilt_nbytes: device bytes of the tensor rebuilt at its unpack (default ``nbytes``; more
             for a strided view rebuilt in a buffer spanning its strides).
@@ -100,6 +110,8 @@ class TensorSpec:
     compress_s: float = 0.0
     decompress_s: float = 0.0
     hidden_forward_s: float = 0.0
+    host_compress_s: float = 0.0
+    host_decompress_s: float = 0.0
     movable: bool = True
     rebuilt_nbytes: int | None = None
     recompute_s: float | None = None
@@ -142,12 +154,14 @@ class Option:
 
 @dataclass(frozen=True)
 class TensorOptions:
-    """The options of one tensor (``keep`` always among them), and its lifetime."""
+    """The options of one tensor (``keep`` always among them), its lifetime, and its planned ZVC
+    size (``None``: ZVC cannot encode it)."""
 
     key: int
     nbytes: int
     options: tuple[Option, ...]
     lifetime: Lifetime | None = None
+    compressed_nbytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -219,8 +233,13 @@ def _swap_options(
     life = spec.lifetime
     raw = spec.nbytes
     compressing = action == ZVC_SWAP
+    on_host = action == HOST_ZVC_SWAP  # raw over the link, compressed on the host
     stored = int(spec.compressed_nbytes) if compressing else raw
     codec_s = (spec.compress_s + (spec.decompress_s if life.unpack is not None else 0.0)) if compressing else 0.0
+    if on_host and not link.async_copies:
+        codec_s = spec.host_compress_s  # a CPU device: the worker threads share the compute's cores
+    # Decompressed on the host before the copy back can start: it adds to the copy's own time.
+    before_in_s = spec.host_decompress_s if on_host else 0.0
     at_pack = _segment(life.pack, life.pack, raw + (stored if compressing else 0))
     out_s = _seconds(stored, link.d2h_gbps)
     forward = [(True, [], out_s)]  # (waits, holds after the pack, exposed seconds)
@@ -233,7 +252,7 @@ def _swap_options(
     if life.unpack is None:
         backward.append((None, [], 0.0, events.event_count, None))
     else:
-        in_s = _seconds(stored, link.h2d_gbps)
+        in_s = before_in_s + _seconds(stored, link.h2d_gbps)
         rebuilt = spec.unpacked_nbytes
         at_unpack = _segment(life.unpack, life.unpack, rebuilt + (stored if compressing else 0)) + _segment(
             life.unpack + 1, life.free, rebuilt
@@ -253,6 +272,9 @@ def _swap_options(
     # The host copy is written at the pack and dies with the saved tensor's handle, at its free
     # point (never at the unpack: unpack may run again): the lifetime the host pool lays out.
     host = tuple(_segment(life.pack, life.free, stored))
+    if on_host:
+        # on a CPU device the copy is done inside the pack, which the event times already hold
+        host = _host_compressed_holds(spec, times, out_s if link.async_copies else 0.0)
     options = []
     for waits, inflight, forward_s in forward:
         for distance, holds, backward_s, fetch, ahead_hold in backward:
@@ -269,6 +291,18 @@ def _swap_options(
                 )
             )
     return options
+
+
+def _host_compressed_holds(spec: TensorSpec, times: np.ndarray, out_s: float) -> tuple[tuple[int, int, int], ...]:
+    """``host-zvc-swap``'s host bytes: the raw copy beside the worker's compressed buffers from the
+    pack to the first event once the copy and the compression are done (when the training thread
+    collects it and frees the raw copy), then the compressed bytes to the free point."""
+    life = spec.lifetime
+    compressed = int(spec.compressed_nbytes or 0)
+    done_s = times[life.pack] + out_s + spec.host_compress_s
+    collected = max(int(np.searchsorted(times, done_s, side="left")), life.pack + 1)
+    collected = min(collected, life.free)
+    return tuple(_segment(life.pack, collected, spec.nbytes + compressed) + _segment(collected + 1, life.free, compressed))
 
 
 def _prune(problem_events: int, options: list[Option]) -> tuple[Option, ...]:
@@ -308,7 +342,8 @@ def build_problem(
         backward_start_s: when backward begins.
         link: the host link.
         prefetch_distances: the distances (in events) a copy back may be issued ahead of need.
-        actions: which actions to build options for.
+        actions: which actions to build options for. ``host-zvc-swap`` is left out by default:
+            it only pays under a host budget, and offering it elsewhere would only grow the program.
 
     Raises:
         ValueError: times that do not match the events, or a negative distance.
@@ -324,15 +359,16 @@ def build_problem(
         if ZVC_KEEP not in actions:
             options = [o for o in options if o.action != ZVC_KEEP]
         if spec.movable:
-            for action in (SWAP, ZVC_SWAP):
+            for action in (SWAP, ZVC_SWAP, HOST_ZVC_SWAP):
                 if action not in actions:
                     continue
-                if action == ZVC_SWAP and (spec.compressed_nbytes is None or spec.compressed_nbytes >= spec.nbytes):
-                    continue
+                if action != SWAP and (spec.compressed_nbytes is None or spec.compressed_nbytes >= spec.nbytes):
+                    continue  # compression would not shrink it (or cannot encode it)
                 options += _swap_options(spec, action, events, times, backward_start_s, link, prefetch_distances)
             if RECOMPUTE in actions and spec.recompute_s is not None:
                 options.append(_recompute_option(spec, events.forward_events))
         tensors.append(
-            TensorOptions(key=spec.key, nbytes=spec.nbytes, options=_prune(events.event_count, options), lifetime=spec.lifetime)
+            TensorOptions(key=spec.key, nbytes=spec.nbytes, options=_prune(events.event_count, options), lifetime=spec.lifetime,
+                          compressed_nbytes=spec.compressed_nbytes)
         )
     return PlanningProblem(tensors=tuple(tensors), event_count=events.event_count, forward_events=events.forward_events)

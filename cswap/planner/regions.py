@@ -71,7 +71,16 @@ import torch
 from cswap.budget import BudgetError, MemoryBudget
 from cswap.planner import BudgetPlan, PlanningProblem, minimum_bytes, plan_budget, problem_from_trace, timeline_of
 from cswap.planner.actions import POLICY_TABLE
-from cswap.planner.budgeted import FALLBACK_ACTIONS, NO_CODEC, PASSIVE_ACTION, SPARSITY_MARGIN, with_profile_leasts, host_budget_error, plan_from_budget
+from cswap.planner.budgeted import (
+    FALLBACK_ACTIONS,
+    NO_CODEC,
+    PASSIVE_ACTION,
+    SPARSITY_MARGIN,
+    host_budget_error,
+    host_codec_model,
+    plan_from_budget,
+    with_profile_leasts,
+)
 from cswap.planner.costmodel import TimeModel
 from cswap.planner.plan import Action, Decision, LaunchCache, Plan
 from cswap.profile.regions import InputRecord, RegionProfile
@@ -114,9 +123,11 @@ class _Planning:
     """Problems and least budgets per set of enabled regions, each built once."""
 
     def __init__(self, trace: Trace, profile: RegionProfile, base: str, time_model: TimeModel, backend: str, min_bytes: int,
-                 host_budget_bytes: int | None = None) -> None:
+                 host_budget_bytes: int | None = None, host_time_model: TimeModel | None = None) -> None:
         self.trace = trace
         self.host_budget_bytes = host_budget_bytes
+        # under a host budget, the host codec that prices host-zvc-swap for the rest (None: not offered)
+        self.host_codec = host_codec_model(base, host_budget_bytes, time_model, backend, host_time_model)
         self.profile = profile
         self.base = base
         self.time_model = time_model
@@ -185,7 +196,7 @@ class _Planning:
                                          sparsity_margin=SPARSITY_MARGIN, rebuilt_together=groups,
                                          rebuilt_from=[self._input_keys(p, freed) for p in regions], storage_of=self._storages,
                                          rebuilt_copies=[self._copy_bytes(p, freed) for p in regions],
-                                         rebuilt_bytes=self._rebuilt_bytes(groups))
+                                         rebuilt_bytes=self._rebuilt_bytes(groups), host_time_model=self.host_codec)
             self._memo[regions] = (problem, self.extra_bytes(regions))
         return self._memo[regions]
 
@@ -416,6 +427,7 @@ def plan_regions(
     time_trials: int = TIME_TRIALS,
     host_budget_bytes: int | None = None,
     profiled_host_peak_bytes: int = 0,
+    host_time_model: TimeModel | None = None,
 ) -> RegionPlan:
     """The plan of recomputing ``policy`` from a profiling iteration (module docstring).
 
@@ -434,6 +446,8 @@ def plan_regions(
         host_budget_bytes: the host memory budget (``None``: none): the rest's host copies stay
             within it; a recomputed region holds nothing on the host.
         profiled_host_peak_bytes: the host bytes the profiling iteration held.
+        host_time_model: the host codec's time model: under a host budget ``cswap``'s rest is
+            offered ``host-zvc-swap`` (:func:`cswap.planner.budgeted.host_codec_model`).
 
     Raises:
         ValueError: ``policy`` does not recompute.
@@ -441,7 +455,7 @@ def plan_regions(
     if policy not in BASE_POLICIES:
         raise ValueError(f"policy {policy!r} does not recompute: choose one of {', '.join(BASE_POLICIES)}")
     launches = launches if launches is not None else LaunchCache(backend, None)
-    planning = _Planning(trace, profile, BASE_POLICIES[policy], time_model, backend, min_bytes, host_budget_bytes)
+    planning = _Planning(trace, profile, BASE_POLICIES[policy], time_model, backend, min_bytes, host_budget_bytes, host_time_model)
     full, _ = planning.problem(())
     budget_bytes: int | None = None
     none_bytes = minimum_bytes(full, "none") if budget is not None else None

@@ -8,7 +8,8 @@ import pytest
 from cswap.budget import HOST_AUTO_SHARE, BudgetError, HostBudget, host_memory_limit_bytes, parse_host_budget
 from cswap.planner import LinkModel, TensorSpec, build_problem, minimum_bytes, plan_budget
 from cswap.planner.lifetime import lifetimes_from_orders
-from cswap.planner.milp import host_timeline_of
+from cswap.planner.actions import ACTIONS, HOST_ZVC_SWAP, KEEP, SWAP, carried_out
+from cswap.planner.milp import host_timeline_of, timeline_of
 from cswap.planner.solve import minimum_host_bytes
 
 SIZES = (4000, 3000, 2000, 1000, 500)
@@ -125,3 +126,78 @@ def test_auto_takes_a_share_of_the_cgroup_limit_else_available_ram(tmp_path) -> 
     budget = parse_host_budget("auto", limit=(8 << 30, "cgroup limit"))
     assert budget == HostBudget(nbytes=int(HOST_AUTO_SHARE * (8 << 30)), auto=True, source="cgroup limit")
     assert "'auto'" in str(budget)
+
+
+# host-zvc-swap: eight nested tensors of 1000 bytes that ZVC shrinks to 250, a device codec slow
+# enough that compressing on the device never pays here, and a fast host codec.
+NESTED = 8
+
+
+def _nested_problem(host_codec: bool = True):  # type: ignore[no-untyped-def]
+    events = lifetimes_from_orders(list(range(NESTED)), list(reversed(range(NESTED))))
+    specs = [TensorSpec(key=k, nbytes=1000, lifetime=lt, compressed_nbytes=250, compress_s=0.5, decompress_s=0.5,
+                        host_compress_s=1e-3, host_decompress_s=1e-3) for k, lt in enumerate(events.lifetimes)]
+    times = [float(e) for e in range(events.event_count)]
+    actions = (*ACTIONS, HOST_ZVC_SWAP) if host_codec else ACTIONS
+    return build_problem(specs, events, times, NESTED - 0.5, LinkModel(1.0, 1.0, async_copies=False), actions=actions)
+
+
+def _chosen(problem, plan):  # type: ignore[no-untyped-def]
+    return [next(o for o in t.options if o.action == p.action and o.prefetch_distance == p.prefetch_distance
+                 and o.wait_offload == p.wait_offload) for t, p in zip(problem.tensors, plan.tensors)]
+
+
+def test_host_zvc_swap_is_offered_only_when_asked_and_where_zvc_shrinks_the_tensor() -> None:
+    assert not any(o.action == HOST_ZVC_SWAP for t in _nested_problem(host_codec=False).tensors for o in t.options)
+    events = lifetimes_from_orders([0, 1], [1, 0])
+    specs = [TensorSpec(key=0, nbytes=1000, lifetime=events.lifetimes[0], compressed_nbytes=1100),  # ZVC would expand it
+             TensorSpec(key=1, nbytes=1000, lifetime=events.lifetimes[1])]  # no encoding
+    problem = build_problem(specs, events, [0.0, 1.0, 2.0, 3.0], 1.5, LinkModel(1.0, 1.0, async_copies=False),
+                            actions=(*ACTIONS, HOST_ZVC_SWAP))
+    assert not any(o.action == HOST_ZVC_SWAP for t in problem.tensors for o in t.options)
+
+
+def test_host_zvc_swap_holds_swaps_device_bytes_and_costs_the_host_codec_more() -> None:
+    problem = _nested_problem()
+    for tensor in problem.tensors:
+        life = tensor.lifetime
+        swaps = {(o.wait_offload, o.prefetch_distance): o for o in tensor.options if o.action == SWAP}
+        hosts = [o for o in tensor.options if o.action == HOST_ZVC_SWAP]
+        assert hosts
+        for option in hosts:
+            twin = swaps[(option.wait_offload, option.prefetch_distance)]
+            assert option.holds == twin.holds  # the raw bytes cross the link both ways
+            # a CPU device: the host compression shares the cores, the decompression precedes the copy back
+            assert option.cost_s == pytest.approx(twin.cost_s + 2e-3)
+            # raw beside the compressed buffers until the compression is collected, then compressed
+            segments = ((life.pack, life.pack + 1, 1250), (life.pack + 2, life.free, 250))
+            assert option.host_holds == tuple(s for s in segments if s[0] <= s[1])
+
+
+def test_cswap_compresses_on_the_host_only_where_the_host_budget_binds() -> None:
+    problem = _nested_problem()
+    free = plan_budget(problem, "cswap", 3000)
+    assert HOST_ZVC_SWAP not in free.action_counts() and free.host_peak_bytes == 5000  # swap is cheaper
+    loose = plan_budget(problem, "cswap", 3000, host_budget_bytes=10**9)
+    assert HOST_ZVC_SWAP not in loose.action_counts() and loose.predicted_s == pytest.approx(free.predicted_s)
+    without = plan_budget(_nested_problem(host_codec=False), "cswap", 3000, host_budget_bytes=10**9)
+    assert loose.actions == without.actions
+    for host_budget in (4000, 3000, 2500):
+        plan = plan_budget(problem, "cswap", 3000, host_budget_bytes=host_budget)
+        assert plan.action_counts().get(HOST_ZVC_SWAP, 0) >= 2, plan.action_counts()
+        choice = _chosen(problem, plan)
+        assert max(timeline_of(problem, choice)) <= 3000 and max(host_timeline_of(problem, choice)) <= host_budget
+        assert plan.predicted_s > free.predicted_s
+    # swap alone cannot meet these host budgets at 3000 on the device
+    with pytest.raises(BudgetError) as caught:
+        plan_budget(problem, "swap", 3000, host_budget_bytes=4000)
+    assert caught.value.binding == "host"
+
+
+def test_cpu_compress_swap_plans_host_zvc_swap_under_a_host_budget() -> None:
+    problem = _nested_problem()
+    plan = plan_budget(problem, "cpu-compress-swap", 3000, host_budget_bytes=3000)
+    assert set(plan.action_counts()) == {KEEP, HOST_ZVC_SWAP}
+    assert plan.peak_bytes <= 3000 and plan.host_peak_bytes <= 3000
+    assert {carried_out("cpu-compress-swap", a) for a in plan.actions.values()} == {KEEP, HOST_ZVC_SWAP}
+    assert carried_out("cswap", SWAP) == SWAP

@@ -25,7 +25,7 @@ from cswap.planner import (
     tensor_actions,
     timeline_of,
 )
-from cswap.planner.actions import KEEP, RECOMPUTE, SWAP, ZVC_KEEP, ZVC_SWAP
+from cswap.planner.actions import HOST_ZVC_SWAP, KEEP, RECOMPUTE, SWAP, ZVC_KEEP, ZVC_SWAP
 
 POLICIES = tuple(POLICY_ACTIONS)
 MB = 1_000_000
@@ -94,7 +94,8 @@ def test_action_sets():
     assert POLICY_ACTIONS["compress-keep"] == {KEEP, ZVC_KEEP}
     assert POLICY_ACTIONS["recompute"] == {KEEP, RECOMPUTE}
     assert POLICY_ACTIONS["capuchin"] == {KEEP, SWAP, RECOMPUTE}
-    assert POLICY_ACTIONS["cswap"] == set(ACTIONS) and RECOMPUTE in ACTIONS
+    # cswap may also compress on the host, which the planner offers only under a host budget
+    assert POLICY_ACTIONS["cswap"] == {*ACTIONS, HOST_ZVC_SWAP} and RECOMPUTE in ACTIONS and HOST_ZVC_SWAP not in ACTIONS
     assert single_mechanism_policies() == ("swap", "compress-swap", "compress-keep", "recompute")
     # the executor's vocabulary; recompute is carried out by recompute regions (torch checkpointing)
     assert {a for a in ACTIONS if a != RECOMPUTE} <= {a.value for a in AdvisorAction}
