@@ -46,7 +46,7 @@ from cswap.execute.passive import SwapOnOutOfMemory
 from cswap.execute.recompute import RecomputeRegions
 from cswap.options import RECOMPUTING_POLICIES, LaunchLookup, RuntimeOptions, file_defaults, load_options
 from cswap.paths import shipped_configs_dir
-from cswap.planner.actions import POLICY_ACTIONS, ZVC_KEEP, ZVC_SWAP
+from cswap.planner.actions import HOST_ZVC_SWAP, POLICY_ACTIONS, ZVC_KEEP, ZVC_SWAP
 from cswap.planner.advisor import Advisor
 from cswap.planner.budgeted import FALLBACK_ACTIONS, NO_CODEC, PROFILE_ACTIONS, budget_plan
 from cswap.planner.plan import DEFAULT_ACTIONS, POLICY_REASONS, Action, LaunchCache, Plan
@@ -210,6 +210,7 @@ class Runtime:
         self._resolved_budget: ResolvedBudget | None = None
         self._bandwidths: tuple[float, float] | None = None
         self._time_model: Any = opts.time_model
+        self._host_time_model: Any = None  # the host codec's, measured when a host budget needs it (GPU)
         self._fingerprint: dict[str, Any] | None = None
         self._iterations = 0
         self._profiled = 0
@@ -532,7 +533,7 @@ class Runtime:
             time_model = self._codec_time_model() if self.policy == "cswap" else NO_CODEC
             chosen = plan_regions(trace, profile, self.policy, budget, time_model, self._backend, self._options.min_bytes,
                                   self._epoch, self._plan.launches, profiled_peak, host_budget_bytes=host_budget,
-                                  profiled_host_peak_bytes=profiled_host_peak)
+                                  profiled_host_peak_bytes=profiled_host_peak, host_time_model=self._host_codec_time_model(host_budget))
             plan, error, region_keys = chosen.plan, chosen.error, dict(chosen.region_keys)
             budget_bytes = chosen.budget_bytes if budget is not None else None
         elif budget is None:
@@ -542,7 +543,7 @@ class Runtime:
             time_model = self._codec_time_model() if compresses else NO_CODEC
             plan, budget_bytes, error = budget_plan(trace, self.policy, budget, time_model, self._backend, self._options.min_bytes,
                                                     self._epoch, self._plan.launches, profiled_peak, host_budget,
-                                                    profiled_host_peak)
+                                                    profiled_host_peak, self._host_codec_time_model(host_budget))
         if plan.host_pool is None:
             plan = plan.with_host_pool(trace)
         if self._host_budget_bytes is not None:
@@ -594,6 +595,20 @@ class Runtime:
             paper_size=opts.paper_size,
             launch_lookup=opts.launch_lookup,
         )
+
+    def _host_codec_time_model(self, host_budget_bytes: int | None) -> Any:
+        """The host codec's time model (the ``cpu`` backend's) that prices ``host-zvc-swap``, or
+        ``None`` where it is not offered: measured only under a host budget, for a policy that may
+        compress on the host. On a CPU device it is the device codec's own."""
+        if host_budget_bytes is None or HOST_ZVC_SWAP not in POLICY_ACTIONS.get(self.policy, frozenset()):
+            return None
+        if self._backend == "cpu":
+            return self._codec_time_model()
+        if self._host_time_model is None:
+            from cswap.profile.codec_speed import codec_speed
+
+            self._host_time_model = codec_speed(torch.device("cpu"), "cpu")
+        return self._host_time_model
 
     def _codec_time_model(self) -> Any:
         if self._time_model is None:

@@ -686,6 +686,9 @@ class Executor:
             owner = self._kept_storages.get(storage_id) if self._kept_storages else None
             if owner is not None and (owner.action is not Action.KEEP or owner.tensor is None or owner.held_bytes < layout.nbytes):
                 owner = None  # evicted since, or it counts a smaller view of the storage than this one
+            if plan.host_budget_bytes is not None and self.transfers.compressing:
+                # host-zvc-swap's raw copies still held: free them first where the host budget needs it
+                self.transfers.wait_for_host_budget(plan.host_budget_bytes, layout.nbytes)
             decision = plan.resolve(key, layout.shape, layout.dtype, layout.nbytes, resident_bytes=counters.resident_bytes,
                                     shares_kept=owner is not None)
             if decision.budget_fallback:

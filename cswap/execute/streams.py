@@ -263,6 +263,21 @@ class Transfers:
         while staging and staging[0][0].query():
             self.arena.free(staging.popleft()[1])
 
+    def wait_for_host_budget(self, host_budget_bytes: int, nbytes: int) -> None:
+        """Under a host budget, before a pack that may copy ``nbytes`` to the host: while that
+        would pass it, collect the oldest host compression still pending (waiting for it), whose
+        raw copy is then freed. The planner counts a ``host-zvc-swap``'s raw copy only until its
+        compression is done; this holds the run to that when the workers fall behind.
+
+        Raises:
+            HostCompressionError: a worker failed.
+        """
+        pending = self.compressing
+        if pending or self.host_released:
+            self.finish_host(wait=False)
+        while pending and self.counters.host_bytes + nbytes > host_budget_bytes:
+            self._finish_host_one(pending.popleft())
+
     def _finish_host_one(self, stored: Stored) -> None:
         """Collect ``stored``'s host compression (waiting for it)."""
         future, stored.compressing = stored.compressing, None
