@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import threading
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -219,3 +220,21 @@ def test_budget_held_and_gradients_bit_identical() -> None:
     assert stats.peak_resident_bytes <= stats.budget_bytes
     assert stats.actions["host-zvc-swap"] > 0
     assert rt.plan().counts()["swap"] == 0  # the budget plan's swaps are carried out as host-zvc-swap
+
+
+def test_a_pack_under_a_host_budget_first_collects_the_pending_host_compressions() -> None:
+    # two ReLU outputs of one raw size each, a host budget of 1.6 of it: the second pack fits only
+    # once the first's compression is collected and its raw copy freed, which the pack waits for
+    executor = _executor()
+    x = torch.randn(256, 256)
+    raw = x.numel() * x.element_size()
+    plan = replace(_plan(), host_budget_bytes=int(1.6 * raw), host_meter=executor.counters)
+    with torch.autograd.graph.saved_tensors_hooks(*executor.hooks(executor.begin(plan))):
+        leaf = x.clone().requires_grad_(True)
+        torch.relu(torch.relu(leaf) * 2.0).sum().backward()
+    expected = x.clone().requires_grad_(True)
+    torch.relu(torch.relu(expected) * 2.0).sum().backward()
+    assert torch.equal(leaf.grad, expected.grad)
+    counters = executor.snapshot()
+    assert counters.actions["host-zvc-swap"] == 2 and counters.budget_fallbacks == 0 and counters.host_compressed_tensors == 2
+    executor.close()
