@@ -307,6 +307,7 @@ def profile_peaks(problem: PlanningProblem, action: Action, budget_bytes: int | 
     """
     device = np.zeros(problem.event_count, dtype=np.int64)
     host = np.zeros(problem.event_count, dtype=np.int64)
+    transient = 0
     order = sorted((t for t in problem.tensors if t.lifetime is not None), key=lambda t: t.lifetime.pack)  # type: ignore[union-attr]
     for tensor in order:
         keep = next(o for o in tensor.options if o.action == Action.KEEP.value)
@@ -323,8 +324,16 @@ def profile_peaks(problem: PlanningProblem, action: Action, budget_bytes: int | 
             choice = moved
         device += problem.holds(choice)
         if choice.host_holds:
-            host += problem.host_holds(choice)
-    return int(device.max(initial=0)), int(host.max(initial=0))
+            if choice.action == Action.HOST_ZVC_SWAP.value:
+                # A profile's workers collect a compression whenever they finish, not at the event
+                # the planner would: count the raw copy until the free point, as a swap's, and
+                # beside the peak the moment one collection holds the raw copy and its compression.
+                raw = _profile_option(tensor, Action.SWAP)
+                host += problem.host_holds(raw if raw is not None else choice)
+                transient = max(transient, tensor.nbytes)
+            else:
+                host += problem.host_holds(choice)
+    return int(device.max(initial=0)), int(host.max(initial=0)) + transient
 
 
 def _profile_least_host(problem: PlanningProblem, action: Action, budget_bytes: int) -> int:

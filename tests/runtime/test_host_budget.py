@@ -19,7 +19,7 @@ import cswap
 from cswap.models import build
 from tests.runtime.helpers import assert_bit_equal, batches, runtime_for, train
 
-POLICIES = ("swap", "compress-swap", "cswap", "capuchin")
+POLICIES = ("swap", "compress-swap", "cswap", "capuchin", "cpu-compress-swap")
 
 #: the profiling iteration and one planned iteration
 CNN_BATCHES = batches(2, (4, 3, 32, 32), 10)
