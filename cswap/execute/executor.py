@@ -286,13 +286,13 @@ class Executor:
     def hooks(self, it: IterationState) -> tuple[Callable[[torch.Tensor], Handle], Callable[[Handle], torch.Tensor]]:
         """``(pack, unpack)`` for ``torch.autograd.graph.saved_tensors_hooks``: for an iteration
         that is not profiled, a pack that carries out what the plan already says with nothing built
-        (:meth:`_planned_pack`), else :meth:`pack`."""
+        (:meth:`_planned_hooks`), else :meth:`pack`."""
         if it.profiler is not None or not it.decisions:
             return functools.partial(self.pack, it), functools.partial(self.unpack, it)
-        return self._planned_pack(it), self._planned_unpack(it)
+        return self._planned_hooks(it)
 
-    def _planned_pack(self, it: IterationState) -> Callable[[torch.Tensor], Handle]:
-        """The pack hook of a planned iteration.
+    def _planned_hooks(self, it: IterationState) -> tuple[Callable[[torch.Tensor], Handle | Stored], Callable[[Handle | Stored], torch.Tensor]]:
+        """The pack and unpack hooks of a planned iteration.
 
         It takes what most packs are once planned, with the plan's answer known in advance: a
         parameter the plan keeps where it is, a contiguous aligned tensor the plan swaps (copied
@@ -301,7 +301,9 @@ class Executor:
         :meth:`Plan.resolve`'s, whose answer for these is always the planned decision (a swap
         holds nothing on the device, so the budget never changes it), and the checks are
         :meth:`_never_move`'s; they are inlined because this runs once per saved tensor, and
-        every attribute read and call here is host time the device waits for.
+        every attribute read and call here is host time the device waits for. The unpack is
+        :meth:`unpack` without the profiler, for the handles this pack returns (a :class:`Stored`
+        entry is its own handle).
         """
         general = functools.partial(self.pack, it)
         decision_of = it.decisions.get
@@ -432,26 +434,15 @@ class Executor:
             # the key that stored it, whichever of its handles asks.
             return stored
 
-        return pack
-
-    def _planned_unpack(self, it: IterationState) -> Callable[[Handle | Stored], torch.Tensor]:
-        """The unpack hook of a planned iteration: :meth:`unpack` without the profiler, for the
-        handles :meth:`_planned_pack` returns (a :class:`Stored` entry of a swap is its own handle)."""
-        general = functools.partial(self.unpack, it)
-        lock = self._lock
-        pending = self._releases_pending
-        drain = self._drain
+        general_unpack = functools.partial(self.unpack, it)
         materialize = self._materialize
         prefetch_after = self._prefetch_after
-        counters = self.counters
-        perf_counter = time.perf_counter
         stored_type = Stored
-        keep = Action.KEEP
 
         def unpack(handle: Handle | Stored) -> torch.Tensor:
             kind = type(handle)
             if it.profiler is not None or (kind is not stored_type and handle.stored is not None):  # type: ignore[union-attr]
-                return general(handle)
+                return general_unpack(handle)
             started = perf_counter()
             if kind is not stored_type:  # a tensor that never moves
                 with lock:
@@ -485,7 +476,7 @@ class Executor:
                 counters.unpack_s += perf_counter() - started
             return out
 
-        return unpack
+        return pack, unpack
 
     def close(self) -> None:
         """Collect the host compressions still running and stop their worker threads (they also
