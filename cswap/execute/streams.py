@@ -342,9 +342,6 @@ class Transfers:
             self._finish_host_one(stored)
         side = self.side_stream
         if side is None:
-            host = stored.host
-            if stored.action is Action.SWAP and stored.layout.plain and host is not None:
-                return host.clone(), None  # the host copy has the tensor's shape and strides
             return self._rebuild(stored), None
         with torch.cuda.stream(side):
             if stored.ready is not None:
