@@ -470,12 +470,17 @@ class Plan:
         fallback = self.fallback_action
         if self.budget_bytes is None or fallback is None or decision.action.offloads or decision.action is fallback:
             return True
+        held, drift = self._keep_facts(decision, resident_bytes)
+        return resident_bytes + held <= self.budget_bytes and (decision.slack_bytes is None or drift <= decision.slack_bytes)
+
+    def _keep_facts(self, decision: Decision, resident_bytes: int) -> tuple[int, int]:
+        """What keeping ``decision``'s tensor holds on the device, and how far ``resident_bytes``
+        is over what the plan expected before its pack."""
         held = decision.nbytes
         if decision.action is Action.ZVC_KEEP and decision.compressed_nbytes is not None:
             held = min(held, int(decision.compressed_nbytes))
         expected = self.expected_bytes.get(decision.key) if decision.planned else None
-        drift = resident_bytes - expected if expected is not None else 0
-        return resident_bytes + held <= self.budget_bytes and (decision.slack_bytes is None or drift <= decision.slack_bytes)
+        return held, resident_bytes - expected if expected is not None else 0
 
     def _within_device_budget(self, decision: Decision, resident_bytes: int) -> Decision:
         """``decision``, or the fallback action when keeping it would pass the device budget now."""
@@ -483,11 +488,7 @@ class Plan:
             return decision
         fallback = self.fallback_action
         assert fallback is not None
-        held = decision.nbytes
-        if decision.action is Action.ZVC_KEEP and decision.compressed_nbytes is not None:
-            held = min(held, int(decision.compressed_nbytes))
-        expected = self.expected_bytes.get(decision.key) if decision.planned else None
-        drift = resident_bytes - expected if expected is not None else 0
+        held, drift = self._keep_facts(decision, resident_bytes)
         action, why = constrained(fallback, decision.nbytes, decision.dtype, self.min_bytes)
         if action is decision.action or (why is not None and not action.offloads):
             return decision  # the rules leave nothing smaller (below min_bytes, or nothing to fall back to)
