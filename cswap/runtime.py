@@ -197,9 +197,10 @@ class Runtime:
         if self._budget_bytes is not None:
             self._plan = replace(self._plan, budget_bytes=self._budget_bytes, fallback_action=FALLBACK_ACTIONS[opts.policy])
             warn_if_over_device(self._budget_bytes, fingerprint(device).memory_bytes, str(device))
-        # Under a host budget the plan reads the host bytes the executor counts at pack (a swap that
-        # would pass it is kept instead).
-        self._host_meter = self._executor.counters
+        # Under a host budget the plan reads the host bytes the executor counts at pack, collecting
+        # pending host compressions first where it needs the room (a swap that would still pass
+        # it is kept instead).
+        self._host_meter = self._executor.transfers
         host = opts.host_memory_budget
         self._host_budget_bytes: int | None = None if host is None else host.resolve()
         if self._host_budget_bytes is not None and (budget is None or not budget.relative):

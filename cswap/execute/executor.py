@@ -76,7 +76,7 @@ from cswap.execute.arena import ALIGN_BYTES, ArenaBlock, HostArena, PoolSlot
 from cswap.execute.layout import Layout
 from cswap.execute.stored import Counters, Handle, Stored
 from cswap.execute.streams import Transfers
-from cswap.planner.plan import DTYPE_NAMES, Action, Decision, Plan
+from cswap.planner.plan import DTYPE_NAMES, Action, Decision, Plan, host_reserve_bytes
 from cswap.profile.profiler import Profiler
 
 __all__ = ["Counters", "Executor", "IterationState"]
@@ -677,9 +677,6 @@ class Executor:
             owner = self._kept_storages.get(storage_id) if self._kept_storages else None
             if owner is not None and (owner.action is not Action.KEEP or owner.tensor is None or owner.held_bytes < layout.nbytes):
                 owner = None  # evicted since, or it counts a smaller view of the storage than this one
-            if plan.host_budget_bytes is not None and self.transfers.compressing:
-                # host-zvc-swap's raw copies still held: free them first where the host budget needs it
-                self.transfers.wait_for_host_budget(plan.host_budget_bytes, layout.nbytes)
             decision = plan.resolve(key, layout.shape, layout.dtype, layout.nbytes, resident_bytes=counters.resident_bytes,
                                     shares_kept=owner is not None)
             if decision.budget_fallback:
@@ -735,7 +732,8 @@ class Executor:
             # Moved raw like a swap; a worker compresses the host copy (cswap.execute.hostcodec).
             if count_zeros:
                 zeros = self._zeros(layout.compact(tensor), layout)
-            self.transfers.store_host_compressed(stored, tensor if layout.plain else layout.compact(tensor))
+            self.transfers.store_host_compressed(stored, tensor if layout.plain else layout.compact(tensor),
+                                                 host_reserve_bytes(decision))
             counters.offloaded_bytes += layout.nbytes
             counters.transferred_bytes += layout.nbytes
             return stored, zeros

@@ -137,6 +137,7 @@ class Stored:
         "dedupe_key",
         "compressing",
         "host_nbytes",
+        "host_reserved",
         "host_sink",
         "_sink",
         "__weakref__",
@@ -172,6 +173,7 @@ class Stored:
         self.dedupe_key: tuple[Any, ...] | None = None  # the executor's key for this stored view
         self.compressing: Any = None  # host-zvc-swap: the worker's future, until collected
         self.host_nbytes = 0  # host bytes it holds (a host copy or compressed buffers)
+        self.host_reserved = 0  # of those, set aside for a host compression not collected yet
         self.host_sink: collections.deque[int] | None = None  # where those bytes are posted when it dies
         self._sink = sink
 

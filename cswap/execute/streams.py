@@ -215,9 +215,12 @@ class Transfers:
         self.counters.add_resident(stored.held_bytes)
         self.unsized.append(stored)
 
-    def store_host_compressed(self, stored: Stored, source: torch.Tensor) -> None:
+    def store_host_compressed(self, stored: Stored, source: torch.Tensor, reserve_bytes: int) -> None:
         """``host-zvc-swap``: copy ``source`` to the host as a swap does, then hand the host copy to a
         worker thread to compress (:class:`~cswap.execute.hostcodec.HostCodec`).
+
+        The worker writes the compression beside the raw copy, so ``reserve_bytes`` more host
+        bytes are counted from now until it is collected (:func:`cswap.planner.plan.host_reserve_bytes`).
 
         ``source`` is the compact form, or, for a :attr:`~cswap.execute.layout.Layout.plain`
         layout, the tensor itself. The raw copy never takes a pool slot: it is freed when its
@@ -234,6 +237,8 @@ class Transfers:
                 event = self._side_event()
             self.counters.add_resident(stored.layout.nbytes)
             self.in_flight.append((event, stored.layout.nbytes))
+        self._hold_host(stored, reserve_bytes)
+        stored.host_reserved = reserve_bytes
         host = stored.host
         assert host is not None
         # Both forms of the host copy are contiguous: its flat view is the compact form.
@@ -263,11 +268,16 @@ class Transfers:
         while staging and staging[0][0].query():
             self.arena.free(staging.popleft()[1])
 
-    def wait_for_host_budget(self, host_budget_bytes: int, nbytes: int) -> None:
-        """Under a host budget, before a pack that may copy ``nbytes`` to the host: while that
-        would pass it, collect the oldest host compression still pending (waiting for it), whose
-        raw copy is then freed. The planner counts a ``host-zvc-swap``'s raw copy only until its
-        compression is done; this holds the run to that when the workers fall behind.
+    @property
+    def host_bytes(self) -> int:
+        """Host bytes saved tensors hold now (:attr:`Counters.host_bytes`)."""
+        return self.counters.host_bytes
+
+    def make_host_room(self, limit_bytes: int) -> int:
+        """Before a pack under a host budget: while the host bytes held pass ``limit_bytes``,
+        collect the oldest host compression still pending (waiting for it), whose raw copy is then
+        freed; returns the host bytes held. The planner counts a ``host-zvc-swap``'s raw copy only
+        until its compression is done; this holds the run to that when the workers fall behind.
 
         Raises:
             HostCompressionError: a worker failed.
@@ -275,8 +285,9 @@ class Transfers:
         pending = self.compressing
         if pending or self.host_released:
             self.finish_host(wait=False)
-        while pending and self.counters.host_bytes + nbytes > host_budget_bytes:
+        while pending and self.counters.host_bytes > limit_bytes:
             self._finish_host_one(pending.popleft())
+        return self.counters.host_bytes
 
     def _finish_host_one(self, stored: Stored) -> None:
         """Collect ``stored``'s host compression (waiting for it)."""
@@ -284,15 +295,18 @@ class Transfers:
         packed = HostCodec.result(future, stored.key)
         counters = self.counters
         raw_nbytes = stored.layout.nbytes
+        reserved, stored.host_reserved = stored.host_reserved, 0
         if packed.compressed_nbytes >= raw_nbytes:
             # ZVC would not shrink it: the raw copy stays, and the entry is a swap from here on.
             stored.action = Action.SWAP
             counters.actions[Action.HOST_ZVC_SWAP.value] -= 1
             counters.actions[Action.SWAP.value] += 1
+            self._hold_host(stored, -reserved)
             return
         stored.packed = packed
-        # Counted before the raw copy is uncounted: for that moment the host holds both.
-        self._hold_host(stored, packed.compressed_nbytes)
+        # The compression takes the room set aside for it at the pack (more, counted, if it came
+        # out larger than planned); the raw copy is uncounted after, so both count for that moment.
+        self._hold_host(stored, packed.compressed_nbytes - reserved)
         counters.add_host(-raw_nbytes)
         stored.host_nbytes -= raw_nbytes
         if stored.block is not None:

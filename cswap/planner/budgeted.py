@@ -153,8 +153,9 @@ def _decisions(
         extra: dict[str, Any] = launches.launches(record.dtype, record.nbytes) if action.compresses else {}
         if action is Action.ZVC_KEEP:
             extra["compressed_nbytes"] = float(tensor.held_bytes - record.nbytes)  # it holds raw + compressed at pack
-        elif tensor.action == HOST_ZVC_SWAP and compressed.get(record.key) is not None:
-            extra["compressed_nbytes"] = float(compressed[record.key])  # what its host copy shrinks to
+        elif action is Action.HOST_ZVC_SWAP and compressed.get(record.key) is not None:
+            # what its host copy shrinks to, and the room the pack sets aside for it (plan.host_reserve_bytes)
+            extra["compressed_nbytes"] = float(compressed[record.key])
         decisions[record.key] = Decision(
             **base,
             action=action,
@@ -289,12 +290,19 @@ def _profile_option(tensor: TensorOptions, action: Action) -> Option | None:
     return min(mine, key=lambda o: (o.prefetch_distance or 0, not o.wait_offload))
 
 
+def _unsized_compression_bytes(nbytes: int) -> int:
+    """What the pack's rule takes a compression of ``nbytes`` not sized yet to hold: ZVC's most for
+    a tensor with no zero (:func:`cswap.planner.plan.host_reserve_bytes`), bounded for any dtype."""
+    return nbytes + nbytes // 8 + 256
+
+
 def profile_peaks(problem: PlanningProblem, action: Action, budget_bytes: int | None, host_budget_bytes: int | None) -> tuple[int, int]:
     """The device and host peaks of a profiling iteration at these budgets, by the pack's rule
     (:meth:`cswap.planner.plan.Plan.resolve`): in pack order, each tensor is stored with the
     profile's ``action`` when its host copy fits the host bytes held, else kept where the device
     budget leaves room, else stored with ``action`` all the same (the device budget first). A
-    compression not yet sized is taken at its raw bytes and a bitmap's more, as the rule does.
+    compression not yet sized is taken at its raw bytes and a bitmap's more, as the rule does, and
+    a ``host-zvc-swap`` at its raw copy and that room for its compression.
 
     Example:
         >>> from cswap.planner.lifetime import lifetimes_from_orders
@@ -315,7 +323,11 @@ def profile_peaks(problem: PlanningProblem, action: Action, budget_bytes: int | 
         choice = keep
         if moved is not None and moved.host_holds:
             pack = tensor.lifetime.pack  # type: ignore[union-attr]
-            size = tensor.nbytes + (tensor.nbytes // 8 + 256 if action is Action.ZVC_SWAP else 0)
+            size = tensor.nbytes
+            if action is Action.ZVC_SWAP:
+                size = _unsized_compression_bytes(tensor.nbytes)
+            elif action is Action.HOST_ZVC_SWAP:  # the raw copy and the room its compression is written to
+                size = tensor.nbytes + _unsized_compression_bytes(tensor.nbytes)
             if host_budget_bytes is None or host[pack] + size <= host_budget_bytes:
                 choice = moved
             elif budget_bytes is not None and device[pack] + tensor.nbytes > budget_bytes:
@@ -327,10 +339,10 @@ def profile_peaks(problem: PlanningProblem, action: Action, budget_bytes: int | 
             if choice.action == Action.HOST_ZVC_SWAP.value:
                 # A profile's workers collect a compression whenever they finish, not at the event
                 # the planner would: count the raw copy until the free point, as a swap's, and
-                # beside the peak the moment one collection holds the raw copy and its compression.
+                # beside the peak the room one pending compression sets aside beside its raw copy.
                 raw = _profile_option(tensor, Action.SWAP)
                 host += problem.host_holds(raw if raw is not None else choice)
-                transient = max(transient, tensor.nbytes)
+                transient = max(transient, _unsized_compression_bytes(tensor.nbytes))
             else:
                 host += problem.host_holds(choice)
     return int(device.max(initial=0)), int(host.max(initial=0)) + transient

@@ -39,12 +39,51 @@ from cswap.profile.trace import Trace
 from cswap.codecs.launch import Launch, LaunchLookup
 from cswap.planner.actions import POLICY_TABLE, RUNTIME_POLICIES
 
-__all__ = ["DEFAULT_ACTIONS", "DTYPE_NAMES", "POLICY_REASONS", "Action", "Decision", "LaunchCache", "Plan", "constrained"]
+__all__ = ["DEFAULT_ACTIONS", "DTYPE_NAMES", "POLICY_REASONS", "Action", "Decision", "LaunchCache", "Plan", "constrained",
+           "host_bytes_at_pack", "host_reserve_bytes"]
 
 
 #: What the host copy of compressed buffers holds beyond their bytes: the bitmap and the offsets
 #: each start on the host pool's alignment, 64 bytes (:data:`cswap.planner.hostpool.ALIGN_BYTES`).
 _HOST_ALIGN_SLACK_BYTES = 2 * 64
+
+
+def host_reserve_bytes(decision: Decision) -> int:
+    """The host bytes a ``host-zvc-swap`` of ``decision`` sets aside for its compressed buffers
+    while the worker compresses the raw copy (they are allocated beside it): the planned
+    compressed size, or ZVC's most for a tensor with no zero when it is not known yet.
+
+    Example:
+        >>> d = Decision(key=0, shape=(1024,), dtype="float32", nbytes=4096, sparsity=0.5, action=Action.HOST_ZVC_SWAP, reason="r")
+        >>> host_reserve_bytes(d), host_reserve_bytes(replace(d, compressed_nbytes=2200))
+        (4368, 2200)
+    """
+    if decision.compressed_nbytes is not None and decision.compressed_nbytes < decision.nbytes:
+        return int(decision.compressed_nbytes)
+    itemsize = dtype_named(decision.dtype).itemsize
+    numel = decision.nbytes // itemsize
+    return zvc_compressed_nbytes(numel, numel, itemsize) + _HOST_ALIGN_SLACK_BYTES
+
+
+def host_bytes_at_pack(decision: Decision) -> int:
+    """The host bytes a pack carrying out ``decision`` takes at once: a swap's raw copy, a
+    ``zvc-swap``'s compressed buffers (ZVC's most while not sized), or a ``host-zvc-swap``'s raw
+    copy with the room its compression is written to (:func:`host_reserve_bytes`); 0 for a
+    decision that leaves nothing on the host.
+
+    Example:
+        >>> d = Decision(key=0, shape=(1024,), dtype="float32", nbytes=4096, sparsity=0.5, action=Action.SWAP, reason="r")
+        >>> host_bytes_at_pack(d), host_bytes_at_pack(replace(d, action=Action.HOST_ZVC_SWAP, compressed_nbytes=2200))
+        (4096, 6296)
+    """
+    action = decision.action
+    if action is Action.HOST_ZVC_SWAP:
+        return decision.nbytes + host_reserve_bytes(decision)
+    if action is Action.ZVC_SWAP:
+        if decision.compressed_nbytes is not None:
+            return int(decision.compressed_nbytes)
+        return host_reserve_bytes(decision)
+    return decision.nbytes if action.offloads else 0
 
 
 class Action(str, enum.Enum):
@@ -283,7 +322,9 @@ class Plan:
             device budget leaves room (a profiling iteration, before sizes are known; a graph
             that changed since its plan).
         host_meter: what counts the host bytes saved tensors hold now (an object with
-            ``host_bytes``: the executor's :class:`cswap.execute.stored.Counters`); ``None``: 0.
+            ``host_bytes``, and optionally ``make_host_room(limit_bytes)``, which frees what it can
+            down to ``limit_bytes`` and returns ``host_bytes``: the executor's
+            :class:`cswap.execute.streams.Transfers`); ``None``: 0.
     """
 
     policy: str
@@ -428,18 +469,13 @@ class Plan:
         """``decision``, or a keep when its host copy would take the host bytes held past the host
         budget and keeping it leaves the device budget held. Where neither fits, the device budget
         comes first (a device out of memory stops training; the host copy is counted, and the
-        plan made from this profile says which budget binds)."""
+        plan made from this profile says which budget binds). A meter that can free host bytes
+        (pending host compressions' raw copies) is asked to first, down to what the copy needs."""
         meter = self.host_meter
-        held = int(getattr(meter, "host_bytes", 0))
-        size = decision.nbytes
-        if decision.action is Action.ZVC_SWAP:
-            if decision.compressed_nbytes is not None:
-                size = int(decision.compressed_nbytes)
-            else:  # not sized yet (a profile compresses every tensor): ZVC's most, for a tensor with no zero
-                itemsize = dtype_named(decision.dtype).itemsize
-                numel = decision.nbytes // itemsize
-                size = zvc_compressed_nbytes(numel, numel, itemsize) + _HOST_ALIGN_SLACK_BYTES
+        size = host_bytes_at_pack(decision)
         assert self.host_budget_bytes is not None
+        make_room = getattr(meter, "make_host_room", None)
+        held = int(make_room(self.host_budget_bytes - size) if make_room is not None else getattr(meter, "host_bytes", 0))
         if held + size <= self.host_budget_bytes:
             return decision
         if self.budget_bytes is not None and resident_bytes + decision.nbytes > self.budget_bytes:

@@ -19,10 +19,10 @@ An :class:`Option` is one action carried out one way: the bytes it holds over th
   the variant: the host budget bounds these.
 * ``host-zvc-swap`` (vDNN++, offered only when ``actions`` names it: under a host budget): on the
   device exactly ``swap``'s holds, as the raw bytes cross the link both ways. On the host, the raw
-  copy from the pack, both it and the compressed bytes at the first event after the copy and the
-  host compression (``host_compress_s``) are done (where the executor collects the compression
-  when the workers keep up; under a host budget a pack waits for it where its copy would pass
-  the budget), then the compressed bytes to the free point.
+  copy and the compressed bytes (the worker writes them beside it) from the pack to the first
+  event after the copy and the host compression (``host_compress_s``) are done (where the
+  executor collects the compression when the workers keep up; under a host budget a pack waits
+  for it where its copy would pass the budget), then the compressed bytes to the free point.
   It costs ``swap``'s time, with the host decompression before the copy back exposed as
   ``max(host_decompress_s + Size/BW_h2d - Hidden_b, 0)``, and on a CPU device (no asynchronous
   copies) the host compression too, which shares the cores with the compute. So it is never
@@ -296,16 +296,16 @@ def _swap_options(
 
 
 def _host_compressed_holds(spec: TensorSpec, times: np.ndarray, out_s: float) -> tuple[tuple[int, int, int], ...]:
-    """``host-zvc-swap``'s host bytes as the executor counts them: the raw copy from the pack; at
-    the first event once the copy and the compression are done, where the training thread collects
-    the compressed buffers, both for that moment; then the compressed bytes to the free point."""
+    """``host-zvc-swap``'s host bytes as the executor counts them: from the pack, the raw copy and
+    the room the worker writes the compressed buffers to, beside it, up to the first event once
+    the copy and the compression are done, where the training thread collects them and frees the
+    raw copy; then the compressed bytes to the free point."""
     life = spec.lifetime
     compressed = int(spec.compressed_nbytes or 0)
     done_s = times[life.pack] + out_s + spec.host_compress_s
     collected = max(int(np.searchsorted(times, done_s, side="left")), life.pack + 1)
     collected = min(collected, life.free)
-    return tuple(_segment(life.pack, collected - 1, spec.nbytes) + _segment(collected, collected, spec.nbytes + compressed)
-                 + _segment(collected + 1, life.free, compressed))
+    return tuple(_segment(life.pack, collected, spec.nbytes + compressed) + _segment(collected + 1, life.free, compressed))
 
 
 def _prune(problem_events: int, options: list[Option]) -> tuple[Option, ...]:

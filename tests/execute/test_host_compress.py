@@ -20,7 +20,7 @@ import torch
 from cswap.execute import hostcodec
 from cswap.execute.executor import Executor
 from cswap.execute.hostcodec import HostCodec, HostCompressionError
-from cswap.planner.plan import Action, Plan
+from cswap.planner.plan import Action, Decision, Plan, host_reserve_bytes
 from tests.runtime.helpers import assert_bit_equal, batches, runtime_for, train
 
 POLICY = "cpu-compress-swap"
@@ -222,19 +222,46 @@ def test_budget_held_and_gradients_bit_identical() -> None:
     assert rt.plan().counts()["swap"] == 0  # the budget plan's swaps are carried out as host-zvc-swap
 
 
-def test_a_pack_under_a_host_budget_first_collects_the_pending_host_compressions() -> None:
-    # two ReLU outputs of one raw size each, a host budget of 1.6 of it: the second pack fits only
-    # once the first's compression is collected and its raw copy freed, which the pack waits for
+def _two_relus_under_a_host_budget(host_budget_bytes: int) -> tuple[Any, torch.Tensor, torch.Tensor]:
+    """Two ReLU outputs of one raw size, host-compressed under ``host_budget_bytes``: the
+    executor's counters, the leaf's gradient and plain PyTorch's."""
     executor = _executor()
     x = torch.randn(256, 256)
-    raw = x.numel() * x.element_size()
-    plan = replace(_plan(), host_budget_bytes=int(1.6 * raw), host_meter=executor.counters)
+    plan = replace(_plan(), host_budget_bytes=host_budget_bytes, host_meter=executor.transfers)
     with torch.autograd.graph.saved_tensors_hooks(*executor.hooks(executor.begin(plan))):
         leaf = x.clone().requires_grad_(True)
         torch.relu(torch.relu(leaf) * 2.0).sum().backward()
     expected = x.clone().requires_grad_(True)
     torch.relu(torch.relu(expected) * 2.0).sum().backward()
-    assert torch.equal(leaf.grad, expected.grad)
     counters = executor.snapshot()
-    assert counters.actions["host-zvc-swap"] == 2 and counters.budget_fallbacks == 0 and counters.host_compressed_tensors == 2
     executor.close()
+    return counters, leaf.grad, expected.grad
+
+
+def test_a_pack_under_a_host_budget_first_collects_the_pending_host_compressions() -> None:
+    # The profile sizes nothing, so each pack sets aside ZVC's most beside its raw copy; the host
+    # budget holds one such pack beside the other's compression (about 0.53 raw): the second pack
+    # fits only once the first compression is collected and its raw copy freed, which it waits for.
+    raw = 256 * 256 * 4
+    room = host_reserve_bytes(Decision(key=0, shape=(256, 256), dtype="float32", nbytes=raw, sparsity=0.0,
+                                       action=Action.HOST_ZVC_SWAP, reason=""))
+    budget = raw + room + int(0.6 * raw)
+    assert 2 * (raw + room) > budget
+    counters, grad, expected = _two_relus_under_a_host_budget(budget)
+    assert torch.equal(grad, expected)
+    assert counters.actions["host-zvc-swap"] == 2 and counters.budget_fallbacks == 0 and counters.host_compressed_tensors == 2
+    assert counters.peak_host_bytes <= budget
+
+
+@pytest.mark.parametrize(("raw_fraction", "compressed"), [(0.5, 0), (1.6, 0), (2.2, 1), (3.0, 2), (5.0, 2)])
+def test_the_host_peak_counts_a_compression_beside_its_raw_copy_and_holds_the_host_budget(raw_fraction: float, compressed: int) -> None:
+    # A worker writes the compression beside the raw copy: both are host memory until it is
+    # collected, and the host budget holds them; what does not fit stays on the device. One pack
+    # takes about 2.03 raw (its copy and ZVC's most), a collected compression about 0.53.
+    raw = 256 * 256 * 4
+    budget = int(raw_fraction * raw)
+    counters, grad, expected = _two_relus_under_a_host_budget(budget)
+    assert torch.equal(grad, expected)
+    assert counters.peak_host_bytes <= budget, f"host peak {counters.peak_host_bytes} over the {budget} B host budget"
+    assert counters.actions["host-zvc-swap"] == compressed and counters.actions["keep"] == 2 - compressed
+    assert counters.budget_fallbacks == 2 - compressed and counters.host_compressed_tensors == compressed
