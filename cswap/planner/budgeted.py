@@ -36,7 +36,7 @@ from cswap.planner.problem import Option
 from cswap.planner.solve import minimum_host_bytes
 from cswap.planner.actions import HOST_ZVC_SWAP, POLICY_ACTIONS, POLICY_TABLE, carried_out
 from cswap.planner.costmodel import TimeModel
-from cswap.planner.plan import Action, Decision, LaunchCache, Plan
+from cswap.planner.plan import Action, Decision, LaunchCache, Plan, unsized_compression_bytes
 from cswap.profile.trace import Trace
 
 __all__ = [
@@ -290,12 +290,6 @@ def _profile_option(tensor: TensorOptions, action: Action) -> Option | None:
     return min(mine, key=lambda o: (o.prefetch_distance or 0, not o.wait_offload))
 
 
-def _unsized_compression_bytes(nbytes: int) -> int:
-    """What the pack's rule takes a compression of ``nbytes`` not sized yet to hold: ZVC's most for
-    a tensor with no zero (:func:`cswap.planner.plan.host_reserve_bytes`), bounded for any dtype."""
-    return nbytes + nbytes // 8 + 256
-
-
 def profile_peaks(problem: PlanningProblem, action: Action, budget_bytes: int | None, host_budget_bytes: int | None) -> tuple[int, int]:
     """The device and host peaks of a profiling iteration at these budgets, by the pack's rule
     (:meth:`cswap.planner.plan.Plan.resolve`): in pack order, each tensor is stored with the
@@ -311,11 +305,16 @@ def profile_peaks(problem: PlanningProblem, action: Action, budget_bytes: int | 
         >>> specs = [TensorSpec(key=k, nbytes=1000, lifetime=lt) for k, lt in enumerate(events.lifetimes)]
         >>> problem = build_problem(specs, events, [0.0, 1.0, 2.0, 3.0], 1.5, LinkModel(1e-6, 1e-6, async_copies=False))
         >>> profile_peaks(problem, Action.SWAP, None, 1000), profile_peaks(problem, Action.SWAP, 1000, 500)
-        ((1000, 1000), (2000, 1000))
+        ((1000, 1000), (2000, 2000))
+
+    At budgets of 1000 and 500 B the first tensor is kept (the host is full), the second swapped
+    all the same (the device is full too), and backward swaps the first to the host to read the
+    second.
     """
     device = np.zeros(problem.event_count, dtype=np.int64)
     host = np.zeros(problem.event_count, dtype=np.int64)
     transient = 0
+    kept: list[TensorOptions] = []
     order = sorted((t for t in problem.tensors if t.lifetime is not None), key=lambda t: t.lifetime.pack)  # type: ignore[union-attr]
     for tensor in order:
         keep = next(o for o in tensor.options if o.action == Action.KEEP.value)
@@ -325,9 +324,9 @@ def profile_peaks(problem: PlanningProblem, action: Action, budget_bytes: int | 
             pack = tensor.lifetime.pack  # type: ignore[union-attr]
             size = tensor.nbytes
             if action is Action.ZVC_SWAP:
-                size = _unsized_compression_bytes(tensor.nbytes)
+                size = unsized_compression_bytes(tensor.nbytes)
             elif action is Action.HOST_ZVC_SWAP:  # the raw copy and the room its compression is written to
-                size = tensor.nbytes + _unsized_compression_bytes(tensor.nbytes)
+                size = tensor.nbytes + unsized_compression_bytes(tensor.nbytes)
             if host_budget_bytes is None or host[pack] + size <= host_budget_bytes:
                 choice = moved
             elif budget_bytes is not None and device[pack] + tensor.nbytes > budget_bytes:
@@ -335,17 +334,45 @@ def profile_peaks(problem: PlanningProblem, action: Action, budget_bytes: int | 
         elif moved is not None:
             choice = moved
         device += problem.holds(choice)
-        if choice.host_holds:
+        if choice is keep:
+            kept.append(tensor)
+        elif choice.host_holds:
             if choice.action == Action.HOST_ZVC_SWAP.value:
                 # A profile's workers collect a compression whenever they finish, not at the event
                 # the planner would: count the raw copy until the free point, as a swap's, and
                 # beside the peak the room one pending compression sets aside beside its raw copy.
                 raw = _profile_option(tensor, Action.SWAP)
                 host += problem.host_holds(raw if raw is not None else choice)
-                transient = max(transient, _unsized_compression_bytes(tensor.nbytes))
+                transient = max(transient, unsized_compression_bytes(tensor.nbytes))
             else:
                 host += problem.host_holds(choice)
+    if budget_bytes is not None and action.offloads:
+        _evict_in_backward(problem, device, host, kept, budget_bytes)
     return int(device.max(initial=0)), int(host.max(initial=0)) + transient
+
+
+def _evict_in_backward(problem: PlanningProblem, device: np.ndarray, host: np.ndarray, kept: list[TensorOptions],
+                       budget_bytes: int) -> None:
+    """Backward's evictions (:meth:`cswap.execute.executor.Executor._make_room`), applied to a
+    profile's ``device`` and ``host`` bytes per event: at each event where the device passes the
+    budget, the kept tensors not read yet, saved first first, are swapped to the host until it
+    does not, each off the device until its first read and on the host to its free point (the
+    device budget first)."""
+    waiting = sorted((t for t in kept if t.lifetime is not None and t.lifetime.unpack is not None),
+                     key=lambda t: t.lifetime.pack)  # type: ignore[union-attr]
+    for event in range(problem.forward_events, problem.event_count):
+        if device[event] <= budget_bytes:
+            continue
+        for tensor in list(waiting):
+            life = tensor.lifetime
+            assert life is not None and life.unpack is not None
+            if life.unpack <= event:
+                continue
+            waiting.remove(tensor)
+            device[event : life.unpack] -= tensor.nbytes
+            host[event : life.free + 1] += tensor.nbytes
+            if device[event] <= budget_bytes:
+                break
 
 
 def _profile_least_host(problem: PlanningProblem, action: Action, budget_bytes: int) -> int:

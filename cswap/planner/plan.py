@@ -33,36 +33,44 @@ from typing import Any
 import torch
 
 from cswap.codecs.encoding import dtype_named, encodable
-from cswap.codecs.format import zvc_compressed_nbytes
 from cswap.planner.hostpool import PoolLayout, host_pool_of
 from cswap.profile.trace import Trace
 from cswap.codecs.launch import Launch, LaunchLookup
 from cswap.planner.actions import POLICY_TABLE, RUNTIME_POLICIES
 
 __all__ = ["DEFAULT_ACTIONS", "DTYPE_NAMES", "POLICY_REASONS", "Action", "Decision", "LaunchCache", "Plan", "constrained",
-           "host_bytes_at_pack", "host_reserve_bytes"]
+           "host_bytes_at_pack", "host_reserve_bytes", "unsized_compression_bytes"]
 
 
-#: What the host copy of compressed buffers holds beyond their bytes: the bitmap and the offsets
-#: each start on the host pool's alignment, 64 bytes (:data:`cswap.planner.hostpool.ALIGN_BYTES`).
-_HOST_ALIGN_SLACK_BYTES = 2 * 64
+
+def unsized_compression_bytes(nbytes: int) -> int:
+    """The bytes a ZVC compression of a tensor of ``nbytes`` is taken to hold before its size is
+    known: at least ZVC's most (no zero) in any dtype at the default chunk of 32 words: the raw
+    bytes, a bitmap of at most an eighth (one-byte elements), offsets under a sixty-fourth, and
+    256 for rounding and the host pool's alignment. The pack's host check and the planner's replay
+    of a profile (:func:`cswap.planner.budgeted.profile_peaks`) take the same figure, so they
+    decide alike.
+
+    Example:
+        >>> unsized_compression_bytes(4096)
+        4928
+    """
+    return nbytes + nbytes // 8 + nbytes // 64 + 256
 
 
 def host_reserve_bytes(decision: Decision) -> int:
     """The host bytes a ``host-zvc-swap`` of ``decision`` sets aside for its compressed buffers
     while the worker compresses the raw copy (they are allocated beside it): the planned
-    compressed size, or ZVC's most for a tensor with no zero when it is not known yet.
+    compressed size, or :func:`unsized_compression_bytes` when it is not known yet.
 
     Example:
         >>> d = Decision(key=0, shape=(1024,), dtype="float32", nbytes=4096, sparsity=0.5, action=Action.HOST_ZVC_SWAP, reason="r")
         >>> host_reserve_bytes(d), host_reserve_bytes(replace(d, compressed_nbytes=2200))
-        (4368, 2200)
+        (4928, 2200)
     """
     if decision.compressed_nbytes is not None and decision.compressed_nbytes < decision.nbytes:
         return int(decision.compressed_nbytes)
-    itemsize = dtype_named(decision.dtype).itemsize
-    numel = decision.nbytes // itemsize
-    return zvc_compressed_nbytes(numel, numel, itemsize) + _HOST_ALIGN_SLACK_BYTES
+    return unsized_compression_bytes(decision.nbytes)
 
 
 def host_bytes_at_pack(decision: Decision) -> int:
