@@ -160,7 +160,14 @@ class Advisor:
         return getattr(decision.compress_launch, "chunk_words", DEFAULT_CHUNK_WORDS)
 
     def _decide(self, record: Any, base: dict[str, Any], launch_cache: LaunchCache) -> Decision:
-        if self.policy in ("none", "swap", "cpu-compress-swap"):  # host compression takes the cpu backend's default launch
+        if self.policy == "cpu-compress-swap":  # host compression takes the cpu backend's default launch
+            compressed = self._encoding(record).compressed_nbytes(self._numel(record), record.sparsity, DEFAULT_CHUNK_WORDS)
+            if compressed >= record.nbytes:
+                # Its host copy would be compressed and dropped: moved raw, with no room set aside.
+                return Decision(**base, action=Action.SWAP, reason=f"policy cpu-compress-swap: ZVC would not shrink it as profiled "
+                                f"({compressed:,d} B against {record.nbytes:,d} B): a raw swap", compressed_nbytes=compressed)
+            return Decision(**base, action=Action.HOST_ZVC_SWAP, reason=POLICY_REASONS[self.policy], compressed_nbytes=compressed)
+        if self.policy in ("none", "swap"):
             return Decision(**base, action=DEFAULT_ACTIONS[self.policy], reason=POLICY_REASONS[self.policy])
         launches = launch_cache.launches(record.dtype, record.nbytes)
         if self.policy in ("compress-swap", "compress-keep"):

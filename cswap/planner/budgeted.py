@@ -148,6 +148,8 @@ def _decisions(
             decisions[record.key] = Decision(**base, action=Action.KEEP, reason=kept_reasons.get(str(record.key), "not offloadable"))
             continue
         action = Action(carried_out(policy, tensor.action))  # cpu-compress-swap's swaps compress on the host
+        if action is Action.HOST_ZVC_SWAP and not (compressed.get(record.key) or record.nbytes) < record.nbytes:
+            action = Action.SWAP  # ZVC would not shrink it: planned (and held on the host) as a raw swap
         life = lifetimes[record.key]
         slack = planned.budget_bytes - max(timeline[life.pack : life.free + 1], default=0) if life is not None else None
         extra: dict[str, Any] = launches.launches(record.dtype, record.nbytes) if action.compresses else {}

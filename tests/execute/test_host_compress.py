@@ -219,7 +219,30 @@ def test_budget_held_and_gradients_bit_identical() -> None:
     stats = rt.stats()
     assert stats.peak_resident_bytes <= stats.budget_bytes
     assert stats.actions["host-zvc-swap"] > 0
-    assert rt.plan().counts()["swap"] == 0  # the budget plan's swaps are carried out as host-zvc-swap
+    # the budget plan's swaps are carried out as host-zvc-swap where ZVC shrinks them, else raw
+    assert all(d.compressed_nbytes is not None and d.compressed_nbytes < d.nbytes
+               for d in rt.plan().decisions.values() if d.action is Action.HOST_ZVC_SWAP)
+
+
+@pytest.mark.parametrize("memory_budget", [None, 0.5])
+def test_a_tensor_zvc_would_not_shrink_as_profiled_is_planned_a_raw_swap(memory_budget: float | None) -> None:
+    # ResNet-18's batch-norm outputs are dense: compressing their host copies would be dropped, so
+    # the plan moves them raw and sets no room aside; the ReLU outputs are compressed on the host.
+    from cswap.models import build
+
+    def resnet() -> torch.nn.Module:
+        return build("resnet18", num_classes=10, width_mult=0.125)
+
+    data = batches(2, (4, 3, 32, 32), 10)
+    plain, _ = train(resnet, data, 1)
+    grads, rt = train(resnet, data, 1, runtime_for(POLICY, memory_budget=memory_budget))
+    assert_bit_equal([g for it in plain for g in it], [g for it in grads for g in it], "gradient")
+    decisions = list(rt.plan().decisions.values())
+    host, raw = ([d for d in decisions if d.action is a] for a in (Action.HOST_ZVC_SWAP, Action.SWAP))
+    assert host and raw
+    assert all(d.compressed_nbytes is not None and d.compressed_nbytes < d.nbytes for d in host)
+    assert all(d.compressed_nbytes is None or d.compressed_nbytes >= d.nbytes for d in raw)
+    assert rt.stats().actions["host-zvc-swap"] > 0 and rt.stats().actions["swap"] > 0
 
 
 def _two_relus_under_a_host_budget(host_budget_bytes: int) -> tuple[Any, torch.Tensor, torch.Tensor]:
