@@ -48,7 +48,7 @@ from cswap.options import RECOMPUTING_POLICIES, LaunchLookup, RuntimeOptions, fi
 from cswap.paths import shipped_configs_dir
 from cswap.planner.actions import HOST_ZVC_SWAP, POLICY_ACTIONS, ZVC_KEEP, ZVC_SWAP
 from cswap.planner.advisor import Advisor
-from cswap.planner.budgeted import FALLBACK_ACTIONS, NO_CODEC, PROFILE_ACTIONS, budget_plan
+from cswap.planner.budgeted import FALLBACK_ACTIONS, NO_CODEC, budget_plan, profile_action
 from cswap.planner.plan import DEFAULT_ACTIONS, POLICY_REASONS, Action, LaunchCache, Plan
 from cswap.planner.regions import plan_regions
 from cswap.profile.profiler import Profiler
@@ -349,7 +349,7 @@ class Runtime:
         mode = self._profile_mode()
         # Profiling runs with no region enabled, so its packs are numbered as the model saves them.
         plan = replace(plan, recompute_regions=(), recomputed={})
-        forced = {"keep-all": Action.KEEP, "passive": Action.SWAP, "budget": PROFILE_ACTIONS[self.policy]}.get(mode)
+        forced = {"keep-all": Action.KEEP, "passive": Action.SWAP, "budget": profile_action(self.policy, self._host_budget_bytes)}.get(mode)
         if forced is not None:
             # Profiling modes that move every tensor alike: a plan with no per-key decisions
             # (the current one's unpack order still drives prefetch).

@@ -49,6 +49,7 @@ __all__ = [
     "budget_plan",
     "host_budget_error",
     "host_codec_model",
+    "profile_action",
     "profile_peaks",
     "with_profile_leasts",
     "plan_from_budget",
@@ -73,6 +74,22 @@ _UNDER_BUDGET = {name: policy for name, policy in POLICY_TABLE.items() if policy
 PROFILE_ACTIONS: Mapping[str, Action] = MappingProxyType(
     {name: Action(policy.profile_action) for name, policy in _UNDER_BUDGET.items()}
 )
+
+def profile_action(policy: str, host_budget_bytes: int | None = None) -> Action:
+    """How a profiling iteration under a budget stores each movable tensor (:data:`PROFILE_ACTIONS`).
+    Under a host budget, a policy that swaps raw there but may compress on the host (``cswap``)
+    compresses every host copy instead, as ``cpu-compress-swap`` does: its profile then holds on
+    the host what its plans can, not every moved byte raw.
+
+    Example:
+        >>> profile_action("cswap").value, profile_action("cswap", 1 << 20).value, profile_action("swap", 1 << 20).value
+        ('swap', 'host-zvc-swap', 'swap')
+    """
+    action = PROFILE_ACTIONS[policy]
+    if host_budget_bytes is not None and action is Action.SWAP and HOST_ZVC_SWAP in POLICY_ACTIONS.get(policy, frozenset()):
+        return Action.HOST_ZVC_SWAP
+    return action
+
 
 #: Per policy, what a keep that would pass the budget at pack becomes (``None``: nothing smaller
 #: is certain: compressing a dense tensor would hold more, not less).
@@ -315,21 +332,28 @@ def profile_peaks(problem: PlanningProblem, action: Action, budget_bytes: int | 
     """
     device = np.zeros(problem.event_count, dtype=np.int64)
     host = np.zeros(problem.event_count, dtype=np.int64)
-    transient = 0
+    compressing = _HostCompressions()
+    host_peak = 0
     kept: list[TensorOptions] = []
     order = sorted((t for t in problem.tensors if t.lifetime is not None), key=lambda t: t.lifetime.pack)  # type: ignore[union-attr]
     for tensor in order:
         keep = next(o for o in tensor.options if o.action == Action.KEEP.value)
         moved = _profile_option(tensor, action)
         choice = keep
+        pack = tensor.lifetime.pack  # type: ignore[union-attr]
+        # A host-compressing profile compresses every host copy; one ZVC would not shrink (not
+        # offered host-zvc-swap) stays raw once collected, but sets the room aside all the same.
+        on_host = action is Action.HOST_ZVC_SWAP and moved is not None and bool(moved.host_holds)
         if moved is not None and moved.host_holds:
-            pack = tensor.lifetime.pack  # type: ignore[union-attr]
             size = tensor.nbytes
             if action is Action.ZVC_SWAP:
                 size = unsized_compression_bytes(tensor.nbytes)
-            elif action is Action.HOST_ZVC_SWAP:  # the raw copy and the room its compression is written to
+            elif on_host:  # the raw copy and the room its compression is written to
                 size = tensor.nbytes + unsized_compression_bytes(tensor.nbytes)
-            if host_budget_bytes is None or host[pack] + size <= host_budget_bytes:
+            # pending compressions are collected first while the copy would pass the host budget
+            limit = None if host_budget_bytes is None else host_budget_bytes - size - int(host[pack])
+            held = int(host[pack]) + compressing.held_at(pack, limit)
+            if host_budget_bytes is None or held + size <= host_budget_bytes:
                 choice = moved
             elif budget_bytes is not None and device[pack] + tensor.nbytes > budget_bytes:
                 choice = moved
@@ -339,18 +363,48 @@ def profile_peaks(problem: PlanningProblem, action: Action, budget_bytes: int | 
         if choice is keep:
             kept.append(tensor)
         elif choice.host_holds:
-            if choice.action == Action.HOST_ZVC_SWAP.value:
-                # A profile's workers collect a compression whenever they finish, not at the event
-                # the planner would: count the raw copy until the free point, as a swap's, and
-                # beside the peak the room one pending compression sets aside beside its raw copy.
-                raw = _profile_option(tensor, Action.SWAP)
-                host += problem.host_holds(raw if raw is not None else choice)
-                transient = max(transient, unsized_compression_bytes(tensor.nbytes))
+            if on_host:
+                compressing.add(tensor, pack)
             else:
                 host += problem.host_holds(choice)
+            # in forward the host grows only at a pack: its peak there is at one
+            host_peak = max(host_peak, int(host[pack]) + compressing.held_at(pack, None))
     if budget_bytes is not None and action.offloads:
         _evict_in_backward(problem, device, host, kept, budget_bytes)
-    return int(device.max(initial=0)), int(host.max(initial=0)) + transient
+        for event in range(problem.forward_events, problem.event_count):
+            host_peak = max(host_peak, int(host[event]) + compressing.held_at(event, None))
+    return int(device.max(initial=0)), host_peak
+
+
+class _HostCompressions:
+    """A profile's ``host-zvc-swap`` copies as its packs count them
+    (:meth:`cswap.execute.streams.Transfers.make_host_room`): from its pack each holds its raw copy
+    and ZVC's most beside it, until a later pack that needs the room collects it (oldest first);
+    then its compressed bytes (its raw bytes where ZVC would not shrink it) to its free point. A
+    worker that finishes sooner is collected sooner, which only holds less."""
+
+    def __init__(self) -> None:
+        self.live: list[list[int]] = []  # per copy, in pack order: [free point, bytes held, bytes once collected]
+
+    def held_at(self, event: int, limit: int | None) -> int:
+        """What they hold at ``event``, after collecting the oldest pending ones while the bytes
+        they hold pass ``limit`` (``None``: collect none)."""
+        self.live = live = [entry for entry in self.live if entry[0] >= event]
+        held = sum(entry[1] for entry in live)
+        if limit is not None:
+            for entry in live:
+                if held <= limit:
+                    break
+                held -= entry[1] - entry[2]
+                entry[1] = entry[2]
+        return held
+
+    def add(self, tensor: TensorOptions, pack: int) -> None:
+        """A copy of ``tensor`` stored at ``pack``."""
+        raw = int(tensor.nbytes)
+        compressed = raw if tensor.compressed_nbytes is None else min(int(tensor.compressed_nbytes), raw)
+        assert tensor.lifetime is not None
+        self.live.append([int(tensor.lifetime.free), raw + unsized_compression_bytes(raw), compressed])
 
 
 def _evict_in_backward(problem: PlanningProblem, device: np.ndarray, host: np.ndarray, kept: list[TensorOptions],
@@ -509,10 +563,11 @@ def budget_plan(
     if planned is not None and host_budget_bytes is not None and profiled_host_peak_bytes > host_budget_bytes:
         # The plan fits, but its profile passed the host budget (the device budget was full): a run
         # at these budgets does not hold both. The error says what a profile holds both at.
-        least = max(least, profile_peaks(problem, PROFILE_ACTIONS[policy], None, host_budget_bytes)[0], budget_bytes + 1)
+        least = max(least, profile_peaks(problem, profile_action(policy, host_budget_bytes), None, host_budget_bytes)[0],
+                    budget_bytes + 1)
         planned = None
     if planned is None:
-        action = PROFILE_ACTIONS[policy]
+        action = profile_action(policy, host_budget_bytes)
         stated = stated_least(least, action)
         why = " ".join(w for w in (_drift_note(least, stated), _above_plain(least, none_bytes, action)) if w)
         advice = _advice(trace, problem, policy, least, time_model, backend, min_bytes, host_budget_bytes is not None)
@@ -525,5 +580,5 @@ def budget_plan(
         plan = Plan(**rules, default_action=action, unpack_order=unpack_order, prefetch_bytes=0,
                     default_reason=f"budget {budget_bytes:,d} B below this policy's least {least:,d} B: {action.value}")
         return plan, budget_bytes, error
-    plan = plan_from_budget(trace, problem, planned, rules, PROFILE_ACTIONS[policy], least, none_bytes)
+    plan = plan_from_budget(trace, problem, planned, rules, profile_action(policy, host_budget_bytes), least, none_bytes)
     return plan, budget_bytes, None

@@ -79,6 +79,7 @@ from cswap.planner.budgeted import (
     host_budget_error,
     host_codec_model,
     plan_from_budget,
+    profile_action,
     with_profile_leasts,
 )
 from cswap.planner.costmodel import TimeModel
@@ -498,7 +499,8 @@ def plan_regions(
                                       least - extra_bytes, profiled_host_peak_bytes, none_peak)
             error = BudgetError(error.minimum_bytes + extra_bytes, policy, target, none_peak_bytes=none_peak,
                                 host_budget_bytes=host_budget_bytes, host_minimum_bytes=error.host_minimum_bytes, binding=error.binding)
-            error = with_profile_leasts(error, full, PASSIVE_ACTION)  # the profile runs without regions, swapping
+            # the profile runs without regions, swapping (compressing on the host where the policy may)
+            error = with_profile_leasts(error, full, profile_action(policy, host_budget_bytes))
         return RegionPlan(plan, target, error)
     plan = plan_from_budget(trace, problem, planned, rules, PASSIVE_ACTION if rules["fallback_action"] else Action.KEEP, least,
                             none_bytes)
