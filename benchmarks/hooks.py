@@ -12,7 +12,8 @@ one torch thread:
 Runs, each one optimizer-free forward+backward: plain PyTorch; ``torch.autograd.graph.save_on_cpu()``
 (on a CPU device an identity hook: ``tensor.cpu()`` returns the tensor itself, so it copies
 nothing); ``copying offload``, the copies ``save_on_cpu`` makes with a GPU (one host copy per saved
-tensor, one copy back per read) and nothing else; and ``cswap.Runtime``
+tensor, one copy back per read) and nothing else; ``keyed floor`` (:class:`KeyedFloor`), the
+least a keyed swap hook in Python does, a floor for any such hook; and ``cswap.Runtime``
 under every runtime policy with ``min_bytes=0`` (every tensor goes through the plan), without a
 budget and with ``memory_budget=0.5``. Each runtime is warmed up past its profiling iterations
 first; then the runs take turns, one iteration each per round, so that load on the machine hits all
@@ -37,7 +38,9 @@ import statistics
 import sys
 import time
 import warnings
+import weakref
 from collections.abc import Callable
+from typing import Any
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
@@ -48,7 +51,7 @@ import cswap
 from cswap.budget import BudgetError
 from cswap.planner.actions import RUNTIME_POLICIES
 
-__all__ = ["WORKLOADS", "Workload", "copying_offload", "main", "measure"]
+__all__ = ["WORKLOADS", "KeyedFloor", "Workload", "copying_offload", "main", "measure"]
 
 
 @dataclass(frozen=True)
@@ -125,11 +128,83 @@ def copying_offload() -> AbstractContextManager[None]:
     return torch.autograd.graph.saved_tensors_hooks(_copy_out, torch.Tensor.clone)
 
 
-def _runs(model: nn.Module, policies: tuple[str, ...], budgets: tuple[float | None, ...]) -> list[_Run]:
+class _Slot:
+    """What the keyed floor's pack returns for a stored tensor: its host copy and its storage."""
+
+    __slots__ = ("host", "storage")
+
+    def __init__(self, host: torch.Tensor, storage: weakref.ref[torch.UntypedStorage]) -> None:
+        self.host, self.storage = host, storage
+
+
+class KeyedFloor:
+    """The least a keyed swap hook written in Python does: per saved tensor a look-up of what a
+    first pass found at its position (a parameter, a second save of a stored tensor, or a tensor
+    to store), a storage check for the second saves, one copy into a slot allocated up front and
+    one copy back. No guard, no never-move checks beyond the first pass, no accounting, no
+    budget, no prefetch: a floor for hooks in Python, not something to train with.
+
+    Example:
+        >>> model, x = Workload("tiny", blocks=2, width=4, batch=1).build()
+        >>> floor = KeyedFloor(model, x)
+        >>> with floor():
+        ...     _step(model, x)
+        >>> len(floor.kinds), sorted(set(kind for kind, _ in floor.kinds))
+        (5, ['dup', 'param', 'store'])
+    """
+
+    def __init__(self, model: nn.Module, x: torch.Tensor) -> None:
+        self.kinds: list[tuple[str, Any]] = []
+        first: dict[tuple[int, int], int] = {}
+
+        def learn(t: torch.Tensor) -> torch.Tensor:
+            base = t._base
+            if (t.requires_grad and t.is_leaf) or (base is not None and base.requires_grad and base.is_leaf):
+                self.kinds.append(("param", None))
+            else:
+                where = (t.untyped_storage()._cdata, t.storage_offset())
+                if where in first:
+                    self.kinds.append(("dup", first[where]))
+                else:
+                    first[where] = len(self.kinds)
+                    self.kinds.append(("store", torch.empty_like(t)))
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(learn, lambda t: t):
+            _step(model, x)
+
+    def __call__(self) -> AbstractContextManager[None]:
+        kinds = self.kinds
+        stored: dict[int, _Slot] = {}
+        position = [0]
+
+        def pack(t: torch.Tensor) -> Any:
+            key = position[0]
+            position[0] = key + 1
+            kind, what = kinds[key]
+            if kind == "param":
+                return t
+            if kind == "dup":
+                slot = stored.get(what)
+                if slot is not None and slot.storage() is t.untyped_storage():
+                    return slot
+            host = what if kind == "store" else torch.empty_like(t)
+            host.copy_(t)
+            slot = stored[key] = _Slot(host, weakref.ref(t.untyped_storage()))
+            return slot
+
+        def unpack(packed: Any) -> torch.Tensor:
+            return packed.host.clone() if type(packed) is _Slot else packed
+
+        return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+
+
+def _runs(model: nn.Module, x: torch.Tensor, policies: tuple[str, ...], budgets: tuple[float | None, ...]) -> list[_Run]:
     runs = [
         _Run("plain", None, None, nullcontext),
         _Run("save_on_cpu", None, None, torch.autograd.graph.save_on_cpu),
         _Run("copying offload", None, None, copying_offload),
+        _Run("keyed floor", None, None, KeyedFloor(model, x)),
     ]
     for budget in budgets:
         for policy in policies:
@@ -160,7 +235,7 @@ def measure(workload: Workload, rounds: int, policies: tuple[str, ...] = RUNTIME
     """Median iteration seconds of every run on ``workload``, interleaved over ``rounds``."""
     model, x = workload.build()
     saved = _saved_per_iteration(model, x)
-    runs = _runs(model, policies, budgets)
+    runs = _runs(model, x, policies, budgets)
     for run in runs:
         _warm_up(run, model, x, warmup)
     timed = [run for run in runs if run.error is None]
