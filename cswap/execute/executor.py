@@ -396,34 +396,26 @@ class Executor:
                         if (kept_storages and storage_id in kept_storages) or (
                                 budget is not None and not keeps_within_budget(planned, counters.resident_bytes)):
                             return general(tensor)
-                        stored = Stored(key, planned, layout, released)
-                        stored.storage_ref = weakref.ref(storage)
+                    stored = Stored(key, planned, layout, released)
+                    stored.storage_ref = weakref.ref(storage)
+                    if action is keep:
                         stored.tensor = tensor.detach()
                         stored.held_bytes = layout.nbytes
                         counters.kept_bytes += layout.nbytes
                         counters.add_resident(layout.nbytes)
                         kept_storages[storage_id] = stored
                         actions[_KEEP] += 1
-                        stored.dedupe_key = dedupe_key
-                        ref = dedupe[dedupe_key] = weakref.ref(stored)
-                        it.next_key = key + 1
-                        it.stored_by_key[key] = ref
-                        note_planned(key)
-                        counters.packed_tensors += 1
-                        counters.pack_s += perf_counter() - started
-                        return stored
-                    stored = Stored(key, planned, layout, released)
-                    stored.storage_ref = weakref.ref(storage)
-                    if transfers.side_stream is None:  # to its slot in the plan's host pool, if it has one
-                        transfers.copy_to_host(stored, tensor.detach(), non_blocking=False, pool_key=key)
                     else:
-                        transfers.store(stored, tensor.detach(), swap, None, pool_key=key)
-                    counters.offloaded_bytes += layout.nbytes
-                    counters.transferred_bytes += layout.nbytes
-                    actions[_SWAP] += 1
+                        if transfers.side_stream is None:  # to its slot in the plan's host pool, if it has one
+                            transfers.copy_to_host(stored, tensor.detach(), non_blocking=False, pool_key=key)
+                        else:
+                            transfers.store(stored, tensor.detach(), swap, None, pool_key=key)
+                        counters.offloaded_bytes += layout.nbytes
+                        counters.transferred_bytes += layout.nbytes
+                        actions[_SWAP] += 1
                     stored.dedupe_key = dedupe_key
                     ref = dedupe[dedupe_key] = weakref.ref(stored)
-                    if budget is not None:
+                    if action is not keep and budget is not None:
                         transfers.wait_for_budget(budget)
                 it.next_key = key + 1
                 it.stored_by_key[key] = ref
@@ -733,7 +725,7 @@ class Executor:
             if count_zeros:
                 zeros = self._zeros(layout.compact(tensor), layout)
             self.transfers.store_host_compressed(stored, tensor if layout.plain else layout.compact(tensor),
-                                                 host_reserve_bytes(decision))
+                                                 host_reserve_bytes(decision.nbytes, decision.compressed_nbytes))
             counters.offloaded_bytes += layout.nbytes
             counters.transferred_bytes += layout.nbytes
             return stored, zeros
