@@ -268,11 +268,6 @@ class Transfers:
         while staging and staging[0][0].query():
             self.arena.free(staging.popleft()[1])
 
-    @property
-    def host_bytes(self) -> int:
-        """Host bytes saved tensors hold now (:attr:`Counters.host_bytes`)."""
-        return self.counters.host_bytes
-
     def make_host_room(self, limit_bytes: int) -> int:
         """Before a pack under a host budget: while the host bytes held pass ``limit_bytes``,
         collect the oldest host compression still pending (waiting for it), whose raw copy is then

@@ -36,7 +36,7 @@ from cswap.planner.problem import Option
 from cswap.planner.solve import minimum_host_bytes
 from cswap.planner.actions import HOST_ZVC_SWAP, POLICY_ACTIONS, POLICY_TABLE, carried_out
 from cswap.planner.costmodel import TimeModel
-from cswap.planner.plan import Action, Decision, LaunchCache, Plan, unsized_compression_bytes
+from cswap.planner.plan import Action, Decision, LaunchCache, Plan, host_bytes_at_pack, unsized_compression_bytes
 from cswap.profile.trace import Trace
 
 __all__ = [
@@ -345,11 +345,7 @@ def profile_peaks(problem: PlanningProblem, action: Action, budget_bytes: int | 
         # offered host-zvc-swap) stays raw once collected, but sets the room aside all the same.
         on_host = action is Action.HOST_ZVC_SWAP and moved is not None and bool(moved.host_holds)
         if moved is not None and moved.host_holds:
-            size = tensor.nbytes
-            if action is Action.ZVC_SWAP:
-                size = unsized_compression_bytes(tensor.nbytes)
-            elif on_host:  # the raw copy and the room its compression is written to
-                size = tensor.nbytes + unsized_compression_bytes(tensor.nbytes)
+            size = host_bytes_at_pack(action, tensor.nbytes)  # nothing is sized in a profile
             # pending compressions are collected first while the copy would pass the host budget
             limit = None if host_budget_bytes is None else host_budget_bytes - size - int(host[pack])
             held = int(host[pack]) + compressing.held_at(pack, limit)

@@ -47,9 +47,7 @@ def unsized_compression_bytes(nbytes: int) -> int:
     """The bytes a ZVC compression of a tensor of ``nbytes`` is taken to hold before its size is
     known: at least ZVC's most (no zero) in any dtype at the default chunk of 32 words: the raw
     bytes, a bitmap of at most an eighth (one-byte elements), offsets under a sixty-fourth, and
-    256 for rounding and the host pool's alignment. The pack's host check and the planner's replay
-    of a profile (:func:`cswap.planner.budgeted.profile_peaks`) take the same figure, so they
-    decide alike.
+    256 for rounding and the host pool's alignment.
 
     Example:
         >>> unsized_compression_bytes(4096)
@@ -58,40 +56,39 @@ def unsized_compression_bytes(nbytes: int) -> int:
     return nbytes + nbytes // 8 + nbytes // 64 + 256
 
 
-def host_reserve_bytes(decision: Decision) -> int:
-    """The host bytes a ``host-zvc-swap`` of ``decision`` sets aside for its compressed buffers
-    while the worker compresses the raw copy (they are allocated beside it): the planned
-    compressed size, or :func:`unsized_compression_bytes` when it is not known yet.
+def host_reserve_bytes(nbytes: int, compressed_nbytes: float | None = None) -> int:
+    """The host bytes a ``host-zvc-swap`` of a tensor of ``nbytes`` sets aside for its compressed
+    buffers while the worker compresses the raw copy (they are allocated beside it): the planned
+    ``compressed_nbytes``, or :func:`unsized_compression_bytes` when it is not known yet.
 
     Example:
-        >>> d = Decision(key=0, shape=(1024,), dtype="float32", nbytes=4096, sparsity=0.5, action=Action.HOST_ZVC_SWAP, reason="r")
-        >>> host_reserve_bytes(d), host_reserve_bytes(replace(d, compressed_nbytes=2200))
+        >>> host_reserve_bytes(4096), host_reserve_bytes(4096, compressed_nbytes=2200)
         (4928, 2200)
     """
-    if decision.compressed_nbytes is not None and decision.compressed_nbytes < decision.nbytes:
-        return int(decision.compressed_nbytes)
-    return unsized_compression_bytes(decision.nbytes)
+    if compressed_nbytes is not None and compressed_nbytes < nbytes:
+        return int(compressed_nbytes)
+    return unsized_compression_bytes(nbytes)
 
 
-def host_bytes_at_pack(decision: Decision) -> int:
-    """The host bytes a pack carrying out ``decision`` takes at once: a swap's raw copy, a
-    ``zvc-swap``'s compressed buffers (ZVC's most while not sized), or a ``host-zvc-swap``'s raw
-    copy with the room its compression is written to (:func:`host_reserve_bytes`); 0 for a
-    decision that leaves nothing on the host.
+def host_bytes_at_pack(action: Action, nbytes: int, compressed_nbytes: float | None = None) -> int:
+    """The host bytes a pack carrying out ``action`` on a tensor of ``nbytes`` takes at once: a
+    swap's raw copy, a ``zvc-swap``'s compressed buffers (ZVC's most while not sized), or a
+    ``host-zvc-swap``'s raw copy with the room its compression is written to
+    (:func:`host_reserve_bytes`); 0 for an action that leaves nothing on the host. The pack's host
+    check and the planner's replay of a profile (:func:`cswap.planner.budgeted.profile_peaks`) both
+    ask it, so they decide alike.
 
     Example:
-        >>> d = Decision(key=0, shape=(1024,), dtype="float32", nbytes=4096, sparsity=0.5, action=Action.SWAP, reason="r")
-        >>> host_bytes_at_pack(d), host_bytes_at_pack(replace(d, action=Action.HOST_ZVC_SWAP, compressed_nbytes=2200))
+        >>> host_bytes_at_pack(Action.SWAP, 4096), host_bytes_at_pack(Action.HOST_ZVC_SWAP, 4096, compressed_nbytes=2200)
         (4096, 6296)
     """
-    action = decision.action
     if action is Action.HOST_ZVC_SWAP:
-        return decision.nbytes + host_reserve_bytes(decision)
+        return nbytes + host_reserve_bytes(nbytes, compressed_nbytes)
     if action is Action.ZVC_SWAP:
-        if decision.compressed_nbytes is not None:
-            return int(decision.compressed_nbytes)
-        return host_reserve_bytes(decision)
-    return decision.nbytes if action.offloads else 0
+        if compressed_nbytes is not None:
+            return int(compressed_nbytes)
+        return unsized_compression_bytes(nbytes)
+    return nbytes if action.offloads else 0
 
 
 class Action(str, enum.Enum):
@@ -329,10 +326,9 @@ class Plan:
             copy would take the host bytes held (``host_meter``) past it is kept instead, where the
             device budget leaves room (a profiling iteration, before sizes are known; a graph
             that changed since its plan).
-        host_meter: what counts the host bytes saved tensors hold now (an object with
-            ``host_bytes``, and optionally ``make_host_room(limit_bytes)``, which frees what it can
-            down to ``limit_bytes`` and returns ``host_bytes``: the executor's
-            :class:`cswap.execute.streams.Transfers`); ``None``: 0.
+        host_meter: what counts the host bytes saved tensors hold now: an object whose
+            ``make_host_room(limit_bytes)`` frees what it can down to ``limit_bytes`` and returns
+            the bytes held (the executor's :class:`cswap.execute.streams.Transfers`); ``None``: 0.
     """
 
     policy: str
@@ -477,13 +473,12 @@ class Plan:
         """``decision``, or a keep when its host copy would take the host bytes held past the host
         budget and keeping it leaves the device budget held. Where neither fits, the device budget
         comes first (a device out of memory stops training; the host copy is counted, and the
-        plan made from this profile says which budget binds). A meter that can free host bytes
-        (pending host compressions' raw copies) is asked to first, down to what the copy needs."""
+        plan made from this profile says which budget binds). The meter first frees what it can
+        (pending host compressions' raw copies), down to what the copy needs."""
         meter = self.host_meter
-        size = host_bytes_at_pack(decision)
+        size = host_bytes_at_pack(decision.action, decision.nbytes, decision.compressed_nbytes)
         assert self.host_budget_bytes is not None
-        make_room = getattr(meter, "make_host_room", None)
-        held = int(make_room(self.host_budget_bytes - size) if make_room is not None else getattr(meter, "host_bytes", 0))
+        held = 0 if meter is None else int(meter.make_host_room(self.host_budget_bytes - size))
         if held + size <= self.host_budget_bytes:
             return decision
         if self.budget_bytes is not None and resident_bytes + decision.nbytes > self.budget_bytes:

@@ -20,7 +20,7 @@ import torch
 from cswap.execute import hostcodec
 from cswap.execute.executor import Executor
 from cswap.execute.hostcodec import HostCodec, HostCompressionError
-from cswap.planner.plan import Action, Decision, Plan, host_reserve_bytes
+from cswap.planner.plan import Action, Plan, host_reserve_bytes
 from tests.runtime.helpers import assert_bit_equal, batches, runtime_for, train
 
 POLICY = "cpu-compress-swap"
@@ -266,8 +266,7 @@ def test_a_pack_under_a_host_budget_first_collects_the_pending_host_compressions
     # budget holds one such pack beside the other's compression (about 0.53 raw): the second pack
     # fits only once the first compression is collected and its raw copy freed, which it waits for.
     raw = 256 * 256 * 4
-    room = host_reserve_bytes(Decision(key=0, shape=(256, 256), dtype="float32", nbytes=raw, sparsity=0.0,
-                                       action=Action.HOST_ZVC_SWAP, reason=""))
+    room = host_reserve_bytes(raw)
     budget = raw + room + int(0.6 * raw)
     assert 2 * (raw + room) > budget
     counters, grad, expected = _two_relus_under_a_host_budget(budget)
