@@ -41,8 +41,9 @@ recompute region's recomputation saved for backward until their storage is freed
 (:meth:`Executor.hold_rebuilt`), sources of device-to-host copies not yet finished (GPU only; CPU
 copies finish inside pack), and tensors rebuilt for backward from the moment they are fetched (or
 prefetched) until their storage is freed. Two kept views of one storage count it once. Parameters
-and buffers are not counted. The counts are updated at every hook call, so the peak is exact at
-the moments memory grows.
+and buffers are not counted. Releases are applied before every count that can grow (each pack,
+fetch and prefetch; a planned unpack that adds nothing lets them wait, in batches), so the peak is
+exact at the moments memory grows.
 
 Example:
     >>> import torch
@@ -88,7 +89,8 @@ _OFFLOADING = frozenset(action for action in Action if action.offloads)  # read 
 _KEEP = Action.KEEP.value
 _LEAF_REASON = "leaf tensor that requires grad (a parameter): never offloaded"
 _VIEW_REASON = "view of a leaf tensor that requires grad (a parameter): never offloaded"
-_DTYPE_NAMES = dict(DTYPE_NAMES)  # a plain dict: read once per saved tensor
+_DTYPES_BY_NAME = {name: dtype for dtype, name in DTYPE_NAMES.items()}
+_DRAIN_BATCH = 64  # releases a planned unpack that counts nothing lets wait before it drains them
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -200,12 +202,13 @@ class Executor:
         self.counters = Counters()
         self.transfers = Transfers(device, backend, self.arena, self.counters, defer_sizes)
         self._lock = threading.RLock()
-        # (storage, offset, shape, stride, dtype, version) -> the entry storing that view; a dead
-        # entry's key is dropped when its release is drained (no callback per entry).
+        # (storage, offset, version) -> the entry storing a view there (a match also has its shape,
+        # stride and dtype); a dead entry's key is dropped when its release is drained (no
+        # callback per entry).
         self._dedupe: dict[tuple[Any, ...], weakref.ref[Stored]] = {}
         # storage id -> the kept entry counting that storage's bytes
         self._kept_storages: weakref.WeakValueDictionary[int, Stored] = weakref.WeakValueDictionary()
-        self._released: collections.deque[tuple[int, ArenaBlock | PoolSlot | None, int, int, Any]] = collections.deque()
+        self._released: collections.deque[tuple[int, ArenaBlock | PoolSlot | None, int, int, Any, int]] = collections.deque()
         # A rebuilt tensor handed to backward counts until its storage dies; the storage's weak
         # reference posts itself to _dead_storages then (no scan of what is still alive).
         self._handed_out: dict[weakref.ref[torch.UntypedStorage], tuple[int, int]] = {}  # -> (bytes, key)
@@ -215,6 +218,7 @@ class Executor:
         self._rebuilt: dict[int, tuple[StorageWeakRef, int]] = {}  # storage id -> (ref, bytes)
         self._protected: tuple[Plan, weakref.ref[torch.nn.Module], frozenset[int]] | None = None
         self._layouts: tuple[Plan | None, dict[int, Layout]] = (None, {})
+        self._steps_cache: tuple[Plan | None, list[Any]] = (None, [])
         self._arena_plan: Plan | None = None
         self._arena_profiling = False  # the last iteration begun was a profiling one
         self._profiling_bytes = 0  # the most host bytes a profiling iteration took in first-fit blocks
@@ -306,52 +310,60 @@ class Executor:
         entry is its own handle).
         """
         general = functools.partial(self.pack, it)
-        decision_of = it.decisions.get
-        dtype_name = _DTYPE_NAMES.get
+        steps = self._steps(it.plan)
+        n_steps = len(steps)
         protected = it.protected
         layouts = it.layouts
         dedupe = self._dedupe
         counters = self.counters
         actions = counters.actions
         lock = self._lock
-        pending = self._releases_pending
         drain = self._drain
         transfers = self.transfers
-        released = self._released
+        alloc_tensor = self.arena.alloc_tensor
+        on_side_stream = transfers.side_stream is not None
+        released, dead, rebuilt = self._released, self._dead_storages, self._rebuilt
+        in_flight, unsized = transfers.in_flight, transfers.unsized
+        stored_by_key = it.stored_by_key
         budget = it.plan.budget_bytes
         on_cpu, device = self._on_cpu, self.device
         kept_storages = self._kept_storages
-        note_planned = it.plan.note_planned
+        resolved = it.plan.resolved_table()
         keeps_within_budget = it.plan.keeps_within_budget
         swaps_stand = it.plan.swaps_stand
         perf_counter = time.perf_counter
+        grad_enabled = torch.is_grad_enabled
+        new_ref = weakref.ref
         keep, swap, strided, parameter, plain_tensor = Action.KEEP, Action.SWAP, torch.strided, torch.nn.Parameter, torch.Tensor
 
         def pack(tensor: torch.Tensor) -> Handle:
             started = perf_counter()
-            planned = decision_of(it.next_key)
-            if (planned is None or it._backward_ended or it.profiler is not None
-                    or tensor.shape != planned.shape or dtype_name(tensor.dtype) != planned.dtype):
+            key = it.next_key
+            step = steps[key] if key < n_steps else None
+            if step is None or it._backward_ended or it.profiler is not None:
+                return general(tensor)
+            planned, shape, dtype, reason = step
+            if tensor.dtype is not dtype or tensor.shape != shape:
                 return general(tensor)
             action = planned.action
-            if action is keep and (planned.reason == _LEAF_REASON or planned.reason == _VIEW_REASON):
+            if reason is not None:
                 # A parameter or a view of one, kept as the plan says, for the reason _never_move gives it.
                 if tensor.layout is not strided or not (tensor.is_cpu if on_cpu else tensor.device == device):
                     return general(tensor)
                 kind = type(tensor)
                 leaf = tensor.requires_grad and tensor.is_leaf
                 if kind is parameter or (kind is plain_tensor and leaf):
-                    if not leaf or planned.reason != _LEAF_REASON:
+                    if not leaf or reason != _LEAF_REASON:
                         return general(tensor)
                 else:
                     base = tensor._base
                     if (kind is not plain_tensor or base is None or not (base.requires_grad and base.is_leaf)
-                            or planned.reason != _VIEW_REASON):
+                            or reason != _VIEW_REASON):
                         return general(tensor)
                 with lock:
-                    key = it.next_key
                     it.next_key = key + 1
-                    note_planned(key)
+                    if resolved:  # what Plan.resolve records for a planned decision
+                        resolved.pop(key, None)
                     counters.never_moved_tensors += 1
                     counters.packed_tensors += 1
                     counters.pack_s += perf_counter() - started
@@ -362,16 +374,15 @@ class Executor:
             storage_id = storage._cdata
             offset = tensor.storage_offset()
             stride = tensor.stride()
-            # torch.Size hashes and compares as the tuple the general path builds.
-            dedupe_key = (storage_id, offset, tensor.shape, stride, tensor.dtype, tensor._version)
+            dedupe_key = (storage_id, offset, tensor._version)
             with lock:
-                if pending():
+                if released or dead or rebuilt or in_flight or unsized:  # what _releases_pending asks
                     drain()
-                key = it.next_key
                 ref = dedupe.get(dedupe_key)
                 stored = ref() if ref is not None else None
-                if stored is not None and stored.storage_ref() is storage:
-                    if stored.decision.action is not action:
+                if (stored is not None and stored.storage_ref() is storage and stored.layout.stride == stride
+                        and stored.layout.shape == shape and stored.layout.dtype is dtype):
+                    if stored.action is not action:
                         return general(tensor)
                     stored.handles += 1
                     counters.deduplicated_tensors += 1
@@ -388,7 +399,8 @@ class Executor:
                     layout = layouts.get(key)
                     if layout is None or stride != layout.stride:  # size-1 dimensions may stride anyhow
                         layout = layouts[key] = Layout.of(tensor)
-                    if layout.nbytes != planned.nbytes:
+                    nbytes = layout.nbytes
+                    if nbytes != planned.nbytes:
                         return general(tensor)
                     if action is keep:
                         # Another view of a kept storage counts it already (the general path shares
@@ -397,29 +409,37 @@ class Executor:
                                 budget is not None and not keeps_within_budget(planned, counters.resident_bytes)):
                             return general(tensor)
                     stored = Stored(key, planned, layout, released)
-                    stored.storage_ref = weakref.ref(storage)
+                    stored.storage_ref = new_ref(storage)
                     if action is keep:
                         stored.tensor = tensor.detach()
-                        stored.held_bytes = layout.nbytes
-                        counters.kept_bytes += layout.nbytes
-                        counters.add_resident(layout.nbytes)
+                        stored.held_bytes = nbytes
+                        counters.kept_bytes += nbytes
+                        counters.add_resident(nbytes)
                         kept_storages[storage_id] = stored
                         actions[_KEEP] += 1
                     else:
-                        if transfers.side_stream is None:  # to its slot in the plan's host pool, if it has one
-                            transfers.copy_to_host(stored, tensor.detach(), non_blocking=False, pool_key=key)
-                        else:
+                        if on_side_stream:
                             transfers.store(stored, tensor.detach(), swap, None, pool_key=key)
-                        counters.offloaded_bytes += layout.nbytes
-                        counters.transferred_bytes += layout.nbytes
+                        else:
+                            # Transfers.copy_to_host for a plain layout, to its slot in the plan's
+                            # host pool if it has one; pack hooks run with grad mode off, so the
+                            # copy needs no detached view (checked, as a caller may differ).
+                            host, stored.block = alloc_tensor(dtype, shape, stride, nbytes, key)
+                            host.copy_(tensor.detach() if grad_enabled() else tensor)
+                            stored.host = host
+                            stored.host_nbytes = nbytes
+                            counters.add_host(nbytes)
+                        counters.offloaded_bytes += nbytes
+                        counters.transferred_bytes += nbytes
                         actions[_SWAP] += 1
                     stored.dedupe_key = dedupe_key
-                    ref = dedupe[dedupe_key] = weakref.ref(stored)
+                    ref = dedupe[dedupe_key] = new_ref(stored)
                     if action is not keep and budget is not None:
                         transfers.wait_for_budget(budget)
                 it.next_key = key + 1
-                it.stored_by_key[key] = ref
-                note_planned(key)
+                stored_by_key[key] = ref
+                if resolved:  # what Plan.resolve records for a planned decision
+                    resolved.pop(key, None)
                 counters.packed_tensors += 1
                 counters.pack_s += perf_counter() - started
             # The entry is its own handle: an unpack reads the data it holds and prefetches after
@@ -430,45 +450,65 @@ class Executor:
         materialize = self._materialize
         prefetch_after = self._prefetch_after
         stored_type = Stored
+        watch_backward = self._watch_backward
 
         def unpack(handle: Handle | Stored) -> torch.Tensor:
             kind = type(handle)
             if it.profiler is not None or (kind is not stored_type and handle.stored is not None):  # type: ignore[union-attr]
                 return general_unpack(handle)
             started = perf_counter()
-            if kind is not stored_type:  # a tensor that never moves
-                with lock:
-                    if pending():
-                        drain()
-                    if not it._backward_watched:
-                        self._watch_backward(it)
-                    if it.prefetch_cursor < it.prefetch_end:
-                        prefetch_after(it, handle.key)
-                    counters.unpacks += 1
-                    counters.unpack_s += perf_counter() - started
-                return handle.tensor  # type: ignore[union-attr,return-value]
-            stored = handle
+            # Releases are drained where bytes are about to be counted or compared (a fetch, a
+            # prefetch) and else in batches: an unpack that adds nothing leaves the counts as
+            # exact at every moment they can grow, and the next pack, which drains first.
             with lock:
-                if pending():
-                    drain()
-                if stored.action is keep:
-                    out = stored.tensor
+                if kind is not stored_type:  # a tensor that never moves
+                    out = handle.tensor  # type: ignore[union-attr]
+                    key = handle.key
                 else:
-                    out = stored.held_out
-                    if out is None:
-                        out = materialize(stored, it)
-                    stored.unpacks += 1
-                    stored.held_out = out if stored.unpacks < stored.handles else None
-                stored.unpacked = True
+                    stored = handle
+                    key = stored.key  # type: ignore[union-attr]
+                    if stored.action is keep:  # type: ignore[union-attr]
+                        out = stored.tensor  # type: ignore[union-attr]
+                    else:
+                        out = stored.held_out  # type: ignore[union-attr]
+                        if out is None:
+                            if stored.prefetched is None and (released or dead or rebuilt or in_flight or unsized):  # type: ignore[union-attr]
+                                drain()
+                            out = materialize(stored, it)  # type: ignore[arg-type]
+                        stored.unpacks += 1  # type: ignore[union-attr]
+                        stored.held_out = out if stored.unpacks < stored.handles else None  # type: ignore[union-attr]
+                    stored.unpacked = True  # type: ignore[union-attr]
                 if not it._backward_watched:
-                    self._watch_backward(it)
+                    watch_backward(it)
                 if it.prefetch_cursor < it.prefetch_end:
-                    prefetch_after(it, stored.key)
+                    if released or dead or rebuilt or in_flight or unsized:
+                        drain()
+                    prefetch_after(it, key)
+                elif len(released) >= _DRAIN_BATCH or len(dead) >= _DRAIN_BATCH:
+                    drain()
                 counters.unpacks += 1
                 counters.unpack_s += perf_counter() - started
-            return out
+            return out  # type: ignore[return-value]
 
         return pack, unpack
+
+    def _steps(self, plan: Plan) -> list[tuple[Decision, torch.Size, torch.dtype, str | None] | None]:
+        """Per key, what the planned pack hook checks and does, made once per plan: the decision,
+        its guard as the shape and dtype objects a tensor reports, and for a parameter or a view of
+        one, the reason it is kept; ``None`` for a key the plan does not decide."""
+        cached = self._steps_cache
+        if cached[0] is plan:
+            return cached[1]
+        decisions = plan.decision_table()
+        steps: list[tuple[Decision, torch.Size, torch.dtype, str | None] | None] = [None] * (max(decisions, default=-1) + 1)
+        for key, decision in decisions.items():
+            dtype = _DTYPES_BY_NAME.get(decision.dtype)
+            if key < 0 or dtype is None:
+                continue
+            reason = decision.reason if decision.action is Action.KEEP and decision.reason in (_LEAF_REASON, _VIEW_REASON) else None
+            steps[key] = (decision, torch.Size(decision.shape), dtype, reason)
+        self._steps_cache = (plan, steps)
+        return steps
 
     def close(self) -> None:
         """Collect the host compressions still running and stop their worker threads (they also
@@ -564,23 +604,31 @@ class Executor:
         counters = self.counters
         self.transfers.settle()
         freed: list[int] = []
-        while self._released:
-            key, block, held, prefetched, dedupe_key = self._released.popleft()
+        released, dedupe, free = self._released, self._dedupe, self.arena.free
+        while released:
+            key, block, held, prefetched, dedupe_key, host = released.popleft()
             if block is not None:
-                self.arena.free(block)
+                if type(block) is PoolSlot:  # HostArena.free's common case, inlined: once per dead entry
+                    block.pool.held.discard(block.key)
+                else:
+                    free(block)
             if dedupe_key is not None:
-                ref = self._dedupe.get(dedupe_key)
+                ref = dedupe.get(dedupe_key)
                 if ref is not None and ref() is None:
-                    del self._dedupe[dedupe_key]
-            counters.resident_bytes -= held
-            self._prefetched_bytes -= prefetched
-            freed.append(key)
+                    del dedupe[dedupe_key]
+            if held:
+                counters.resident_bytes -= held
+                self._prefetched_bytes -= prefetched
+            counters.host_bytes -= host
+            if profiler is not None:
+                freed.append(key)
         dead = self._dead_storages
         while dead:
             entry = self._handed_out.pop(dead.popleft(), None)
             if entry is not None:
                 counters.resident_bytes -= entry[0]
-                freed.append(entry[1])
+                if profiler is not None:
+                    freed.append(entry[1])
         if self._rebuilt:
             for sid, (ref, nbytes) in list(self._rebuilt.items()):
                 if ref.expired():
@@ -651,11 +699,13 @@ class Executor:
                               zeros=0, producer=profiler.producer(tensor), offloadable=False, reason=reason, module=profiler.module(tensor))
             return Handle(key, None, tensor.detach()), record
         layout = Layout.of(tensor)
-        dedupe_key = (storage_id, tensor.storage_offset(), layout.shape, layout.stride, tensor.dtype, tensor._version)
+        dedupe_key = (storage_id, tensor.storage_offset(), tensor._version)
         ref = self._dedupe.get(dedupe_key)
         stored = ref() if ref is not None else None
-        if stored is not None and stored.storage_ref() is not storage:
-            stored = None  # the storage it stored died, and a new one took its address
+        if stored is not None and (stored.storage_ref() is not storage or stored.layout.stride != layout.stride
+                                   or stored.layout.shape != layout.shape or stored.layout.dtype is not layout.dtype):
+            # the storage it stored died and a new one took its address, or another view of it
+            stored = None
         producer = profiler.producer(tensor) if profiler is not None else ""
         zeros: Any = 0
         encoding_facts: Any = None

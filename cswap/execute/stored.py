@@ -16,7 +16,7 @@ Example:
     >>> entry.held_bytes = 16
     >>> del entry
     >>> released.popleft()
-    (7, None, 16, 0, None)
+    (7, None, 16, 0, None, 0)
 """
 
 from __future__ import annotations
@@ -138,7 +138,6 @@ class Stored:
         "compressing",
         "host_nbytes",
         "host_reserved",
-        "host_sink",
         "_sink",
         "__weakref__",
     )
@@ -174,14 +173,12 @@ class Stored:
         self.compressing: Any = None  # host-zvc-swap: the worker's future, until collected
         self.host_nbytes = 0  # host bytes it holds (a host copy or compressed buffers)
         self.host_reserved = 0  # of those, set aside for a host compression not collected yet
-        self.host_sink: collections.deque[int] | None = None  # where those bytes are posted when it dies
         self._sink = sink
 
     def __del__(self) -> None:
         try:
-            self._sink.append((self.key, self.block, self.held_bytes + self.prefetched_bytes, self.prefetched_bytes, self.dedupe_key))
-            if self.host_sink is not None:
-                self.host_sink.append(self.host_nbytes)
+            self._sink.append((self.key, self.block, self.held_bytes + self.prefetched_bytes, self.prefetched_bytes, self.dedupe_key,
+                               self.host_nbytes))
         except Exception:  # interpreter shutdown
             pass
 

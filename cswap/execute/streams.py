@@ -105,7 +105,6 @@ class Transfers:
             first; all run on the side stream, so they finish in this order.
         unsized: stored entries whose compressed size is not read back yet, oldest first.
         compressing: ``host-zvc-swap`` entries whose host compression is not collected yet, oldest first.
-        host_released: host bytes posted by dead entries (:attr:`Stored.host_sink`), not yet uncounted.
     """
 
     def __init__(self, device: torch.device, backend: str, arena: HostArena, counters: Counters,
@@ -122,7 +121,6 @@ class Transfers:
         self._slots = ReadbackSlots(pin_memory=self.cuda) if self.defer_sizes else None
         self.host_codec = HostCodec() if host_codec is None else host_codec
         self.compressing: collections.deque[Stored] = collections.deque()
-        self.host_released: collections.deque[int] = collections.deque()
         self._staging: collections.deque[tuple[Any, ArenaBlock]] = collections.deque()  # (event, block) of H2D copies in flight
 
     def close(self) -> None:
@@ -134,7 +132,7 @@ class Transfers:
 
     def settle(self) -> None:
         """Finish the compressions whose size has arrived and stop counting the sources of finished copies."""
-        if self.compressing or self.host_released or self._staging:
+        if self.compressing or self._staging:
             self.finish_host(wait=False)
         while self.unsized and self.unsized[0].unsized.ready():  # type: ignore[union-attr]
             self._finish_unsized(self.unsized.popleft())
@@ -247,8 +245,9 @@ class Transfers:
 
     def finish_host(self, wait: bool) -> None:
         """Collect host compressions: each finished one (every one, with ``wait``) replaces its raw
-        host copy, which is freed now, unless it would not shrink it; uncount dead entries' host
-        bytes; free the staging blocks of finished host-to-device copies.
+        host copy, which is freed now, unless it would not shrink it; free the staging blocks of
+        finished host-to-device copies (dead entries' host bytes are uncounted by the executor's
+        drain, with the rest of what they held).
 
         Runs on the training thread, under the executor's lock (the arena and the counters are its).
 
@@ -261,9 +260,6 @@ class Transfers:
             for stored in done:
                 pending.remove(stored)
                 self._finish_host_one(stored)
-        released = self.host_released
-        while released:
-            self.counters.host_bytes -= released.popleft()
         staging = self._staging
         while staging and staging[0][0].query():
             self.arena.free(staging.popleft()[1])
@@ -278,7 +274,7 @@ class Transfers:
             HostCompressionError: a worker failed.
         """
         pending = self.compressing
-        if pending or self.host_released:
+        if pending:
             self.finish_host(wait=False)
         while pending and self.counters.host_bytes > limit_bytes:
             self._finish_host_one(pending.popleft())
@@ -315,7 +311,6 @@ class Transfers:
         """Count ``nbytes`` more host bytes held by ``stored`` until it dies."""
         self.counters.add_host(nbytes)
         stored.host_nbytes += nbytes
-        stored.host_sink = self.host_released
 
     def copy_to_host(self, stored: Stored, source: torch.Tensor, non_blocking: bool, pool_key: int | None = None) -> None:
         """Copy ``source`` into a host block of ``stored`` (on the current stream).

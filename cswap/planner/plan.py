@@ -495,12 +495,11 @@ class Plan:
         budget, which may turn it into a keep."""
         return self.host_budget_bytes is None
 
-    def note_planned(self, key: int) -> None:
-        """Record that ``key``'s pack took its planned decision as it is (what :meth:`resolve`
-        records when it returns one), for a pack hook that knew it without calling :meth:`resolve`."""
-        resolved: dict[int, Decision] = self._resolved  # type: ignore[attr-defined]
-        if resolved:
-            resolved.pop(key, None)
+    def resolved_table(self) -> dict[int, Decision]:
+        """The decisions :meth:`resolve` made instead of the planned ones, by key, as the plain dict
+        :meth:`rows` merges (not a copy). A pack hook that took a key's planned decision as it is,
+        without calling :meth:`resolve`, pops the key from it, as :meth:`resolve` does."""
+        return self._resolved  # type: ignore[attr-defined,no-any-return]
 
     def keeps_within_budget(self, decision: Decision, resident_bytes: int) -> bool:
         """Whether ``decision`` stands under the device budget with ``resident_bytes`` held now: it

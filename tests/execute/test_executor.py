@@ -73,6 +73,21 @@ def test_same_tensor_saved_three_times_is_stored_once(policy: str) -> None:
     assert rt.trace().meta["duplicates"] == {"1": 0, "2": 0}
 
 
+@pytest.mark.parametrize("policy", MOVING_POLICIES)
+def test_another_view_at_the_same_place_is_stored_on_its_own(policy: str) -> None:
+    # y and its flat view share storage, offset and version; only a save of the same view is a duplicate
+    def fn(x):
+        y = x.exp()  # saves y
+        flat = y.view(-1)
+        return (flat * flat).sum()  # saves flat twice
+
+    rt = check_same_as_plain(fn, leaves((32, 32)), policy, prefetch_bytes=0)
+    stats = rt.stats()
+    assert stats.packed_tensors == 6  # 3 per iteration
+    assert stats.deduplicated_tensors == 2  # 1 per iteration
+    assert sum(stats.actions.values()) == 4
+
+
 def test_duplicate_keys_follow_their_first_key_in_the_plan() -> None:
     rt = make_runtime("compress-swap")
     x = leaves((32, 32))[0]
