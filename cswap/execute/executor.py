@@ -277,7 +277,7 @@ class Executor:
         cached = self._protected
         if cached is not None and cached[0] is plan and cached[1]() is model:
             return cached[2]
-        protected = frozenset(_storage_id(t) for t in (*model.parameters(), *model.buffers()))
+        protected = frozenset(_storage_id(t) for t in (*model.parameters(), *model.buffers()) if t.layout is torch.strided)
         self._protected = (plan, weakref.ref(model), protected)
         return protected
 
@@ -368,7 +368,8 @@ class Executor:
                     counters.packed_tensors += 1
                     counters.pack_s += perf_counter() - started
                 return Handle(key, None, tensor.detach())
-            if (action is not keep and (action is not swap or not swaps_stand)) or not tensor.is_contiguous():
+            if ((action is not keep and (action is not swap or not swaps_stand)) or tensor.layout is not strided
+                    or not tensor.is_contiguous()):  # a sparse layout has no contiguity to ask for
                 return general(tensor)
             storage = tensor.untyped_storage()
             storage_id = storage._cdata
@@ -388,8 +389,7 @@ class Executor:
                     counters.deduplicated_tensors += 1
                 else:
                     # _never_move's checks, for a tensor the plan may move
-                    if (type(tensor) is not plain_tensor or tensor.layout is not strided
-                            or not (tensor.is_cpu if on_cpu else tensor.device == device)
+                    if (type(tensor) is not plain_tensor or not (tensor.is_cpu if on_cpu else tensor.device == device)
                             or (tensor.requires_grad and tensor.is_leaf) or storage_id in protected
                             or offset * tensor.element_size() % ALIGN_BYTES):
                         return general(tensor)
@@ -684,8 +684,9 @@ class Executor:
     def _pack(self, it: IterationState, key: int, tensor: torch.Tensor, profiler: Profiler | None) -> tuple[Handle, dict[str, Any] | None]:
         counters = self.counters
         plan = it.plan
-        storage = tensor.untyped_storage()
-        storage_id = storage._cdata
+        # A sparse or other non-strided tensor has no storage to ask for (it is never moved)
+        storage = tensor.untyped_storage() if tensor.layout is torch.strided else None
+        storage_id = storage._cdata if storage is not None else -1
         reason = self._never_move(it, tensor, storage_id)
         if reason is not None:
             # The plan's answer to a tensor that may not move is always to keep it where it is,

@@ -355,7 +355,8 @@ class RegionTracer:
         self.model = model
         first = next(model.parameters(), None)
         self.clock: Stamps = clock if clock is not None else Clock(first.device if first is not None else torch.device("cpu"))
-        self._protected = {StorageWeakRef(t.untyped_storage()).cdata for t in [*model.parameters(), *model.buffers()]}
+        self._protected = {StorageWeakRef(t.untyped_storage()).cdata for t in [*model.parameters(), *model.buffers()]
+                           if t.layout is torch.strided}
         self._refs: list[StorageWeakRef] = []  # keep storage ids unique while the profile is built
         self._saves: list[SavedRecord] = []
         self._calls: list[dict[str, Any]] = []
@@ -383,13 +384,15 @@ class RegionTracer:
         self._handles.clear()
 
     def _storage(self, t: torch.Tensor) -> tuple[int, int]:
+        if t.layout is not torch.strided:  # sparse: no storage, and never moved; an id no storage has
+            return -id(t), 0
         ref = StorageWeakRef(t.untyped_storage())
         self._refs.append(ref)
         return ref.cdata, t.untyped_storage().nbytes()
 
     def _movable(self, t: torch.Tensor, storage: int) -> bool:
         base = t._base
-        return not ((t.is_leaf and t.requires_grad) or (base is not None and base.is_leaf and base.requires_grad) or storage in self._protected)
+        return t.layout is torch.strided and not ((t.is_leaf and t.requires_grad) or (base is not None and base.is_leaf and base.requires_grad) or storage in self._protected)
 
     def _input(self, name: str, keyword: bool, t: torch.Tensor) -> tuple[InputRecord, torch.Tensor, int]:
         storage, nbytes = self._storage(t)

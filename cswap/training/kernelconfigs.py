@@ -213,10 +213,11 @@ def saved_bytes_by_bucket(model: nn.Module, images: torch.Tensor) -> tuple[torch
     by_dtype: Counter[torch.dtype] = Counter()
     # Autograd often saves a view of a weight (``weight.t()`` for a linear layer), not the
     # parameter itself: recognise parameters and buffers by their storage.
-    parameter_storages = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
+    parameter_storages = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers()) if t.layout is torch.strided}
 
     def pack(t: torch.Tensor) -> None:
-        if t.untyped_storage().data_ptr() not in parameter_storages and not (t.is_leaf and t.requires_grad):
+        if (t.layout is torch.strided and t.untyped_storage().data_ptr() not in parameter_storages
+                and not (t.is_leaf and t.requires_grad)):
             nbytes = t.numel() * t.element_size()
             by_bucket[size_bucket(nbytes)] += nbytes
             by_dtype[t.dtype] += nbytes

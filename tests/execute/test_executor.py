@@ -17,6 +17,7 @@ import torch.nn.functional as F
 import cswap
 from cswap.codecs import zvc_compressed_nbytes
 from cswap.execute.executor import Executor
+from cswap.planner.actions import RUNTIME_POLICIES
 from cswap.planner.plan import Action, Plan
 from tests.runtime.helpers import assert_bit_equal, one_thread_below_1mib
 
@@ -178,6 +179,35 @@ def _integer_and_bool_saves(x, w):
     kept = torch.where(mask, picked * x, torch.zeros(()))
     pooled = F.max_pool2d(kept.view(1, 1, 64, 64), 2)  # int64 indices saved by max_pool2d
     return pooled.sum() + F.embedding(index[:4, :4], w).sum()
+
+
+class _SparseTimesDense(torch.nn.Module):
+    """A linear layer, then a product with a sparse buffer, which autograd saves and which has no storage."""
+
+    def __init__(self, layout: torch.layout) -> None:
+        super().__init__()
+        generator = torch.Generator().manual_seed(1)
+        self.linear = torch.nn.Linear(8, 8)
+        dense = torch.randn(16, 16, generator=generator)
+        dense[dense < 0.5] = 0
+        self.register_buffer("matrix", dense.to_sparse_csr() if layout is torch.sparse_csr else dense.to_sparse())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sparse.mm(self.matrix, self.linear(x).exp()).sum()
+
+
+@pytest.mark.filterwarnings("ignore:Sparse")
+@pytest.mark.parametrize("layout", (torch.sparse_csr, torch.sparse_coo), ids=str)
+@pytest.mark.parametrize("policy", RUNTIME_POLICIES)
+def test_sparse_saved_tensors_stay_where_they_are(policy: str, layout: torch.layout) -> None:
+    model = _SparseTimesDense(layout)
+    x = leaves((16, 8))[0]
+
+    def fn(inputs: torch.Tensor) -> torch.Tensor:
+        return model(inputs)
+
+    rt = check_same_as_plain(fn, [x], policy, model=model)
+    assert rt.stats().never_moved_tensors >= 1
 
 
 @pytest.mark.parametrize("policy", ("compress-swap", "compress-keep", "swap"))
