@@ -15,8 +15,9 @@ nothing); ``copying offload``, the copies ``save_on_cpu`` makes with a GPU (one 
 tensor, one copy back per read) and nothing else; ``keyed floor`` (:class:`KeyedFloor`), the
 least a keyed swap hook in Python does, a floor for any such hook; and ``cswap.Runtime``
 under every runtime policy with ``min_bytes=0`` (every tensor goes through the plan), without a
-budget and with ``memory_budget=0.5``. Each runtime is warmed up past its profiling iterations
-first; then the runs take turns, one iteration each per round, so that load on the machine hits all
+budget and with ``memory_budget=0.5``, each on its own copy of the model (a recomputing policy
+attaches hooks to its model's modules, which would tax the other runs on a shared one). Each
+runtime is warmed up past its profiling iterations first; then the runs take turns, one iteration each per round, so that load on the machine hits all
 alike, and each reports the median of its rounds.
 
 Output: one JSON line per (workload, run): median iteration seconds, the ratio to plain and to
@@ -32,6 +33,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import statistics
@@ -102,6 +104,7 @@ class _Run:
     policy: str | None
     budget: float | None
     context: Callable[[], AbstractContextManager[None]]
+    model: nn.Module
     runtime: cswap.Runtime | None = None
     error: BudgetError | None = None
     profiling_s: list[float] = field(default_factory=list)
@@ -200,21 +203,24 @@ class KeyedFloor:
 
 
 def _runs(model: nn.Module, x: torch.Tensor, policies: tuple[str, ...], budgets: tuple[float | None, ...]) -> list[_Run]:
+    """Every run, each on its own copy of ``model`` (same weights): a recomputing policy attaches
+    hooks to its model's modules, which would tax every other run on a shared one."""
     runs = [
-        _Run("plain", None, None, nullcontext),
-        _Run("save_on_cpu", None, None, torch.autograd.graph.save_on_cpu),
-        _Run("copying offload", None, None, copying_offload),
-        _Run("keyed floor", None, None, KeyedFloor(model, x)),
+        _Run("plain", None, None, nullcontext, model),
+        _Run("save_on_cpu", None, None, torch.autograd.graph.save_on_cpu, model),
+        _Run("copying offload", None, None, copying_offload, model),
+        _Run("keyed floor", None, None, KeyedFloor(model, x), model),
     ]
     for budget in budgets:
         for policy in policies:
-            rt = cswap.Runtime(policy, device="cpu", min_bytes=0, model=model, memory_budget=budget)
+            own = copy.deepcopy(model)
+            rt = cswap.Runtime(policy, device="cpu", min_bytes=0, model=own, memory_budget=budget)
             suffix = "" if budget is None else f" @{budget}"
-            runs.append(_Run(f"{policy}{suffix}", policy, budget, rt.iteration, rt))
+            runs.append(_Run(f"{policy}{suffix}", policy, budget, rt.iteration, own, rt))
     return runs
 
 
-def _warm_up(run: _Run, model: nn.Module, x: torch.Tensor, iterations: int) -> None:
+def _warm_up(run: _Run, x: torch.Tensor, iterations: int) -> None:
     for _ in range(iterations):
         profiled = run.runtime.stats().profiled_iterations if run.runtime is not None else 0
         started = time.perf_counter()
@@ -222,7 +228,7 @@ def _warm_up(run: _Run, model: nn.Module, x: torch.Tensor, iterations: int) -> N
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 with run.context():
-                    _step(model, x)
+                    _step(run.model, x)
         except BudgetError as error:
             run.error = error
             return
@@ -237,7 +243,7 @@ def measure(workload: Workload, rounds: int, policies: tuple[str, ...] = RUNTIME
     saved = _saved_per_iteration(model, x)
     runs = _runs(model, x, policies, budgets)
     for run in runs:
-        _warm_up(run, model, x, warmup)
+        _warm_up(run, x, warmup)
     timed = [run for run in runs if run.error is None]
     before = {run.name: run.runtime.stats() for run in timed if run.runtime is not None}
     times: dict[str, list[float]] = {run.name: [] for run in timed}
@@ -245,7 +251,7 @@ def measure(workload: Workload, rounds: int, policies: tuple[str, ...] = RUNTIME
         for run in timed:
             started = time.perf_counter()
             with run.context():
-                _step(model, x)
+                _step(run.model, x)
             times[run.name].append(time.perf_counter() - started)
     plain = statistics.median(times["plain"])
     on_cpu = statistics.median(times["save_on_cpu"])

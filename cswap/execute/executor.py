@@ -321,6 +321,7 @@ class Executor:
         drain = self._drain
         transfers = self.transfers
         alloc_tensor = self.arena.alloc_tensor
+        reuse_slot = self.arena.slot_reuser()
         on_side_stream = transfers.side_stream is not None
         released, dead, rebuilt = self._released, self._dead_storages, self._rebuilt
         in_flight, unsized = transfers.in_flight, transfers.unsized
@@ -367,7 +368,10 @@ class Executor:
                     counters.never_moved_tensors += 1
                     counters.packed_tensors += 1
                     counters.pack_s += perf_counter() - started
-                return Handle(key, None, tensor.detach())
+                # The tensor is its own handle, as autograd holds a saved input without hooks:
+                # autograd detaches what an unpack returns, and a parameter (or a view of one) is
+                # an input of the operation that saves it, so holding it makes no reference cycle.
+                return tensor
             if ((action is not keep and (action is not swap or not swaps_stand)) or tensor.layout is not strided
                     or not tensor.is_contiguous()):  # a sparse layout has no contiguity to ask for
                 return general(tensor)
@@ -424,7 +428,11 @@ class Executor:
                             # Transfers.copy_to_host for a plain layout, to its slot in the plan's
                             # host pool if it has one; pack hooks run with grad mode off, so the
                             # copy needs no detached view (checked, as a caller may differ).
-                            host, stored.block = alloc_tensor(dtype, shape, stride, nbytes, key)
+                            taken = reuse_slot(key, dtype, shape, stride) if reuse_slot is not None else None
+                            if taken is None:
+                                host, stored.block = alloc_tensor(dtype, shape, stride, nbytes, key)
+                            else:
+                                host, stored.block = taken
                             host.copy_(tensor.detach() if grad_enabled() else tensor)
                             stored.host = host
                             stored.host_nbytes = nbytes
@@ -449,11 +457,17 @@ class Executor:
         general_unpack = functools.partial(self.unpack, it)
         materialize = self._materialize
         prefetch_after = self._prefetch_after
-        stored_type = Stored
+        stored_type, handle_type = Stored, Handle
         watch_backward = self._watch_backward
 
-        def unpack(handle: Handle | Stored) -> torch.Tensor:
+        def unpack(handle: Handle | Stored | torch.Tensor) -> torch.Tensor:
             kind = type(handle)
+            if kind is not stored_type and kind is not handle_type:  # a parameter or a view of one, kept as it is
+                if not it._backward_watched:
+                    with lock:
+                        watch_backward(it)
+                counters.unpacks += 1  # one thread's counter: backward's (the packs of its forward are done)
+                return handle  # type: ignore[return-value]
             if it.profiler is not None or (kind is not stored_type and handle.stored is not None):  # type: ignore[union-attr]
                 return general_unpack(handle)
             started = perf_counter()

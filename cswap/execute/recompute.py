@@ -13,8 +13,10 @@ still needs a function to wrap, and a per-op cut inside an HF block would need i
 Leaf modules (a ``ReLU``, a ``BatchNorm2d``, a ``Linear``) are regions too, so the choice goes down
 to single ops wherever the model is built from modules.
 
-Each region is attached once (disabled); :meth:`RecomputeRegions.enable` turns a set on for the
-next iterations through the composable API's ``enable_hook`` flag. The recomputation runs under a
+A region's hooks are attached the first time it is enabled (:meth:`RecomputeRegions.enable`), and
+from then on turned on and off through the composable API's ``enable_hook`` flag: a module never
+recomputed runs with no hook of ours (a hook on every module would cost each call several
+microseconds, a third of the step of a model of many small modules). The recomputation runs under a
 context that puts back the batch-norm running statistics the recomputed forward updates a second
 time, and that refuses to recompute from a keyword input modified in place since the forward.
 
@@ -177,10 +179,11 @@ class _Region:
     pending: _Call | None = None
     calls: list[_Call] = field(default_factory=list)
     watches: list[_RebuiltWatch] = field(default_factory=list)
+    attached: bool = False  # its hooks are on the module (they cannot be removed)
 
 
 class RecomputeRegions:
-    """Every submodule of ``model`` as a recompute region, attached once and disabled.
+    """Every submodule of ``model`` as a recompute region, disabled; each is attached when first enabled.
 
     Args:
         model: the model; its submodules get checkpoint hooks (its code and names are untouched).
@@ -196,7 +199,8 @@ class RecomputeRegions:
     fails in backward ("modified by an inplace operation"): :func:`cswap.profile.regions.profile_regions`
     marks it ineligible. A second backward through an enabled region (``retain_graph=True``) fails in
     torch's composable checkpoint (its recompute context cannot be re-entered). Hooks cannot be
-    removed: :meth:`disable_all` leaves only a flag check per module call.
+    removed: after :meth:`disable_all`, a module that was ever enabled keeps a flag check per call,
+    and the model itself carries torch's checkpoint state (where :meth:`of` finds the regions).
 
     >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
     >>> RecomputeRegions(model).paths
@@ -216,20 +220,32 @@ class RecomputeRegions:
                     f"module {path!r} already has torch's composable checkpoint (a RecomputeRegions of this model exists, "
                     "or the model applies checkpoint itself): make one RecomputeRegions per model and reuse it"
                 )
+        self._preserve_rng_state = preserve_rng_state
         for path, module in model.named_modules():
-            if path in self._regions:
-                continue
-            region = _Region(path, module, running_stat_modules(module))
-            self._regions[path] = region
-            # Registered before checkpoint's own pre-hook, so it runs first and the context
-            # function, called from checkpoint's hook, finds this call's inputs.
-            module.register_forward_pre_hook(self._remember(region), with_kwargs=True)
-            checkpoint(module, preserve_rng_state=preserve_rng_state, context_fn=self._contexts(region))
-            checkpoint.state(module).enable_hook = False
+            if path not in self._regions:
+                self._regions[path] = _Region(path, module, running_stat_modules(module))
         self.paths: tuple[str, ...] = tuple(self._regions)
-        # Kept with the model (on torch's checkpoint state of its root), so that every runtime of
-        # this model finds these regions (:meth:`of`) instead of attaching a second set.
+        # Kept with the model (on torch's checkpoint state of its root, attached now), so that every
+        # runtime of this model finds these regions (:meth:`of`) instead of attaching a second set.
+        self._attach(self._regions[""])
         checkpoint.state(model).cswap_regions = self
+
+    def _attach(self, region: _Region) -> None:
+        """Put ``region``'s hooks on its module, disabled (once: they cannot be removed)."""
+        if region.attached:
+            return
+        module = region.module
+        if checkpoint.state(module) is not None:
+            raise ValueError(
+                f"module {region.path!r} has torch's composable checkpoint applied by another than these regions: "
+                "make one RecomputeRegions per model and reuse it (RecomputeRegions.of)"
+            )
+        # Registered before checkpoint's own pre-hook, so it runs first and the context
+        # function, called from checkpoint's hook, finds this call's inputs.
+        module.register_forward_pre_hook(self._remember(region), with_kwargs=True)
+        checkpoint(module, preserve_rng_state=self._preserve_rng_state, context_fn=self._contexts(region))
+        checkpoint.state(module).enable_hook = False
+        region.attached = True
 
     @classmethod
     def of(cls, model: nn.Module) -> RecomputeRegions:
@@ -307,13 +323,16 @@ class RecomputeRegions:
             )
         self.disable_all()
         for path in chosen:
-            checkpoint.state(self._regions[path].module).enable_hook = True
+            region = self._regions[path]
+            self._attach(region)
+            checkpoint.state(region.module).enable_hook = True
 
     def disable_all(self) -> None:
         """Recompute nothing from the next forward on."""
         for region in self._regions.values():
-            checkpoint.state(region.module).enable_hook = False
-            region.pending = None
+            if region.attached:
+                checkpoint.state(region.module).enable_hook = False
+                region.pending = None
 
     def take_recomputations(self) -> dict[str, int]:
         """Per region path, how many of its calls were recomputed since the last call; resets the counts.
@@ -331,4 +350,4 @@ class RecomputeRegions:
     @property
     def enabled(self) -> tuple[str, ...]:
         """The enabled paths, in module order."""
-        return tuple(p for p, r in self._regions.items() if checkpoint.state(r.module).enable_hook)
+        return tuple(p for p, r in self._regions.items() if r.attached and checkpoint.state(r.module).enable_hook)
