@@ -348,26 +348,32 @@ class Executor:
                 return general(tensor)
             action = planned.action
             if reason is not None:
-                # A parameter or a view of one, kept as the plan says, for the reason _never_move gives it.
-                if tensor.layout is not strided or not (tensor.is_cpu if on_cpu else tensor.device == device):
+                # A parameter or a view of one, kept as the plan says, for the reason _never_move
+                # gives it; a tensor on the storage of a parameter or buffer of the model is kept
+                # whatever the reason, so that one look-up stands for the checks.
+                if tensor.layout is not strided:
                     return general(tensor)
-                kind = type(tensor)
-                leaf = tensor.requires_grad and tensor.is_leaf
-                if kind is parameter or (kind is plain_tensor and leaf):
-                    if not leaf or reason != _LEAF_REASON:
+                if not (protected and tensor.untyped_storage()._cdata in protected):
+                    if not (tensor.is_cpu if on_cpu else tensor.device == device):
                         return general(tensor)
-                else:
-                    base = tensor._base
-                    if (kind is not plain_tensor or base is None or not (base.requires_grad and base.is_leaf)
-                            or reason != _VIEW_REASON):
-                        return general(tensor)
-                with lock:
-                    it.next_key = key + 1
-                    if resolved:  # what Plan.resolve records for a planned decision
-                        resolved.pop(key, None)
-                    counters.never_moved_tensors += 1
-                    counters.packed_tensors += 1
-                    counters.pack_s += perf_counter() - started
+                    kind = type(tensor)
+                    leaf = tensor.requires_grad and tensor.is_leaf
+                    if kind is parameter or (kind is plain_tensor and leaf):
+                        if not leaf or reason != _LEAF_REASON:
+                            return general(tensor)
+                    else:
+                        base = tensor._base
+                        if (kind is not plain_tensor or base is None or not (base.requires_grad and base.is_leaf)
+                                or reason != _VIEW_REASON):
+                            return general(tensor)
+                # Nothing here is shared with another thread: the counters are the forward's, as
+                # the unpacks' are backward's, and a micro-batch's forward never overlaps a backward.
+                it.next_key = key + 1
+                if resolved:  # what Plan.resolve records for a planned decision
+                    resolved.pop(key, None)
+                counters.never_moved_tensors += 1
+                counters.packed_tensors += 1
+                counters.pack_s += perf_counter() - started
                 # The tensor is its own handle, as autograd holds a saved input without hooks:
                 # autograd detaches what an unpack returns, and a parameter (or a view of one) is
                 # an input of the operation that saves it, so holding it makes no reference cycle.
