@@ -207,7 +207,9 @@ class Executor:
         # callback per entry).
         self._dedupe: dict[tuple[Any, ...], weakref.ref[Stored]] = {}
         # storage id -> the kept entry counting that storage's bytes
-        self._kept_storages: weakref.WeakValueDictionary[int, Stored] = weakref.WeakValueDictionary()
+        # storage id -> the kept entry counting that storage's bytes (a plain dict of weak references,
+        # read once per planned keep: dead ones are swept when an iteration begins)
+        self._kept_storages: dict[int, weakref.ref[Stored]] = {}
         self._released: collections.deque[tuple[int, ArenaBlock | PoolSlot | None, int, int, Any, int]] = collections.deque()
         # A rebuilt tensor handed to backward counts until its storage dies; the storage's weak
         # reference posts itself to _dead_storages then (no scan of what is still alive).
@@ -257,6 +259,9 @@ class Executor:
             self._arena_plan = plan
             self._arena_profiling = profiler is not None
             arena.reset_peak()
+            kept = self._kept_storages
+            for storage_id in [sid for sid, ref in kept.items() if ref() is None]:
+                del kept[storage_id]
             self.counters.iteration_peak_resident_bytes = self.counters.resident_bytes
             self.counters.iteration_peak_host_bytes = self.counters.host_bytes
         it = IterationState(plan, profiler, self._protected_storages(plan, model))
@@ -415,17 +420,19 @@ class Executor:
                     if action is keep:
                         # Another view of a kept storage counts it already (the general path shares
                         # it); a keep that would pass the budget falls back there too.
-                        if (kept_storages and storage_id in kept_storages) or (
+                        kept_ref = kept_storages.get(storage_id)
+                        if (kept_ref is not None and kept_ref() is not None) or (
                                 budget is not None and not keeps_within_budget(planned, counters.resident_bytes)):
                             return general(tensor)
                     stored = Stored(key, planned, layout, released)
                     stored.storage_ref = new_ref(storage)
+                    ref = new_ref(stored)
                     if action is keep:
                         stored.tensor = tensor.detach()
                         stored.held_bytes = nbytes
                         counters.kept_bytes += nbytes
                         counters.add_resident(nbytes)
-                        kept_storages[storage_id] = stored
+                        kept_storages[storage_id] = ref
                         actions[_KEEP] += 1
                     else:
                         if on_side_stream:
@@ -447,7 +454,7 @@ class Executor:
                         counters.transferred_bytes += nbytes
                         actions[_SWAP] += 1
                     stored.dedupe_key = dedupe_key
-                    ref = dedupe[dedupe_key] = new_ref(stored)
+                    dedupe[dedupe_key] = ref
                     if action is not keep and budget is not None:
                         transfers.wait_for_budget(budget)
                 it.next_key = key + 1
@@ -737,7 +744,8 @@ class Executor:
             if profiler is not None:
                 profiler.record_duplicate(key, stored.key)
         else:
-            owner = self._kept_storages.get(storage_id) if self._kept_storages else None
+            kept = self._kept_storages.get(storage_id)
+            owner = kept() if kept is not None else None
             if owner is not None and (owner.action is not Action.KEEP or owner.tensor is None or owner.held_bytes < layout.nbytes):
                 owner = None  # evicted since, or it counts a smaller view of the storage than this one
             decision = plan.resolve(key, layout.shape, layout.dtype, layout.nbytes, resident_bytes=counters.resident_bytes,
@@ -785,7 +793,7 @@ class Executor:
             if owner is None:
                 stored.held_bytes = layout.nbytes
                 counters.add_resident(layout.nbytes)
-                self._kept_storages[_storage_id(tensor)] = stored
+                self._kept_storages[_storage_id(tensor)] = weakref.ref(stored)
             else:
                 stored.owner = owner
             if count_zeros:

@@ -40,7 +40,7 @@ from cswap.planner import (
     plan_budget,
 )
 from cswap.simulate.engine import PolicyResult, Simulator
-from cswap.simulate.policies import Action
+from cswap.simulate.policies import Action, on_host_if_shrinks
 from cswap.simulate.timeline import hidden_windows
 
 __all__ = ["BudgetOutcome", "budget_policies", "none_peak_bytes", "planning_problem", "replay_plan", "run_budget", "run_budgets"]
@@ -170,7 +170,8 @@ def replay_plan(simulator: Simulator, problem: PlanningProblem, plan: BudgetPlan
     actions = [Action.KEEP] * len(simulator.costs)
     fetch_after: list[int | None] = [None] * len(simulator.costs)
     for options, tensor in zip(problem.tensors, plan.tensors, strict=True):
-        actions[tensor.key] = Action(carried_out(policy, tensor.action))  # cpu-compress-swap's swaps compress on the host
+        # cpu-compress-swap's swaps compress on the host, where that shrinks them
+        actions[tensor.key] = on_host_if_shrinks(Action(carried_out(policy, tensor.action)), simulator.costs[tensor.key])
         lifetime = options.lifetime
         if not tensor.prefetch_distance or lifetime is None or lifetime.unpack is None:
             continue

@@ -37,7 +37,8 @@ from cswap.planner.actions import POLICY_TABLE, uncompressed
 from cswap.planner.costmodel import TimeModel, paper_compressed_nbytes, zvc_nbytes_for
 from cswap.profile.trace import Trace
 
-__all__ = ["Action", "POLICIES", "RecomputeRegion", "TensorCost", "candidates", "resolve_policies", "static_plan", "tensor_costs"]
+__all__ = ["Action", "POLICIES", "RecomputeRegion", "TensorCost", "candidates", "on_host_if_shrinks", "resolve_policies", "static_plan",
+           "tensor_costs"]
 
 #: Every policy the simulator knows, from plain PyTorch to FreeLunch: those of
 #: :data:`cswap.planner.actions.POLICY_TABLE` that move tensors without recompute regions.
@@ -204,8 +205,23 @@ def static_plan(policy: str, count: int, moved: Sequence[int], costs: Sequence[T
     compressed, plain = _STATIC[policy]
     actions = [Action.KEEP] * count
     for i in moved:
-        actions[i] = compressed if costs[i].compressible else plain
+        actions[i] = on_host_if_shrinks(compressed if costs[i].compressible else plain, costs[i])
     return tuple(actions)
+
+
+def on_host_if_shrinks(action: Action, cost: TensorCost) -> Action:
+    """``action``, but a host compression that would not shrink its tensor is a raw ``swap``, as the
+    runtime plans it (a host copy ZVC cannot shrink is held raw; nothing is compressed).
+
+    Example:
+        >>> dense = TensorCost(nbytes=1024, compressed_nbytes=1160.0, sparsity=0.0, itemsize=4, compress_s=0.0, decompress_s=0.0,
+        ...                    host_compress_s=0.0, host_decompress_s=0.0)
+        >>> on_host_if_shrinks(Action.HOST_ZVC_SWAP, dense).value, on_host_if_shrinks(Action.ZVC_SWAP, dense).value
+        ('swap', 'zvc-swap')
+    """
+    if action is Action.HOST_ZVC_SWAP and not cost.shrinks:
+        return Action.SWAP
+    return action
 
 
 # policy -> (action of a tensor ZVC encodes, action of one it does not); cswap decides per tensor

@@ -51,7 +51,10 @@ def _executed(monkeypatch: pytest.MonkeyPatch) -> dict[int, Action]:
             handle = pack(tensor)
             if key == 0:
                 done.clear()
-            stored = handle if isinstance(handle, Stored) else handle.stored
+            if isinstance(handle, torch.Tensor):  # a parameter the planned pack keeps is its own handle
+                stored = None
+            else:
+                stored = handle if isinstance(handle, Stored) else handle.stored
             # A never-moved tensor is held as it is: kept.
             done[key] = stored.action if stored is not None else Action.KEEP
             return handle

@@ -91,10 +91,22 @@ def test_static_plans(gb):
     assert sim.plan("swap") == (Action.SWAP, Action.SWAP)
     # dense tensors are compressed too: knowing which to skip is cswap's job
     assert sim.plan("compress-swap") == (Action.ZVC_SWAP, Action.ZVC_SWAP)
-    assert sim.plan("cpu-compress-swap") == (Action.HOST_ZVC_SWAP, Action.HOST_ZVC_SWAP)
+    # a host compression that would not shrink is dropped, so the runtime moves those raw
+    assert sim.plan("cpu-compress-swap") == (Action.SWAP, Action.SWAP)
     assert sim.plan("compress-keep") == (Action.ZVC_KEEP, Action.ZVC_KEEP)
     # and cswap leaves dense ones alone: T >= T' whatever the windows
     assert sim.plan("cswap") == (Action.SWAP, Action.SWAP)
+
+
+@pytest.mark.parametrize("sparsity, action", [(0.0, Action.SWAP), (0.5, Action.HOST_ZVC_SWAP), (0.9, Action.HOST_ZVC_SWAP)])
+def test_cpu_compress_swap_holds_on_the_host_what_the_runtime_holds(gb, sparsity, action):
+    trace = make_trace([(gb, 0.0, 1.0), (gb // 2, 0.5, 0.5)], forward_s=1.0, backward_s=2.0, sparsity=sparsity)
+    sim = Simulator(trace, make_profile(), SimConfig(min_bytes=0))
+    result = sim.run("cpu-compress-swap")
+    assert result.actions == (action, action)
+    held = [c.compressed_nbytes if action is Action.HOST_ZVC_SWAP else c.nbytes for c in sim.costs]
+    assert result.host_bytes == pytest.approx(sum(held))
+    assert (result.host_bytes < 1.5 * gb) == (action is Action.HOST_ZVC_SWAP)
 
 
 def test_cswap_compresses_sparse_tensors_on_a_slow_link(gb):
