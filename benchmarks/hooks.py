@@ -15,15 +15,17 @@ nothing); ``copying offload``, the copies ``save_on_cpu`` makes with a GPU (one 
 tensor, one copy back per read) and nothing else; ``keyed floor`` (:class:`KeyedFloor`), the
 least a keyed swap hook in Python does, a floor for any such hook; and ``cswap.Runtime``
 under every runtime policy with ``min_bytes=0`` (every tensor goes through the plan), without a
-budget and with ``memory_budget=0.5``, each on its own copy of the model (a recomputing policy
-attaches hooks to its model's modules, which would tax the other runs on a shared one). Each
-runtime is warmed up past its profiling iterations first; then the runs take turns, one iteration each per round, so that load on the machine hits all
+budget and with ``memory_budget=0.5``; a runtime that may recompute runs on a copy of the model
+of its own (it attaches hooks to the modules it recomputes, which would tax the other runs on a
+shared one), the others on the model itself. Each runtime is warmed up past its profiling
+iterations first; then the runs take turns, one iteration each per round, so that load on the machine hits all
 alike, and each reports the median of its rounds.
 
 Output: one JSON line per (workload, run): median iteration seconds, the ratio to plain and to
 ``save_on_cpu`` of the same round set, saved tensors per iteration, microseconds per saved tensor
-over plain, and for the runtimes the hooks' own time per pack and unpack from their counters and
-what a profiling iteration costs against a planned one.
+over plain, and for the runtimes the hooks' own time per pack and unpack from their counters (the
+median of the rounds': a garbage collection landing in one hook would swamp a mean) and what a
+profiling iteration costs against a planned one.
 A budget a policy cannot meet is reported with its least budget instead of a time.
 
 Example:
@@ -203,8 +205,10 @@ class KeyedFloor:
 
 
 def _runs(model: nn.Module, x: torch.Tensor, policies: tuple[str, ...], budgets: tuple[float | None, ...]) -> list[_Run]:
-    """Every run, each on its own copy of ``model`` (same weights): a recomputing policy attaches
-    hooks to its model's modules, which would tax every other run on a shared one."""
+    """Every run: on ``model`` itself, but for a runtime that may recompute, on a copy of its own
+    (same weights): it attaches hooks to the modules it recomputes, which would tax every other run
+    on a shared model, and a copy is not the original's equal either (its memory lies elsewhere:
+    1-4% apart here), so only those runs take one."""
     runs = [
         _Run("plain", None, None, nullcontext, model),
         _Run("save_on_cpu", None, None, torch.autograd.graph.save_on_cpu, model),
@@ -213,8 +217,11 @@ def _runs(model: nn.Module, x: torch.Tensor, policies: tuple[str, ...], budgets:
     ]
     for budget in budgets:
         for policy in policies:
-            own = copy.deepcopy(model)
+            own = model
             rt = cswap.Runtime(policy, device="cpu", min_bytes=0, model=own, memory_budget=budget)
+            if rt.recomputes:
+                own = copy.deepcopy(model)
+                rt = cswap.Runtime(policy, device="cpu", min_bytes=0, model=own, memory_budget=budget)
             suffix = "" if budget is None else f" @{budget}"
             runs.append(_Run(f"{policy}{suffix}", policy, budget, rt.iteration, own, rt))
     return runs
@@ -245,14 +252,21 @@ def measure(workload: Workload, rounds: int, policies: tuple[str, ...] = RUNTIME
     for run in runs:
         _warm_up(run, x, warmup)
     timed = [run for run in runs if run.error is None]
-    before = {run.name: run.runtime.stats() for run in timed if run.runtime is not None}
     times: dict[str, list[float]] = {run.name: [] for run in timed}
+    # per round, the hooks' own microseconds per pack and per unpack: a median of rounds, as a
+    # garbage collection that lands in one hook would swamp a mean
+    hook_us: dict[str, list[tuple[float, float]]] = {run.name: [] for run in timed if run.runtime is not None}
     for _ in range(rounds):
         for run in timed:
+            start = run.runtime.stats() if run.runtime is not None else None
             started = time.perf_counter()
             with run.context():
                 _step(run.model, x)
             times[run.name].append(time.perf_counter() - started)
+            if run.runtime is not None and start is not None:
+                end = run.runtime.stats()
+                hook_us[run.name].append(((end.pack_s - start.pack_s) / max(end.packed_tensors - start.packed_tensors, 1) * 1e6,
+                                          (end.unpack_s - start.unpack_s) / max(end.unpacks - start.unpacks, 1) * 1e6))
     plain = statistics.median(times["plain"])
     on_cpu = statistics.median(times["save_on_cpu"])
     copying = statistics.median(times["copying offload"])
@@ -272,13 +286,10 @@ def measure(workload: Workload, rounds: int, policies: tuple[str, ...] = RUNTIME
                 us_per_saved_tensor_over_plain=round((median - plain) / saved * 1e6, 2),
             )
             if run.runtime is not None:
-                stats, start = run.runtime.stats(), before[run.name]
-                packs = stats.packed_tensors - start.packed_tensors
-                unpacks = stats.unpacks - start.unpacks
                 row.update(
-                    pack_us=round((stats.pack_s - start.pack_s) / max(packs, 1) * 1e6, 2),
-                    unpack_us=round((stats.unpack_s - start.unpack_s) / max(unpacks, 1) * 1e6, 2),
-                    profiled_iterations=stats.profiled_iterations,
+                    pack_us=round(statistics.median(p for p, _ in hook_us[run.name]), 2),
+                    unpack_us=round(statistics.median(u for _, u in hook_us[run.name]), 2),
+                    profiled_iterations=run.runtime.stats().profiled_iterations,
                 )
             if run.profiling_s:
                 # the last profiling iteration of the warm-up (the first also pays one-off set-up)
