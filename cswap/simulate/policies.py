@@ -32,6 +32,7 @@ from enum import Enum
 
 import torch
 
+from cswap.codecs.encoding import Encoding
 from cswap.codecs.format import DEFAULT_CHUNK_WORDS, SUPPORTED_DTYPES
 from cswap.planner.actions import POLICY_TABLE, uncompressed
 from cswap.planner.costmodel import TimeModel, paper_compressed_nbytes, zvc_nbytes_for
@@ -165,6 +166,10 @@ def tensor_costs(
         itemsize = dtype.itemsize
         if paper_size:
             compressed = paper_compressed_nbytes(record.nbytes, record.sparsity)
+        elif record.narrow_dtype:
+            # the codec stores a profiled small-valued int64 narrower before ZVC (cswap.codecs.encoding)
+            encoding = Encoding.named(record.dtype, record.narrow_dtype)
+            compressed = float(encoding.compressed_nbytes(record.nbytes // itemsize, record.sparsity, chunk_words))
         else:
             compressed = float(zvc_nbytes_for(record.nbytes, record.sparsity, itemsize, chunk_words))
         density = record.density
