@@ -6,6 +6,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cswap.codecs import zvc_compressed_nbytes
+from cswap.codecs.format import DEFAULT_CHUNK_WORDS
 from cswap.profile.trace import TensorRecord, Trace
 from cswap.simulate import POLICIES, Action, SimConfig, Simulator, SparsityModel, meta_trace, simulate, simulate_policies
 from cswap.simulate.policies import resolve_policies
@@ -164,3 +166,17 @@ def test_min_bytes_default_is_the_runtimes():
     from cswap.simulate import DEFAULT_MIN_BYTES
 
     assert SimConfig().min_bytes == DEFAULT_MIN_BYTES == load_options().min_bytes
+
+
+@pytest.mark.parametrize("narrow, itemsize", [(None, 8), ("int16", 2), ("int8", 1)])
+def test_a_narrowed_record_is_sized_as_the_codec_encodes_it(narrow, itemsize):
+    # max-pool indices: int64 whose profiled range fits a narrower integer, stored narrowed before ZVC
+    numel = 4096
+    record = TensorRecord(key=0, shape=(numel,), dtype="int64", nbytes=8 * numel, sparsity=0.0, pack_at_s=0.0, unpack_at_s=1.5,
+                          narrow_dtype=narrow)
+    trace = Trace(tensors=(record,), forward_s=1.0, backward_s=1.0, d2h_gbps=1.0, h2d_gbps=1.0)
+    sim = Simulator(trace, make_profile(), SimConfig(min_bytes=0))
+    expected = zvc_compressed_nbytes(numel, numel, itemsize, DEFAULT_CHUNK_WORDS)
+    assert sim.costs[0].compressed_nbytes == expected
+    # with no zeros, ZVC shrinks it only narrowed (its bitmap comes on top of every value)
+    assert sim.plan("cpu-compress-swap") == ((Action.HOST_ZVC_SWAP,) if narrow else (Action.SWAP,))
