@@ -13,7 +13,10 @@ Runs, each one optimizer-free forward+backward: plain PyTorch; ``torch.autograd.
 (on a CPU device an identity hook: ``tensor.cpu()`` returns the tensor itself, so it copies
 nothing); ``copying offload``, the copies ``save_on_cpu`` makes with a GPU (one host copy per saved
 tensor, one copy back per read) and nothing else; ``keyed floor`` (:class:`KeyedFloor`), the
-least a keyed swap hook in Python does, a floor for any such hook; and ``cswap.Runtime``
+least a keyed swap hook in Python does, a floor for any such hook; ``essential swap``
+(:class:`EssentialSwap`), that floor with what a swap hook needs to be safe to train with (guard,
+never-move checks, deduplication, slots held until released, host and resident bytes counted);
+and ``cswap.Runtime``
 under every runtime policy with ``min_bytes=0`` (every tensor goes through the plan), without a
 budget and with ``memory_budget=0.5``; a runtime that may recompute runs on a copy of the model
 of its own (it attaches hooks to the modules it recomputes, which would tax the other runs on a
@@ -35,6 +38,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import collections
 import copy
 import json
 import os
@@ -43,9 +47,9 @@ import sys
 import time
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -55,7 +59,7 @@ import cswap
 from cswap.budget import BudgetError
 from cswap.planner.actions import RUNTIME_POLICIES
 
-__all__ = ["WORKLOADS", "KeyedFloor", "Workload", "copying_offload", "main", "measure"]
+__all__ = ["WORKLOADS", "EssentialSwap", "KeyedFloor", "Workload", "copying_offload", "main", "measure"]
 
 
 @dataclass(frozen=True)
@@ -204,6 +208,126 @@ class KeyedFloor:
         return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
 
 
+class _Entry:
+    """What the essential swap's pack returns for a stored tensor; on death it posts its position
+    and bytes, so that its slot and host bytes are released at the next hook."""
+
+    __slots__ = ("key", "host", "storage", "nbytes", "shape", "stride", "handles", "reads", "held_out", "sink", "__weakref__")
+
+    def __init__(self, key: int, host: torch.Tensor, storage: weakref.ref[torch.UntypedStorage], nbytes: int,
+                 sink: collections.deque[tuple[int, int]]) -> None:
+        self.key, self.host, self.storage, self.nbytes, self.sink = key, host, storage, nbytes, sink
+        self.shape, self.stride = host.shape, host.stride()
+        self.handles, self.reads, self.held_out = 1, 0, None
+
+    def __del__(self) -> None:
+        self.sink.append((self.key, self.nbytes))
+
+
+class EssentialSwap:
+    """What a keyed swap hook in Python must do to be safe to train with, and nothing a runtime
+    adds beyond it: the keyed floor plus, per saved tensor, a guard on the shape and dtype a first
+    pass found at its position, the never-move checks (a parameter, a view of one, another
+    layout), deduplication by storage, offset and version with the view matched, a slot that is
+    not reused while an entry of an earlier iteration still holds it, host bytes counted from the
+    copy to the entry's death (with their peak), and a rebuilt tensor counted resident until its
+    storage dies. No lock, no timing, no budget, no prefetch, no streams: it stands between the
+    keyed floor and a runtime, to tell what the runtime's further promises cost.
+
+    Example:
+        >>> model, x = Workload("tiny", blocks=2, width=4, batch=1).build()
+        >>> essential = EssentialSwap(model, x)
+        >>> with essential():
+        ...     _step(model, x)
+        >>> essential.peak_host_bytes, essential.host_bytes, essential.resident_bytes
+        (48, 0, 0)
+    """
+
+    def __init__(self, model: nn.Module, x: torch.Tensor) -> None:
+        self.guards: list[tuple[torch.Size, torch.dtype, torch.Tensor] | None] = []
+
+        def learn(t: torch.Tensor) -> torch.Tensor:
+            movable = t.layout is torch.strided and not (t.requires_grad and t.is_leaf)
+            base = t._base
+            if movable and base is not None and base.requires_grad and base.is_leaf:
+                movable = False
+            self.guards.append((t.shape, t.dtype, torch.empty_like(t)) if movable else None)
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(learn, lambda t: t):
+            _step(model, x)
+        self.held: set[int] = set()
+        self.released: collections.deque[tuple[int, int]] = collections.deque()
+        self.dead: collections.deque[weakref.ref[torch.UntypedStorage]] = collections.deque()
+        self.handed: dict[weakref.ref[torch.UntypedStorage], int] = {}
+        self.host_bytes = self.peak_host_bytes = self.resident_bytes = 0
+
+    def _drain(self) -> None:
+        while self.released:
+            key, nbytes = self.released.popleft()
+            self.held.discard(key)
+            self.host_bytes -= nbytes
+        while self.dead:
+            self.resident_bytes -= self.handed.pop(self.dead.popleft(), 0)
+
+    def __call__(self) -> AbstractContextManager[None]:
+        guards, held, released, dead, handed = self.guards, self.held, self.released, self.dead, self.handed
+        dedupe: dict[tuple[int, int, int], weakref.ref[_Entry]] = {}
+        position = [0]
+
+        def pack(t: torch.Tensor) -> Any:
+            key = position[0]
+            position[0] = key + 1
+            guard = guards[key] if key < len(guards) else None
+            if guard is None or t.dtype is not guard[1] or t.shape != guard[0] or t.layout is not torch.strided:
+                return t.detach()
+            if released or dead:
+                self._drain()
+            storage = t.untyped_storage()
+            where = (storage._cdata, t.storage_offset(), t._version)
+            ref = dedupe.get(where)
+            entry = ref() if ref is not None else None
+            if entry is not None and entry.storage() is storage and entry.shape == t.shape and entry.stride == t.stride():
+                entry.handles += 1
+                return entry
+            base = t._base
+            if (type(t) is not torch.Tensor or (t.requires_grad and t.is_leaf) or key in held
+                    or (base is not None and base.requires_grad and base.is_leaf) or not t.is_contiguous()):
+                return t.detach()
+            host = guard[2]
+            host.copy_(t)
+            held.add(key)
+            nbytes = host.numel() * host.element_size()
+            entry = _Entry(key, host, weakref.ref(storage), nbytes, released)
+            dedupe[where] = weakref.ref(entry)
+            self.host_bytes += nbytes
+            if self.host_bytes > self.peak_host_bytes:
+                self.peak_host_bytes = self.host_bytes
+            return entry
+
+        def unpack(packed: Any) -> torch.Tensor:
+            if type(packed) is not _Entry:
+                return packed
+            out = packed.held_out
+            if out is None:
+                if released or dead:
+                    self._drain()
+                out = packed.host.clone()
+                handed[weakref.ref(out.untyped_storage(), dead.append)] = packed.nbytes
+                self.resident_bytes += packed.nbytes
+            packed.reads += 1
+            packed.held_out = out if packed.reads < packed.handles else None
+            return out
+
+        return self._installed(pack, unpack)
+
+    @contextmanager
+    def _installed(self, pack: Callable[[torch.Tensor], Any], unpack: Callable[[Any], torch.Tensor]) -> Iterator[None]:
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            yield
+        self._drain()  # what died in backward
+
+
 def _runs(model: nn.Module, x: torch.Tensor, policies: tuple[str, ...], budgets: tuple[float | None, ...]) -> list[_Run]:
     """Every run: on ``model`` itself, but for a runtime that may recompute, on a copy of its own
     (same weights): it attaches hooks to the modules it recomputes, which would tax every other run
@@ -214,6 +338,7 @@ def _runs(model: nn.Module, x: torch.Tensor, policies: tuple[str, ...], budgets:
         _Run("save_on_cpu", None, None, torch.autograd.graph.save_on_cpu, model),
         _Run("copying offload", None, None, copying_offload, model),
         _Run("keyed floor", None, None, KeyedFloor(model, x), model),
+        _Run("essential swap", None, None, EssentialSwap(model, x), model),
     ]
     for budget in budgets:
         for policy in policies:

@@ -33,7 +33,7 @@ def _grads(model: torch.nn.Module, x: torch.Tensor, bench: ModuleType, context: 
     return [p.grad.clone() for p in model.parameters()]
 
 
-@pytest.mark.parametrize("baseline", ["copying offload", "keyed floor"])
+@pytest.mark.parametrize("baseline", ["copying offload", "keyed floor", "essential swap"])
 @pytest.mark.parametrize("blocks, width, batch", [(3, 8, 2), (5, 32, 8)])
 def test_a_baseline_copies_every_stored_tensor_and_gives_plain_gradients(bench: ModuleType, baseline: str, blocks: int,
                                                                          width: int, batch: int) -> None:
@@ -46,6 +46,8 @@ def test_a_baseline_copies_every_stored_tensor_and_gives_plain_gradients(bench: 
         # first Linear's weight is not saved (its input needs no gradient), the others' are
         kinds = [kind for kind, _ in floor.kinds]
         assert kinds.count("param") == blocks - 1 and kinds.count("store") == blocks + 1 and kinds.count("dup") == blocks - 1
+    elif baseline == "essential swap":
+        context = bench.EssentialSwap(model, x)
     else:
         context = bench.copying_offload
     copies: list[int] = []
@@ -63,3 +65,7 @@ def test_a_baseline_copies_every_stored_tensor_and_gives_plain_gradients(bench: 
     assert all(torch.equal(a, b) for a, b in zip(plain, grads))
     expected = 3 * blocks - 1 if baseline == "copying offload" else blocks + 1  # every saved tensor, or every stored one
     assert len(copies) == expected, f"{baseline}: {len(copies)} copies to the host, expected {expected}"
+    if baseline == "essential swap":
+        # every stored tensor on the host at once at the end of forward, all released after backward
+        assert context.peak_host_bytes == (blocks + 1) * batch * width * 4
+        assert (context.host_bytes, context.resident_bytes, context.held) == (0, 0, set())
