@@ -26,7 +26,7 @@ Example:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, Protocol
@@ -242,6 +242,29 @@ class RegionFacts:
 def _distinct_bytes(items: Iterable[SavedRecord | InputRecord]) -> int:
     sizes = {item.storage: item.storage_bytes for item in items if item.movable}
     return sum(sizes.values())
+
+
+def _freed_alone(saves: Sequence[SavedRecord], calls: Sequence[CallRecord], saves_by_call: Mapping[int, Sequence[SavedRecord]]) -> dict[str, int]:
+    """Per region path, :meth:`RegionProfile.freed_bytes` of enabling that region alone, from the
+    storages its grad-enabled calls' saves drop and the positional inputs they add, without
+    building each pack sequence (which made a profile quadratic in the model's modules)."""
+    held_bytes = {s.storage: s.storage_bytes for s in saves if s.movable}
+    holders = Counter(s.storage for s in saves if s.movable)
+    held_none = sum(held_bytes.values())
+    active_by_path: dict[str, list[CallRecord]] = {}
+    for c in calls:
+        if c.grad_enabled:
+            active_by_path.setdefault(c.path, []).append(c)
+    freed: dict[str, int] = {}
+    for path in {c.path for c in calls}:
+        active = active_by_path.get(path, [])
+        dropped = {s.key: s for c in active for s in saves_by_call.get(c.index, ()) if s.movable}
+        gone = {storage for storage, n in Counter(s.storage for s in dropped.values()).items() if n == holders[storage]}
+        inputs = {i.storage: i.storage_bytes for c in active for i in c.inputs if not i.keyword and i.movable}
+        held_with = held_none - sum(held_bytes[storage] for storage in gone)
+        held_with += sum(nbytes for storage, nbytes in inputs.items() if storage not in held_bytes or storage in gone)
+        freed[path] = held_none - held_with
+    return freed
 
 
 @dataclass(frozen=True)
@@ -460,12 +483,19 @@ class RegionTracer:
             for i, c in enumerate(self._calls)
         )
         saves = tuple(self._saves)
-        partial = RegionProfile(saves, calls, MappingProxyType({c.path: None for c in calls}))  # type: ignore[dict-item]
+        paths = tuple(dict.fromkeys(c.path for c in calls))
+        calls_by_path: dict[str, list[CallRecord]] = {}
+        for c in calls:
+            calls_by_path.setdefault(c.path, []).append(c)
+        saves_by_call: dict[int, list[SavedRecord]] = {}
+        for record in saves:
+            for index in record.calls:
+                saves_by_call.setdefault(index, []).append(record)
+        freed_alone = _freed_alone(saves, calls, saves_by_call)
         regions: dict[str, RegionFacts] = {}
-        for path in partial.regions:
-            mine = [c for c in calls if c.path == path]
-            indices = {c.index for c in mine}
-            inside = [s for s in saves if indices.intersection(s.calls)]
+        for path in paths:
+            mine = calls_by_path[path]
+            inside = sorted({s.key: s for c in mine for s in saves_by_call.get(c.index, ())}.values(), key=lambda s: s.key)
             inputs = [i for c in mine for i in c.inputs]
             input_storages = {i.storage for i in inputs}
             reason = None
@@ -488,7 +518,7 @@ class RegionTracer:
             regions[path] = RegionFacts(
                 path=path,
                 keys=tuple(s.key for s in inside),
-                freed_bytes=0 if reason else partial.freed_bytes([path]),
+                freed_bytes=0 if reason else freed_alone[path],
                 input_bytes=_distinct_bytes(i for i in inputs if not i.keyword),
                 closure_bytes=_distinct_bytes(i for i in inputs if i.keyword),
                 recompute_bytes=_distinct_bytes(s for s in inside if s.storage not in input_storages),

@@ -240,3 +240,42 @@ def test_a_module_called_twice_sums_its_calls() -> None:
     facts = profile.regions["0"]
     assert facts.calls == 2 and facts.forward_s == 2.0
     assert facts.input_bytes == X_BYTES + B * 4 * F32
+
+
+class _Twice(nn.Module):
+    """A block called twice, one call under no_grad, and a residual: regions whose calls differ."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.block = nn.Sequential(nn.Linear(8, 8), nn.Tanh())
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            skip = self.block(x)
+        h = self.block(x) + skip
+        return self.head(self.block(h) * h)
+
+
+def _gpt2() -> tuple[nn.Module, Any]:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, n_positions=16))
+    ids = torch.randint(0, 50257, (2, 8))
+    return model, lambda: model(ids, labels=ids).loss.backward()
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn", "twice", "gpt2"])
+def test_each_regions_freed_bytes_is_the_pack_sequences(name: str) -> None:
+    # the profile sizes each region alone without building its pack sequence: the same bytes
+    if name == "gpt2":
+        model, step = _gpt2()
+    else:
+        model, x = {"mlp": (mlp(), MLP_X), "cnn": (cnn(), CNN_X), "twice": (_Twice(), torch.randn(B, 8))}[name]
+        step = lambda: model(x).sum().backward()  # noqa: E731
+    profile = profile_regions(model, step)
+    eligible = [path for path, facts in profile.regions.items() if facts.ineligible is None]
+    assert len(eligible) >= 3
+    for path in eligible:
+        assert profile.regions[path].freed_bytes == profile.freed_bytes([path]), path
