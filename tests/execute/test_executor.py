@@ -323,6 +323,34 @@ def test_tensors_below_min_bytes_stay() -> None:
 
 
 @pytest.mark.parametrize("with_model", (True, False))
+@pytest.mark.parametrize("policy", ALL_POLICIES)
+def test_planned_parameters_give_plain_double_backward_gradients(policy: str, with_model: bool) -> None:
+    # a planned pack keeps a parameter (and a view of one, a Linear's weight.t()) as its own handle;
+    # a gradient of a gradient flows through those saves
+    def build() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(3))
+
+    def run(model: torch.nn.Module, rt: cswap.Runtime | None) -> list[torch.Tensor]:
+        inputs = x.clone().requires_grad_()
+        for _ in range(3):  # a profiling iteration, then planned ones
+            model.zero_grad()
+            inputs.grad = None
+            with rt.iteration() if rt is not None else torch.enable_grad():
+                (g,) = torch.autograd.grad(model(inputs).sum(), inputs, create_graph=True)
+                g.pow(2).sum().backward()
+        return [inputs.grad, *(p.grad for p in model.parameters() if p.grad is not None)]
+
+    plain = run(build(), None)
+    model = build()
+    rt = make_runtime(policy, model=model if with_model else None)
+    assert_bit_equal(plain, run(model, rt), what=f"{policy} double-backward gradient")
+    assert rt.stats().never_moved_tensors > 0
+
+
+@pytest.mark.parametrize("with_model", (True, False))
 def test_parameters_and_buffers_never_offloaded(with_model: bool) -> None:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 4))
