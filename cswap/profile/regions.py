@@ -25,8 +25,9 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, Protocol
@@ -244,29 +245,6 @@ def _distinct_bytes(items: Iterable[SavedRecord | InputRecord]) -> int:
     return sum(sizes.values())
 
 
-def _freed_alone(saves: Sequence[SavedRecord], calls: Sequence[CallRecord], saves_by_call: Mapping[int, Sequence[SavedRecord]]) -> dict[str, int]:
-    """Per region path, :meth:`RegionProfile.freed_bytes` of enabling that region alone, from the
-    storages its grad-enabled calls' saves drop and the positional inputs they add, without
-    building each pack sequence (which made a profile quadratic in the model's modules)."""
-    held_bytes = {s.storage: s.storage_bytes for s in saves if s.movable}
-    holders = Counter(s.storage for s in saves if s.movable)
-    held_none = sum(held_bytes.values())
-    active_by_path: dict[str, list[CallRecord]] = {}
-    for c in calls:
-        if c.grad_enabled:
-            active_by_path.setdefault(c.path, []).append(c)
-    freed: dict[str, int] = {}
-    for path in {c.path for c in calls}:
-        active = active_by_path.get(path, [])
-        dropped = {s.key: s for c in active for s in saves_by_call.get(c.index, ()) if s.movable}
-        gone = {storage for storage, n in Counter(s.storage for s in dropped.values()).items() if n == holders[storage]}
-        inputs = {i.storage: i.storage_bytes for c in active for i in c.inputs if not i.keyword and i.movable}
-        held_with = held_none - sum(held_bytes[storage] for storage in gone)
-        held_with += sum(nbytes for storage, nbytes in inputs.items() if storage not in held_bytes or storage in gone)
-        freed[path] = held_none - held_with
-    return freed
-
-
 @dataclass(frozen=True)
 class RegionProfile:
     """The outer saves and module calls of one iteration, and the facts per region.
@@ -309,12 +287,8 @@ class RegionProfile:
         innermost = {s.key: self.calls[s.calls[-1]].forward_s for s in self.saves if s.calls}
         return replace(trace, tensors=tuple(replace(r, recompute_s=innermost.get(r.key, r.recompute_s)) for r in trace.tensors))
 
-    def sequence(self, enabled: Iterable[str]) -> tuple[OuterPack, ...]:
-        """The outer pack sequence when ``enabled`` regions are recomputed (index = new ordinal).
-
-        Raises:
-            ValueError: nested regions, or a path that did not run.
-        """
+    def _enabled(self, enabled: Iterable[str]) -> set[str]:
+        """``enabled`` as a set, checked: regions that ran, none inside another."""
         paths = set(enabled)
         missing = sorted(paths - set(self.regions))
         if missing:
@@ -322,6 +296,15 @@ class RegionProfile:
         pair = nested_pair(paths)
         if pair is not None:
             raise ValueError(f"recompute regions {pair[0]!r} and {pair[1]!r} are nested: enable one of them, not both")
+        return paths
+
+    def sequence(self, enabled: Iterable[str]) -> tuple[OuterPack, ...]:
+        """The outer pack sequence when ``enabled`` regions are recomputed (index = new ordinal).
+
+        Raises:
+            ValueError: nested regions, or a path that did not run.
+        """
+        paths = self._enabled(enabled)
         active = {c.index for c in self.calls if c.path in paths and c.grad_enabled}
         events: list[tuple[int, int, int, OuterPack]] = []
         for c in self.calls:
@@ -358,8 +341,37 @@ class RegionProfile:
         return tuple(s.key for s in self.saves if s.movable and s.storage not in held)
 
     def freed_bytes(self, enabled: Iterable[str]) -> int:
-        """Bytes the outer hooks no longer hold when ``enabled`` regions are recomputed."""
-        return self.held_bytes(()) - self.held_bytes(enabled)
+        """Bytes the outer hooks no longer hold when ``enabled`` regions are recomputed: what
+        :meth:`held_bytes` tells apart, from the storages whose every movable save the regions'
+        grad-enabled calls drop and the positional inputs those calls add in their place, without
+        building the pack sequence (asked once per region, that made a profile quadratic in the
+        model's modules).
+
+        Raises:
+            ValueError: nested regions, or a path that did not run.
+        """
+        paths = self._enabled(enabled)
+        by_call, by_path, held, holders = self._index
+        active = [c for path in paths for c in by_path[path] if c.grad_enabled]
+        dropped = {s.key: s for c in active for s in by_call.get(c.index, ()) if s.movable}
+        gone = {storage for storage, n in Counter(s.storage for s in dropped.values()).items() if n == holders[storage]}
+        inputs = {i.storage: i.storage_bytes for c in active for i in c.inputs if not i.keyword and i.movable}
+        added = sum(nbytes for storage, nbytes in inputs.items() if storage not in held or storage in gone)
+        return sum(held[storage] for storage in gone) - added
+
+    @functools.cached_property
+    def _index(self) -> tuple[dict[int, list[SavedRecord]], dict[str, list[CallRecord]], dict[int, int], Counter[int]]:
+        """The saves by the index of each call running when it was made; the calls by path; the
+        bytes of every storage a movable save holds; how many movable saves hold each."""
+        by_call: dict[int, list[SavedRecord]] = {}
+        for record in self.saves:
+            for index in record.calls:
+                by_call.setdefault(index, []).append(record)
+        by_path: dict[str, list[CallRecord]] = {}
+        for call in self.calls:
+            by_path.setdefault(call.path, []).append(call)
+        held = {s.storage: s.storage_bytes for s in self.saves if s.movable}
+        return by_call, by_path, held, Counter(s.storage for s in self.saves if s.movable)
 
 
 class RegionTracer:
@@ -483,17 +495,10 @@ class RegionTracer:
             for i, c in enumerate(self._calls)
         )
         saves = tuple(self._saves)
-        paths = tuple(dict.fromkeys(c.path for c in calls))
-        calls_by_path: dict[str, list[CallRecord]] = {}
-        for c in calls:
-            calls_by_path.setdefault(c.path, []).append(c)
-        saves_by_call: dict[int, list[SavedRecord]] = {}
-        for record in saves:
-            for index in record.calls:
-                saves_by_call.setdefault(index, []).append(record)
-        freed_alone = _freed_alone(saves, calls, saves_by_call)
+        partial = RegionProfile(saves, calls, MappingProxyType({c.path: None for c in calls}))  # type: ignore[dict-item]
+        saves_by_call, calls_by_path = partial._index[:2]
         regions: dict[str, RegionFacts] = {}
-        for path in paths:
+        for path in partial.regions:
             mine = calls_by_path[path]
             inside = sorted({s.key: s for c in mine for s in saves_by_call.get(c.index, ())}.values(), key=lambda s: s.key)
             inputs = [i for c in mine for i in c.inputs]
@@ -518,7 +523,7 @@ class RegionTracer:
             regions[path] = RegionFacts(
                 path=path,
                 keys=tuple(s.key for s in inside),
-                freed_bytes=0 if reason else freed_alone[path],
+                freed_bytes=0 if reason else partial.freed_bytes([path]),
                 input_bytes=_distinct_bytes(i for i in inputs if not i.keyword),
                 closure_bytes=_distinct_bytes(i for i in inputs if i.keyword),
                 recompute_bytes=_distinct_bytes(s for s in inside if s.storage not in input_storages),

@@ -14,7 +14,7 @@ from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from cswap.execute.recompute import RecomputeRegions
-from cswap.profile.regions import RegionProfile, profile_regions
+from cswap.profile.regions import RegionProfile, nested_pair, profile_regions
 
 B = 3
 F32 = 4
@@ -268,7 +268,7 @@ def _gpt2() -> tuple[nn.Module, Any]:
 
 @pytest.mark.parametrize("name", ["mlp", "cnn", "twice", "gpt2"])
 def test_each_regions_freed_bytes_is_the_pack_sequences(name: str) -> None:
-    # the profile sizes each region alone without building its pack sequence: the same bytes
+    # freed_bytes sizes regions without building the pack sequence: the bytes the sequence holds
     if name == "gpt2":
         model, step = _gpt2()
     else:
@@ -277,5 +277,13 @@ def test_each_regions_freed_bytes_is_the_pack_sequences(name: str) -> None:
     profile = profile_regions(model, step)
     eligible = [path for path, facts in profile.regions.items() if facts.ineligible is None]
     assert len(eligible) >= 3
+    held = profile.held_bytes(())
     for path in eligible:
-        assert profile.regions[path].freed_bytes == profile.freed_bytes([path]), path
+        assert profile.regions[path].freed_bytes == profile.freed_bytes([path]) == held - profile.held_bytes([path]), path
+    # and for sets of regions, grown one region at a time as the planner grows them
+    chosen: list[str] = []
+    for path in eligible:
+        if path and nested_pair([*chosen, path]) is None:
+            chosen.append(path)
+            assert profile.freed_bytes(chosen) == held - profile.held_bytes(chosen), chosen
+    assert len(chosen) >= 2
