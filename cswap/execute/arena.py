@@ -92,27 +92,29 @@ class _Pool:
         is made, so it fits): the view and marker, now held; ``None`` (nothing counted) otherwise, or
         when bytes of its slot are still held: ask :meth:`take` then."""
         cached = self.views.get(key)
-        held = self.held
-        if (cached is None or key in held or cached[0] is not dtype or cached[1] != shape or cached[2] != stride
-                or (held and not held.isdisjoint(self.conflicts[key]))):
+        if cached is None or cached[0] is not dtype or cached[1] != shape or cached[2] != stride or not self._free(key):
             return None
-        held.add(key)
+        self.held.add(key)
         self.hits += 1
         return cached[3], cached[4]
+
+    def _free(self, key: int) -> bool:
+        """Whether no bytes of ``key``'s slot are held (by it or by a key sharing them)."""
+        held = self.held
+        return key not in held and (not held or held.isdisjoint(self.conflicts[key]))
 
     def take(self, key: int, dtype: torch.dtype, shape: tuple[int, ...], stride: tuple[int, ...], nbytes: int) -> tuple[torch.Tensor, PoolSlot] | None:
         """The view of ``key``'s slot as ``dtype``, ``shape``, ``stride``, now held, and its marker;
         ``None`` (counted) when the key has no slot, outgrew it, or bytes of its slot are still held."""
         size = self.sizes.get(key)
-        held = self.held
-        if size is None or nbytes > size or key in held or (held and not held.isdisjoint(self.conflicts[key])):
+        if size is None or nbytes > size or not self._free(key):
             self.fallbacks += 1
             return None
         cached = self.views.get(key)
         if cached is None or cached[0] is not dtype or cached[1] != shape or cached[2] != stride:
             view = self.chunk.of_dtype(dtype).as_strided(shape, stride, self.layout.offsets[key] // dtype.itemsize)
             cached = self.views[key] = (dtype, shape, stride, view, PoolSlot(self, key))
-        held.add(key)
+        self.held.add(key)
         self.hits += 1
         return cached[3], cached[4]
 

@@ -635,10 +635,7 @@ class Executor:
         while released:
             key, block, held, prefetched, dedupe_key, host = released.popleft()
             if block is not None:
-                if type(block) is PoolSlot:  # HostArena.free's common case, inlined: once per dead entry
-                    block.pool.held.discard(block.key)
-                else:
-                    free(block)
+                free(block)
             if dedupe_key is not None:
                 ref = dedupe.get(dedupe_key)
                 if ref is not None and ref() is None:
