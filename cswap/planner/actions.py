@@ -69,6 +69,7 @@ __all__ = [
     "Policy",
     "allowed_actions",
     "carried_out",
+    "compressed_on_host_if_it_shrinks",
     "single_mechanism_policies",
     "tensor_actions",
     "uncompressed",
@@ -237,3 +238,20 @@ def carried_out(policy: str, planned: str) -> str:
         if HOST_ZVC_SWAP in actions and SWAP not in actions:
             return HOST_ZVC_SWAP
     return planned
+
+
+def compressed_on_host_if_it_shrinks(action: str, nbytes: int, compressed_nbytes: float | None) -> str:
+    """``action``, but a ``host-zvc-swap`` whose compression would not shrink its tensor of
+    ``nbytes`` (``compressed_nbytes`` as profiled; ``None``: not known) is a raw ``swap``: its host
+    copy would be compressed only for the result to be dropped. The runtime's plans and the
+    simulator's both ask it.
+
+    Example:
+        >>> compressed_on_host_if_it_shrinks(HOST_ZVC_SWAP, 1024, 1160), compressed_on_host_if_it_shrinks(HOST_ZVC_SWAP, 1024, 300)
+        ('swap', 'host-zvc-swap')
+        >>> compressed_on_host_if_it_shrinks(ZVC_SWAP, 1024, 1160)
+        'zvc-swap'
+    """
+    if action == HOST_ZVC_SWAP and (compressed_nbytes is None or compressed_nbytes >= nbytes):
+        return SWAP
+    return action

@@ -40,6 +40,7 @@ from cswap.codecs.encoding import Encoding, encodable
 from cswap.codecs.format import DEFAULT_CHUNK_WORDS
 from cswap.codecs.launch import Launch
 from cswap.codecs.launch import LaunchLookup
+from cswap.planner.actions import HOST_ZVC_SWAP, compressed_on_host_if_it_shrinks
 from cswap.planner.actions import RUNTIME_POLICIES as POLICIES
 from cswap.planner.costmodel import decide
 from cswap.planner.plan import DEFAULT_ACTIONS, POLICY_REASONS, Action, Decision, LaunchCache, Plan, constrained
@@ -162,11 +163,11 @@ class Advisor:
     def _decide(self, record: Any, base: dict[str, Any], launch_cache: LaunchCache) -> Decision:
         if self.policy == "cpu-compress-swap":  # host compression takes the cpu backend's default launch
             compressed = self._encoding(record).compressed_nbytes(self._numel(record), record.sparsity, DEFAULT_CHUNK_WORDS)
-            if compressed >= record.nbytes:
-                # Its host copy would be compressed and dropped: moved raw, with no room set aside.
-                return Decision(**base, action=Action.SWAP, reason=f"policy cpu-compress-swap: ZVC would not shrink it as profiled "
-                                f"({compressed:,d} B against {record.nbytes:,d} B): a raw swap", compressed_nbytes=compressed)
-            return Decision(**base, action=Action.HOST_ZVC_SWAP, reason=POLICY_REASONS[self.policy], compressed_nbytes=compressed)
+            # a host copy ZVC would not shrink is moved raw, with no room set aside for a compression
+            action = Action(compressed_on_host_if_it_shrinks(HOST_ZVC_SWAP, record.nbytes, compressed))
+            reason = POLICY_REASONS[self.policy] if action is Action.HOST_ZVC_SWAP else (
+                f"policy cpu-compress-swap: ZVC would not shrink it as profiled ({compressed:,d} B against {record.nbytes:,d} B): a raw swap")
+            return Decision(**base, action=action, reason=reason, compressed_nbytes=compressed)
         if self.policy in ("none", "swap"):
             return Decision(**base, action=DEFAULT_ACTIONS[self.policy], reason=POLICY_REASONS[self.policy])
         launches = launch_cache.launches(record.dtype, record.nbytes)

@@ -34,7 +34,7 @@ from cswap.budget import BudgetError, MemoryBudget, format_bytes
 from cswap.planner import BudgetPlan, PlannedTensor, PlanningProblem, TensorOptions, minimum_bytes, plan_budget, problem_from_trace
 from cswap.planner.problem import Option
 from cswap.planner.solve import minimum_host_bytes
-from cswap.planner.actions import HOST_ZVC_SWAP, POLICY_ACTIONS, POLICY_TABLE, carried_out
+from cswap.planner.actions import HOST_ZVC_SWAP, POLICY_ACTIONS, POLICY_TABLE, carried_out, compressed_on_host_if_it_shrinks
 from cswap.planner.costmodel import TimeModel
 from cswap.planner.plan import Action, Decision, LaunchCache, Plan, host_bytes_at_pack, unsized_compression_bytes
 from cswap.profile.trace import Trace
@@ -164,9 +164,8 @@ def _decisions(
         if tensor is None:
             decisions[record.key] = Decision(**base, action=Action.KEEP, reason=kept_reasons.get(str(record.key), "not offloadable"))
             continue
-        action = Action(carried_out(policy, tensor.action))  # cpu-compress-swap's swaps compress on the host
-        if action is Action.HOST_ZVC_SWAP and not (compressed.get(record.key) or record.nbytes) < record.nbytes:
-            action = Action.SWAP  # ZVC would not shrink it: planned (and held on the host) as a raw swap
+        # cpu-compress-swap's swaps compress on the host, where that shrinks them (else held raw)
+        action = Action(compressed_on_host_if_it_shrinks(carried_out(policy, tensor.action), record.nbytes, compressed.get(record.key)))
         life = lifetimes[record.key]
         slack = planned.budget_bytes - max(timeline[life.pack : life.free + 1], default=0) if life is not None else None
         extra: dict[str, Any] = launches.launches(record.dtype, record.nbytes) if action.compresses else {}

@@ -34,7 +34,7 @@ import torch
 
 from cswap.codecs.encoding import Encoding
 from cswap.codecs.format import DEFAULT_CHUNK_WORDS, SUPPORTED_DTYPES
-from cswap.planner.actions import POLICY_TABLE, uncompressed
+from cswap.planner.actions import POLICY_TABLE, compressed_on_host_if_it_shrinks, uncompressed
 from cswap.planner.costmodel import TimeModel, paper_compressed_nbytes, zvc_nbytes_for
 from cswap.profile.trace import Trace
 
@@ -216,7 +216,7 @@ def static_plan(policy: str, count: int, moved: Sequence[int], costs: Sequence[T
 
 def on_host_if_shrinks(action: Action, cost: TensorCost) -> Action:
     """``action``, but a host compression that would not shrink its tensor is a raw ``swap``, as the
-    runtime plans it (a host copy ZVC cannot shrink is held raw; nothing is compressed).
+    runtime plans it (:func:`cswap.planner.actions.compressed_on_host_if_it_shrinks`).
 
     Example:
         >>> dense = TensorCost(nbytes=1024, compressed_nbytes=1160.0, sparsity=0.0, itemsize=4, compress_s=0.0, decompress_s=0.0,
@@ -224,9 +224,7 @@ def on_host_if_shrinks(action: Action, cost: TensorCost) -> Action:
         >>> on_host_if_shrinks(Action.HOST_ZVC_SWAP, dense).value, on_host_if_shrinks(Action.ZVC_SWAP, dense).value
         ('swap', 'zvc-swap')
     """
-    if action is Action.HOST_ZVC_SWAP and not cost.shrinks:
-        return Action.SWAP
-    return action
+    return Action(compressed_on_host_if_it_shrinks(action.value, cost.nbytes, cost.compressed_nbytes))
 
 
 # policy -> (action of a tensor ZVC encodes, action of one it does not); cswap decides per tensor
