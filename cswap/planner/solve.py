@@ -6,8 +6,9 @@ greedy (:mod:`cswap.planner.capuchin`), every other policy by the exact program 
 repeat (a transformer's) takes the fast path first (:mod:`cswap.planner.fastpath`): the same program
 with repeated layers' decisions tied in blocks, which keeps the budget at every event; the exact
 program answers when no tied plan fits, or always with ``exact=True``. Under a host budget every
-policy but ``capuchin`` is planned by the exact program: the tied blocks do not carry host rows. This
-module only chooses.
+policy but ``capuchin`` is planned by the exact program: the tied blocks do not carry host rows, and
+a policy that may also swap raw compresses on the host only where no plan without host compressions
+is as fast within both budgets. This module only chooses.
 
 Example:
     >>> from cswap.planner.lifetime import lifetimes_from_orders
@@ -24,7 +25,10 @@ Example:
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from cswap.budget import BudgetError
+from cswap.planner.actions import HOST_ZVC_SWAP, POLICY_ACTIONS, SWAP
 from cswap.planner.capuchin import capuchin_host_minimum_bytes, capuchin_minimum_bytes, plan_capuchin_budget
 from cswap.planner.fastpath import least_peak_fast, repeated_layers
 from cswap.planner.milp import BudgetPlan, least_host_peak, least_peak, solve_milp
@@ -49,6 +53,25 @@ def minimum_bytes(problem: PlanningProblem, policy: str, time_limit_s: float = 3
     if exact or host_budget_bytes is not None:
         return least_peak(problem, policy, time_limit_s, host_budget_bytes)
     return least_peak_fast(problem, policy, time_limit_s)
+
+
+def _without_host_compression(problem: PlanningProblem, policy: str) -> PlanningProblem | None:
+    """``problem`` without its host compressions, for a policy that may swap raw instead (``None``:
+    the policy does not, or nothing is offered to compress on the host).
+
+    A host compression holds the device bytes of a raw swap and never costs less: the CPU's
+    compression shares the compute's cores, and a GPU's host decompression precedes the copy back,
+    where prefetching may hide it. Where it is hidden, a host compression ties with the raw swap, and
+    the solver may take either; its worker threads still spend CPU time that the predicted seconds
+    leave out. So a plan that compresses on the host gives way to one without host compressions
+    that is as fast within both budgets: host compressions stay where the host budget binds.
+    """
+    if not {SWAP, HOST_ZVC_SWAP} <= POLICY_ACTIONS.get(policy, frozenset()):
+        return None
+    if not any(o.action == HOST_ZVC_SWAP for t in problem.tensors for o in t.options):
+        return None
+    tensors = tuple(replace(t, options=tuple(o for o in t.options if o.action != HOST_ZVC_SWAP)) for t in problem.tensors)
+    return replace(problem, tensors=tensors)
 
 
 def minimum_host_bytes(problem: PlanningProblem, policy: str, budget_bytes: int, time_limit_s: float = 30.0) -> int | None:
@@ -102,6 +125,20 @@ def plan_budget(
         return plan_capuchin_budget(problem, budget_bytes, time_limit_s, host_budget_bytes, explain)
     if budget_bytes <= 0:
         raise ValueError(f"budget_bytes must be positive, got {budget_bytes}")
+    plan = _plan_budget(problem, policy, budget_bytes, time_limit_s, greedy, exact, host_budget_bytes, explain)
+    raw = _without_host_compression(problem, policy) if HOST_ZVC_SWAP in plan.action_counts() else None
+    if raw is not None:
+        try:
+            raw_plan = _plan_budget(raw, policy, budget_bytes, time_limit_s, greedy, exact, host_budget_bytes, explain=False)
+        except BudgetError:
+            return plan  # the host budget binds: host compressions are wanted
+        if raw_plan.predicted_s <= plan.predicted_s * (1.0 + 1e-9):
+            return raw_plan
+    return plan
+
+
+def _plan_budget(problem: PlanningProblem, policy: str, budget_bytes: int, time_limit_s: float, greedy: bool, exact: bool,
+                 host_budget_bytes: int | None, explain: bool) -> BudgetPlan:
     if host_budget_bytes is not None:
         # The tied fast path has no host rows (its blocks share decisions on the device timeline
         # only), so under a host budget the exact program plans, whatever the problem's size.
