@@ -203,10 +203,10 @@ class Runtime:
         self._host_meter = self._executor.transfers
         host = opts.host_memory_budget
         self._host_budget_bytes: int | None = None if host is None else host.resolve()
-        if self._host_budget_bytes is not None and (budget is None or not budget.relative):
-            # A fraction of none's peak is not known before the first profile, which must then hold
-            # the device budget blind: it stores every tensor at the least device footprint, and the
-            # host budget holds from the plan made from it on.
+        if self._host_budget_bytes is not None:
+            # From the first pack, as the device budget in bytes: a fraction of none's peak is not
+            # known before the first profile, which then holds the host budget alone (a swap whose
+            # copy would pass it is kept, as without a device budget: at most what plain PyTorch holds).
             self._plan = replace(self._plan, host_budget_bytes=self._host_budget_bytes, host_meter=self._host_meter)
         self._resolved_budget: ResolvedBudget | None = None
         self._bandwidths: tuple[float, float] | None = None
@@ -520,10 +520,13 @@ class Runtime:
         region_keys: dict[str, tuple[int, ...]] = {}
         # its own peak (a graph that changed is profiled again in the middle of an epoch)
         profiled = self._executor.snapshot()
-        profiled_peak = profiled.iteration_peak_resident_bytes
-        # A profile that ran without the host rule (the first under a fraction of none's peak, which
-        # it could not know) says nothing of what a profile within the host budget holds.
-        profiled_host_peak = profiled.iteration_peak_host_bytes if self._plan.host_budget_bytes is not None else 0
+        profiled_peak: int | None = profiled.iteration_peak_resident_bytes
+        profiled_host_peak = profiled.iteration_peak_host_bytes
+        if budget is not None and budget.relative and self._plan.budget_bytes is None and self._host_budget_bytes is not None:
+            # The first profile under a fraction of none's peak ran before it was known, keeping what
+            # the host budget had no room for: its peaks are not those of a profile at the budget.
+            # The planner replays the device's; the host budget holds from the plan made from it on.
+            profiled_peak, profiled_host_peak = None, 0
         # Without a device budget there is no plan to hold the host budget in: the pack's rule does.
         host_budget = self._host_budget_bytes if budget is not None else None
         if tracer is not None:

@@ -51,6 +51,7 @@ __all__ = [
     "host_codec_model",
     "profile_action",
     "profile_peaks",
+    "profiled_device_peak",
     "with_profile_leasts",
     "plan_from_budget",
     "stated_least",
@@ -444,6 +445,27 @@ def _profile_least_host(problem: PlanningProblem, action: Action, budget_bytes: 
     return high
 
 
+def profiled_device_peak(problem: PlanningProblem, policy: str, budget_bytes: int, host_budget_bytes: int | None,
+                         observed_bytes: int | None) -> int:
+    """The device peak of the profiling iteration behind a plan at ``budget_bytes``: the one
+    observed, or for ``None`` (the first profile under a fraction of ``none``'s peak ran before the
+    budget was known, keeping what the host budget had no room for) :func:`profile_peaks`' replay
+    of the profile a known budget would have run, storing every tensor at the least device footprint.
+
+    Example:
+        >>> from cswap.planner.lifetime import lifetimes_from_orders
+        >>> from cswap.planner.problem import LinkModel, TensorSpec, build_problem
+        >>> events = lifetimes_from_orders([0, 1], [1, 0])
+        >>> specs = [TensorSpec(key=k, nbytes=1000, lifetime=lt) for k, lt in enumerate(events.lifetimes)]
+        >>> problem = build_problem(specs, events, [0.0, 1.0, 2.0, 3.0], 1.5, LinkModel(1e-6, 1e-6, async_copies=False))
+        >>> profiled_device_peak(problem, "swap", 1000, 500, 2000), profiled_device_peak(problem, "swap", 1000, 500, None)
+        (2000, 1000)
+    """
+    if observed_bytes is not None:
+        return observed_bytes
+    return profile_peaks(problem, profile_action(policy, host_budget_bytes), budget_bytes, None)[0]
+
+
 def with_profile_leasts(error: BudgetError, problem: PlanningProblem, action: Action) -> BudgetError:
     """``error`` with its least budgets raised to what the profiling iteration of a fresh run at
     them needs (:func:`profile_peaks`): it stores every tensor at the policy's least device
@@ -502,7 +524,7 @@ def budget_plan(
     min_bytes: int,
     epoch: int,
     launches: LaunchCache | None = None,
-    profiled_peak_bytes: int = 0,
+    profiled_peak_bytes: int | None = 0,
     host_budget_bytes: int | None = None,
     profiled_host_peak_bytes: int = 0,
     host_time_model: TimeModel | None = None,
@@ -521,10 +543,13 @@ def budget_plan(
         profiled_peak_bytes: the resident peak the profiling iteration itself reached; a run at
             the budget profiles first, so the least budget is at least this (``compress-keep``'s
             profile keeps compressed tensors beside their rebuilt ones in backward, which a plan
-            may avoid).
+            may avoid). ``None``: the profile ran before the budget was known (a fraction of
+            ``none``'s peak) under a host budget, and its peak is replayed
+            (:func:`profiled_device_peak`).
         host_budget_bytes: the host memory budget (``None``: none): the plan's host copies stay
             within it at every event too, or the error names the budget that binds.
-        profiled_host_peak_bytes: the host bytes the profiling iteration itself held.
+        profiled_host_peak_bytes: the host bytes the profiling iteration itself held (0: it ran
+            before the budget was known).
         host_time_model: predicts the host codec's seconds (backend ``cpu``): under a host budget,
             a policy that may compress on the host is offered ``host-zvc-swap`` priced with it
             (default: ``time_model``, when ``backend`` is ``cpu``, else :data:`NO_CODEC`).
@@ -544,6 +569,7 @@ def budget_plan(
                                  fallback_action=fallback, d2h_gbps=trace.d2h_gbps, h2d_gbps=trace.h2d_gbps)
     unpacked = sorted((r for r in trace.tensors if r.unpack_order is not None), key=lambda r: r.unpack_order)
     unpack_order = tuple(r.key for r in unpacked)
+    profiled_peak_bytes = profiled_device_peak(problem, policy, budget_bytes, host_budget_bytes, profiled_peak_bytes)
     alone = max(minimum_bytes(problem, policy), profiled_peak_bytes)
     least = alone if host_budget_bytes is None else max(minimum_bytes(problem, policy, host_budget_bytes=host_budget_bytes),
                                                         profiled_peak_bytes)

@@ -78,6 +78,7 @@ from cswap.planner.budgeted import (
     SPARSITY_MARGIN,
     host_budget_error,
     host_codec_model,
+    profiled_device_peak,
     plan_from_budget,
     profile_action,
     with_profile_leasts,
@@ -424,7 +425,7 @@ def plan_regions(
     min_bytes: int,
     epoch: int,
     launches: LaunchCache | None = None,
-    profiled_peak_bytes: int = 0,
+    profiled_peak_bytes: int | None = 0,
     time_trials: int = TIME_TRIALS,
     host_budget_bytes: int | None = None,
     profiled_host_peak_bytes: int = 0,
@@ -442,11 +443,14 @@ def plan_regions(
         min_bytes: tensors below this are only kept.
         epoch: the epoch the plan is for.
         launches: the codec launch configs.
-        profiled_peak_bytes: the resident peak of the profiling iteration (the least budget is at least this).
+        profiled_peak_bytes: the resident peak of the profiling iteration (the least budget is at
+            least this); ``None``: the profile ran before a fraction of ``none``'s peak was
+            resolved, and its peak is replayed
+            (:func:`cswap.planner.budgeted.profiled_device_peak`).
         time_trials: candidate regions tried for time once the budget is met (``capuchin``, ``cswap``).
         host_budget_bytes: the host memory budget (``None``: none): the rest's host copies stay
             within it; a recomputed region holds nothing on the host.
-        profiled_host_peak_bytes: the host bytes the profiling iteration held.
+        profiled_host_peak_bytes: the host bytes the profiling iteration held (0: it ran before the budget was known).
         host_time_model: the host codec's time model: under a host budget ``cswap``'s rest is
             offered ``host-zvc-swap`` (:func:`cswap.planner.budgeted.host_codec_model`).
 
@@ -462,6 +466,9 @@ def plan_regions(
     none_bytes = minimum_bytes(full, "none") if budget is not None else None
     if budget is not None:
         budget_bytes = budget.resolve(max(none_bytes, 1)) if budget.relative else budget.resolve()
+    if budget_bytes is not None:  # the profile runs without regions
+        profiled_peak_bytes = profiled_device_peak(full, policy, budget_bytes, host_budget_bytes, profiled_peak_bytes)
+    profiled_peak_bytes = profiled_peak_bytes or 0
     fixed = POLICY_TABLE[policy].checkpoints_layers
     smallest, layers_note = layer_regions(profile) if fixed else (_least_footprint(planning), "")
     smallest_bytes = max(planning.least(smallest, host=True), 1)
