@@ -12,7 +12,8 @@ Traces: meta traces at the CSWAP paper's setting (VGG-16 and ResNet-50, batch 64
 PCIe 3) and a transformer (GPT-2 preset, bf16, 1024 tokens, A100 profile), each with every
 offloadable tensor swapped (policy ``swap``) and with the ``swap`` plan the budget planner makes at
 0.5 and 0.25 of ``none``'s peak (only some tensors move, so lifetimes interleave); and the runtime's
-own traces on this CPU (VGG-16 and ResNet-50 at width 0.25, batch 16, 32x32), where the arena the
+own traces on this CPU (VGG-16 and ResNet-50 at width 0.25, batch 16, 32x32; GPT-2 as shipped,
+batch 2 x 32 tokens, with one and two micro-batches, without a budget and at 0.5), where the arena the
 runtime really reserved is reported beside them (``arena_bytes``: the pool plus first-fit room,
 with the arena's slack).
 
@@ -95,6 +96,37 @@ def _runtime_rows(name: str) -> list[dict[str, object]]:
     return [row]
 
 
+def _gpt2_rows() -> list[dict[str, object]]:
+    """GPT-2 as shipped (``GPT2Config()``: 124M parameters, dropout 0.1), batch 2 x 32 tokens, with
+    one micro-batch per iteration and with two (gradient accumulation), without a budget and at half
+    of ``none``'s peak; skipped without ``transformers``."""
+    try:
+        import transformers
+    except ImportError:
+        return []
+    rows = []
+    for micro_batches in (1, 2):
+        for budget in (None, 0.5):
+            torch.manual_seed(0)
+            model = transformers.GPT2LMHeadModel(transformers.GPT2Config()).train()
+            ids = torch.randint(0, model.config.vocab_size, (2 * micro_batches, 32))
+            rt = cswap.Runtime("swap", device="cpu", model=model, memory_budget=budget)
+            for _ in range(3):
+                with rt.iteration():
+                    for chunk in ids.chunk(micro_batches):
+                        model(input_ids=chunk, labels=chunk).loss.backward()
+            plan = rt.plan()
+            swapped = {key for key, d in plan.decisions.items() if d.action.value == "swap"}
+            label = (f"gpt2 runtime (CPU, GPT2Config(), batch 2 x 32 tokens, {micro_batches} micro-batch"
+                     f"{'es' if micro_batches > 1 else ''}), swap{'' if budget is None else f' at {budget}'}")
+            row = measure(label, rt.trace(), swapped)
+            stats = rt.stats()
+            row.update(arena_bytes=stats.arena_bytes, host_pool_bytes=stats.host_pool_bytes,
+                       host_pool_fallbacks=stats.host_pool_fallbacks)
+            rows.append(row)
+    return rows
+
+
 def main() -> None:
     from cswap.simulate import meta_trace
     from cswap.simulate.lmtrace import transformer_trace
@@ -114,6 +146,8 @@ def main() -> None:
     for name in ("vgg16", "resnet50"):
         for row in _runtime_rows(name):
             print(json.dumps(row), flush=True)
+    for row in _gpt2_rows():
+        print(json.dumps(row), flush=True)
 
 
 if __name__ == "__main__":
