@@ -212,6 +212,7 @@ class RecomputeRegions:
         self._regions: dict[str, _Region] = {}
         self._ineligible: dict[str, str] = {}
         self._recomputations: Counter[str] = Counter()
+        self._enabled: tuple[str, ...] = ()  # the paths enable() last turned on, sorted
         #: Told of each tensor a recomputation saves (set per iteration).
         self.listener: RecomputeListener | None = None
         for path, module in model.named_modules():
@@ -294,6 +295,7 @@ class RecomputeRegions:
     def mark_ineligible(self, reasons: dict[str, str]) -> None:
         """Refuse to enable these paths from now on (path -> why), e.g. from a profile's findings."""
         self._ineligible.update(reasons)
+        self._enabled = ()  # the next enable checks its paths again
 
     @property
     def ineligible(self) -> Mapping[str, str]:
@@ -307,7 +309,13 @@ class RecomputeRegions:
             ValueError: an unknown path, an ineligible one, or a module together with one of its
                 ancestors (nested regions would recompute the inner one twice).
         """
-        chosen = sorted(set(paths))
+        chosen = tuple(sorted(set(paths)))
+        if chosen == self._enabled:
+            # Every planned iteration asks for its plan's regions: the same ones, already checked
+            # and enabled. Only a call a failed forward left half made is dropped, as disable_all does.
+            for path in chosen:
+                self._regions[path].pending = None
+            return
         unknown = [p for p in chosen if p not in self._regions]
         if unknown:
             raise ValueError(f"unknown recompute regions {unknown}: choose module paths of the model (see RecomputeRegions.paths)")
@@ -326,9 +334,11 @@ class RecomputeRegions:
             region = self._regions[path]
             self._attach(region)
             checkpoint.state(region.module).enable_hook = True
+        self._enabled = chosen
 
     def disable_all(self) -> None:
         """Recompute nothing from the next forward on."""
+        self._enabled = ()
         for region in self._regions.values():
             if region.attached:
                 checkpoint.state(region.module).enable_hook = False

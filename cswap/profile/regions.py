@@ -65,9 +65,17 @@ def nested_pair(paths: Iterable[str]) -> tuple[str, str] | None:
     (('layer1', 'layer1.0.conv1'), None)
     """
     ordered = sorted(set(paths))
-    for i, outer in enumerate(ordered):
-        for inner in ordered[i + 1:]:
-            if outer == "" or inner.startswith(outer + "."):
+    present = set(ordered)
+    if "" in present and len(ordered) > 1:
+        return "", ordered[1]
+    # Module names never hold a dot, so a path's ancestors are exactly its dotted prefixes: one
+    # look-up per level, where comparing every pair costs a planner that grows a set of hundreds
+    # of layers one region at a time a cube of its size.
+    for inner in ordered:
+        parts = inner.split(".")
+        for depth in range(1, len(parts)):
+            outer = ".".join(parts[:depth])
+            if outer in present:
                 return outer, inner
     return None
 

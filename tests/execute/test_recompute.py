@@ -185,6 +185,32 @@ def test_attaching_keeps_names_and_a_disabled_model_trains_as_before() -> None:
     assert_same_training(train(SmallCNN, cnn_loss, None), train(SmallCNN, cnn_loss, []))
 
 
+def test_enable_again_keeps_the_set_and_checks_it_after_a_refusal() -> None:
+    regions = RecomputeRegions(SmallCNN())
+    regions.enable(["head", "features.0"])
+    regions.enable(["features.0", "head"])  # the plan's set, asked for again each iteration
+    assert regions.enabled == ("features.0", "head")
+    regions.mark_ineligible({"head": "refused by torch"})
+    with pytest.raises(ValueError, match=r"cannot be recomputed: \{'head': 'refused by torch'\}"):
+        regions.enable(["features.0", "head"])
+
+
+def _nested_by_every_pair(paths: list[str]) -> bool:
+    return any(outer != inner and (outer == "" or inner.startswith(outer + ".")) for outer in paths for inner in paths)
+
+
+@pytest.mark.parametrize("paths", [
+    ["a", "ab", "a.b"], ["a.b", "a.c"], ["", "x"], [""], [], ["a-b", "a", "a.0"], ["a-b.0", "a"], ["h.1", "h.10", "h.1.attn"],
+    ["h.1", "h.10", "h.11.mlp"], ["enc.layer.0.attention.self", "enc.layer.0.attention"], ["b.0", "b.0"],
+])
+def test_nested_pair_finds_an_ancestor_exactly_when_one_is_there(paths: list[str]) -> None:
+    pair = nested_pair(paths)
+    assert (pair is not None) == _nested_by_every_pair(paths)
+    if pair is not None:
+        outer, inner = pair
+        assert outer in paths and inner in paths and (outer == "" or inner.startswith(outer + "."))
+
+
 def test_helpers() -> None:
     assert nested_pair(["a", "ab", "a.b"]) == ("a", "a.b")
     assert nested_pair(["a.b", "a.c"]) is None
