@@ -10,9 +10,9 @@ C++ compiler and ninja are needed), checks that its gradients equal plain PyTorc
 and times it interleaved, round by round, with plain PyTorch, ``save_on_cpu`` and the two Python
 baselines, on one torch thread.
 
-Output: one JSON line per run (median iteration seconds, the ratio to plain and to
-``save_on_cpu``), and one for the build (its seconds); the C++ run's host bytes are checked: its
-peak is every moved tensor's bytes, and all are released after the iteration.
+Output: one JSON line for the build (its seconds), then one per run (median iteration seconds,
+the ratio to plain and to ``save_on_cpu``; for the C++ run its host peak). Before timing, the C++
+run must have counted host bytes and released all of them once the iteration ends.
 
 Example:
     $ python benchmarks/native_hooks.py --rounds 21 > benchmarks/results/cpu-$(date +%F)/native-hooks.jsonl
@@ -81,6 +81,11 @@ class NativeEssentialSwap:
         self.hooks.drain()  # what died in backward
 
 
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The bytes of ``t``: equal only where every bit is (NaN-safe, -0.0-sensitive)."""
+    return t.detach().contiguous().view(-1).view(torch.uint8)
+
+
 def _check(run: NativeEssentialSwap, model: torch.nn.Module, x: torch.Tensor) -> int:
     """Gradients equal plain PyTorch's bit for bit, every moved byte released after the iteration;
     returns the host peak."""
@@ -89,7 +94,7 @@ def _check(run: NativeEssentialSwap, model: torch.nn.Module, x: torch.Tensor) ->
     with run():
         hooks._step(model, x)
     for a, p in zip(expected, model.parameters(), strict=True):
-        if not torch.equal(a.view(torch.uint8) if a.is_floating_point() else a, p.grad.view(torch.uint8) if a.is_floating_point() else p.grad):
+        if not torch.equal(_bits(a), _bits(p.grad)):
             raise AssertionError("the C++ hook's gradients differ from plain PyTorch's")
     if run.hooks.host_bytes != 0 or run.hooks.peak_host_bytes <= 0:
         raise AssertionError(f"host bytes after the iteration {run.hooks.host_bytes}, peak {run.hooks.peak_host_bytes}")

@@ -57,7 +57,7 @@ def minimum_bytes(problem: PlanningProblem, policy: str, time_limit_s: float = 3
 
 def _without_host_compression(problem: PlanningProblem, policy: str) -> PlanningProblem | None:
     """``problem`` without its host compressions, for a policy that may swap raw instead (``None``:
-    the policy does not, or nothing is offered to compress on the host).
+    the policy does not).
 
     A host compression holds the device bytes of a raw swap and never costs less: the CPU's
     compression shares the compute's cores, and a GPU's host decompression precedes the copy back,
@@ -67,8 +67,6 @@ def _without_host_compression(problem: PlanningProblem, policy: str) -> Planning
     that is as fast within both budgets: host compressions stay where the host budget binds.
     """
     if not {SWAP, HOST_ZVC_SWAP} <= POLICY_ACTIONS.get(policy, frozenset()):
-        return None
-    if not any(o.action == HOST_ZVC_SWAP for t in problem.tensors for o in t.options):
         return None
     tensors = tuple(replace(t, options=tuple(o for o in t.options if o.action != HOST_ZVC_SWAP)) for t in problem.tensors)
     return replace(problem, tensors=tensors)
