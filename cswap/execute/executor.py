@@ -129,13 +129,16 @@ class IterationState:
         self.layouts: dict[int, Layout] = {}  # per key, the layout of its contiguous aligned tensor (see Executor.begin)
         self.next_key = 0
         self.stored_by_key: dict[int, weakref.ref[Stored]] = {}
-        self.unpack_position = {key: i for i, key in enumerate(plan.unpack_order)}
+        self.unpack_position = plan.unpack_positions()
         self.prefetch_cursor = 0
         self.prefetch_end = len(plan.unpack_order)  # the cursor's end: nothing is fetched ahead past it
         self.micro_batches = 1
         self.on_backward_end: list[Callable[[], None]] = []
         self._backward_watched = False  # a callback at the end of this micro-batch's backward is queued
         self._backward_ended = False
+        # A tensor saved on another device than the runtime's: autograd may run unpacks on that
+        # device's thread too, so on a CPU runtime the planned hooks take the lock from then on.
+        self.other_device = False
 
     def _all_unpacked(self) -> bool:
         """Every tensor this micro-batch stored that is still alive has been read back."""
@@ -312,7 +315,8 @@ class Executor:
         :meth:`_never_move`'s; they are inlined because this runs once per saved tensor, and
         every attribute read and call here is host time the device waits for. The unpack is
         :meth:`unpack` without the profiler, for the handles this pack returns (a :class:`Stored`
-        entry is its own handle).
+        entry is its own handle). Both take the executor's lock only where threads can meet: on a
+        GPU, or once the iteration saved a tensor on another device (:attr:`IterationState.other_device`).
         """
         general = functools.partial(self.pack, it)
         steps = self._steps(it.plan)
@@ -323,6 +327,10 @@ class Executor:
         counters = self.counters
         actions = counters.actions
         lock = self._lock
+        # On a GPU, autograd runs the unpacks of a graph's CPU parts on the calling thread and
+        # those of its GPU parts on the device's thread, at once; on a CPU runtime every hook runs
+        # on one thread unless the graph saved a tensor on another device (IterationState.other_device).
+        threads_meet = not self._on_cpu
         drain = self._drain
         transfers = self.transfers
         alloc_tensor = self.arena.alloc_tensor
@@ -391,7 +399,10 @@ class Executor:
             offset = tensor.storage_offset()
             stride = tensor.stride()
             dedupe_key = (storage_id, offset, tensor._version)
-            with lock:
+            locking = threads_meet or it.other_device
+            if locking:
+                lock.acquire()
+            try:
                 if released or dead or rebuilt or in_flight or unsized:  # what _releases_pending asks
                     drain()
                 ref = dedupe.get(dedupe_key)
@@ -463,6 +474,9 @@ class Executor:
                     resolved.pop(key, None)
                 counters.packed_tensors += 1
                 counters.pack_s += perf_counter() - started
+            finally:
+                if locking:
+                    lock.release()
             # The entry is its own handle: an unpack reads the data it holds and prefetches after
             # the key that stored it, whichever of its handles asks.
             return stored
@@ -472,6 +486,7 @@ class Executor:
         prefetch_after = self._prefetch_after
         stored_type, handle_type = Stored, Handle
         watch_backward = self._watch_backward
+        handed_out, storage_died = self._handed_out, self._storage_died
 
         def unpack(handle: Handle | Stored | torch.Tensor) -> torch.Tensor:
             kind = type(handle)
@@ -487,7 +502,10 @@ class Executor:
             # Releases are drained where bytes are about to be counted or compared (a fetch, a
             # prefetch) and else in batches: an unpack that adds nothing leaves the counts as
             # exact at every moment they can grow, and the next pack, which drains first.
-            with lock:
+            locking = threads_meet or it.other_device
+            if locking:
+                lock.acquire()
+            try:
                 if kind is not stored_type:  # a tensor that never moves
                     out = handle.tensor  # type: ignore[union-attr]
                     key = handle.key
@@ -499,9 +517,22 @@ class Executor:
                     else:
                         out = stored.held_out  # type: ignore[union-attr]
                         if out is None:
-                            if stored.prefetched is None and (released or dead or rebuilt or in_flight or unsized):  # type: ignore[union-attr]
-                                drain()
-                            out = materialize(stored, it)  # type: ignore[arg-type]
+                            prefetched = stored.prefetched  # type: ignore[union-attr]
+                            if prefetched is not None and prefetched[1] is None:
+                                # _materialize for a prefetch that is ready (on the CPU): nothing
+                                # to wait for, and nothing drained, as the prefetch counted its bytes
+                                out = prefetched[0]
+                                nbytes = stored.prefetched_bytes  # type: ignore[union-attr]
+                                stored.prefetched = None  # type: ignore[union-attr]
+                                stored.prefetched_bytes = 0  # type: ignore[union-attr]
+                                self._prefetched_bytes -= nbytes
+                                counters.prefetch_hits += 1
+                                handed_out[new_ref(out.untyped_storage(), storage_died)] = (nbytes, key)
+                                stored.last_out = new_ref(out)  # type: ignore[union-attr]
+                            else:
+                                if prefetched is None and (released or dead or rebuilt or in_flight or unsized):
+                                    drain()
+                                out = materialize(stored, it)  # type: ignore[arg-type]
                         stored.unpacks += 1  # type: ignore[union-attr]
                         stored.held_out = out if stored.unpacks < stored.handles else None  # type: ignore[union-attr]
                     stored.unpacked = True  # type: ignore[union-attr]
@@ -515,6 +546,9 @@ class Executor:
                     drain()
                 counters.unpacks += 1
                 counters.unpack_s += perf_counter() - started
+            finally:
+                if locking:
+                    lock.release()
             return out  # type: ignore[return-value]
 
         return pack, unpack
@@ -668,6 +702,7 @@ class Executor:
         if t.layout is not torch.strided:
             return f"layout {t.layout}: kept"
         if not (t.is_cpu if self._on_cpu else t.device == self.device):
+            it.other_device = True
             return f"on {t.device}, not the runtime's {self.device}: kept"
         if t.numel() == 0:
             return "empty tensor: kept"

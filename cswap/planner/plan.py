@@ -362,6 +362,8 @@ class Plan:
         object.__setattr__(self, "_resolved", {})
         # The pack hook reads decisions once per saved tensor: a plain dict, not the read-only proxy.
         object.__setattr__(self, "_decisions_table", dict(self.decisions))
+        # Each iteration's prefetch looks keys up in the unpack order: made once per plan.
+        object.__setattr__(self, "_unpack_positions", {key: i for i, key in enumerate(self.unpack_order)})
 
     def with_host_pool(self, trace: Trace) -> Plan:
         """This plan with its swaps' host copies laid out in a pool from its profile ``trace``
@@ -376,6 +378,11 @@ class Plan:
         """:attr:`decisions` as the plain dict the pack hook reads once per saved tensor (not a
         copy: treat it as read-only)."""
         return self._decisions_table  # type: ignore[attr-defined,no-any-return]
+
+    def unpack_positions(self) -> dict[int, int]:
+        """Each key's position in :attr:`unpack_order`, as the plain dict the prefetch reads once per
+        unpack (not a copy: treat it as read-only)."""
+        return self._unpack_positions  # type: ignore[attr-defined,no-any-return]
 
     def lookup(self, key: int, shape: tuple[int, ...], dtype: str) -> Decision | None:
         """The planned decision for ``key`` if its guard matches ``shape`` and ``dtype``, else ``None``."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import threading
 import weakref
 
 import pytest
@@ -179,6 +180,65 @@ def test_the_planned_hooks_do_what_the_general_ones_do(policy: str, budget: floa
         general = iteration()
     assert lean == general
     assert lean[0]["packed_tensors"] == 3 * 4 - 1 or policy == "none"  # weight view, input, ReLU output per block
+
+
+class _CountingLock:
+    """An ``RLock`` that counts how often it is taken."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self.taken = 0
+
+    def acquire(self, *args: object) -> bool:
+        self.taken += 1
+        return self._lock.acquire(*args)
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def __enter__(self) -> _CountingLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+@pytest.mark.parametrize("budget", (None, 0.5))
+def test_a_cpu_runtime_locks_its_hooks_only_once_a_tensor_of_another_device_is_saved(budget: float | None) -> None:
+    """On a CPU runtime every hook runs on the calling thread, so the planned hooks take no lock;
+    a tensor saved on another device may have its unpacks run on that device's thread as well, so
+    from then on the planned unpacks of stored tensors take it, and gradients stay plain PyTorch's.
+    A swap plan, whose every pack takes the planned path (a compression's takes the general one,
+    which locks)."""
+    x = torch.randn(8, 32)
+    plain = _blocks()
+    _step(plain, x)
+    model = _blocks()
+    rt = make_runtime("swap", model=model, memory_budget=budget)
+    for _ in range(2):
+        with rt.iteration():
+            _step(model, x)
+
+    def iteration(other_device: bool) -> tuple[int, int]:
+        lock = rt._executor._lock = _CountingLock()  # type: ignore[assignment]
+        before = rt.stats()
+        with rt.iteration():
+            model.zero_grad(set_to_none=True)
+            roots = [model(x).sum()]
+            if other_device:  # saved last, so that the model's packs keep their planned keys
+                roots.append(torch.ones(4, device="meta", requires_grad=True).exp().sum())
+            torch.autograd.backward(roots)
+        for got, want in zip(_grads(model), _grads(plain)):
+            assert torch.equal(got, want)
+        after = rt.stats()
+        stored = (after.packed_tensors - before.packed_tensors) - (after.never_moved_tensors - before.never_moved_tensors)
+        return lock.taken, stored
+
+    taken_alone, stored = iteration(other_device=False)
+    assert stored >= 8 and taken_alone < 8  # the iteration's begin and end, never per saved tensor
+    taken, _ = iteration(other_device=True)
+    assert taken - taken_alone >= stored  # every unpack of a stored tensor (the meta one's pack too)
 
 
 def test_a_deduplicated_swap_is_rebuilt_once_per_backward(monkeypatch: pytest.MonkeyPatch) -> None:
