@@ -21,8 +21,9 @@ under every runtime policy with ``min_bytes=0`` (every tensor goes through the p
 budget and with ``memory_budget=0.5``; a runtime that may recompute runs on a copy of the model
 of its own (it attaches hooks to the modules it recomputes, which would tax the other runs on a
 shared one), the others on the model itself. Each runtime is warmed up past its profiling
-iterations first; then the runs take turns, one iteration each per round, so that load on the machine hits all
-alike, and each reports the median of its rounds.
+iterations first; then the runs take turns, one iteration each per round in an order shuffled per
+round (what a run leaves behind slows the next one), so that load on the machine hits all alike,
+and each reports the median of its rounds.
 
 Output: one JSON line per (workload, run): median iteration seconds, the ratio to plain and to
 ``save_on_cpu`` of the same round set, saved tensors per iteration, microseconds per saved tensor
@@ -42,6 +43,7 @@ import collections
 import copy
 import json
 import os
+import random
 import statistics
 import sys
 import time
@@ -381,8 +383,14 @@ def measure(workload: Workload, rounds: int, policies: tuple[str, ...] = RUNTIME
     # per round, the hooks' own microseconds per pack and per unpack: a median of rounds, as a
     # garbage collection that lands in one hook would swamp a mean
     hook_us: dict[str, list[tuple[float, float]]] = {run.name: [] for run in timed if run.runtime is not None}
+    # Each round takes the runs in a new order (seeded): what a run leaves behind (the allocator's
+    # free lists, caches after a compressing run's large buffers) slows the next one, and in a
+    # fixed order it would always slow the same one.
+    shuffle = random.Random(0).shuffle
     for _ in range(rounds):
-        for run in timed:
+        order = list(timed)
+        shuffle(order)
+        for run in order:
             start = run.runtime.stats() if run.runtime is not None else None
             started = time.perf_counter()
             with run.context():
