@@ -486,7 +486,6 @@ class Executor:
         prefetch_after = self._prefetch_after
         stored_type, handle_type = Stored, Handle
         watch_backward = self._watch_backward
-        handed_out, storage_died = self._handed_out, self._storage_died
 
         def unpack(handle: Handle | Stored | torch.Tensor) -> torch.Tensor:
             kind = type(handle)
@@ -517,22 +516,9 @@ class Executor:
                     else:
                         out = stored.held_out  # type: ignore[union-attr]
                         if out is None:
-                            prefetched = stored.prefetched  # type: ignore[union-attr]
-                            if prefetched is not None and prefetched[1] is None:
-                                # _materialize for a prefetch that is ready (on the CPU): nothing
-                                # to wait for, and nothing drained, as the prefetch counted its bytes
-                                out = prefetched[0]
-                                nbytes = stored.prefetched_bytes  # type: ignore[union-attr]
-                                stored.prefetched = None  # type: ignore[union-attr]
-                                stored.prefetched_bytes = 0  # type: ignore[union-attr]
-                                self._prefetched_bytes -= nbytes
-                                counters.prefetch_hits += 1
-                                handed_out[new_ref(out.untyped_storage(), storage_died)] = (nbytes, key)
-                                stored.last_out = new_ref(out)  # type: ignore[union-attr]
-                            else:
-                                if prefetched is None and (released or dead or rebuilt or in_flight or unsized):
-                                    drain()
-                                out = materialize(stored, it)  # type: ignore[arg-type]
+                            if stored.prefetched is None and (released or dead or rebuilt or in_flight or unsized):  # type: ignore[union-attr]
+                                drain()
+                            out = materialize(stored, it)  # type: ignore[arg-type]
                         stored.unpacks += 1  # type: ignore[union-attr]
                         stored.held_out = out if stored.unpacks < stored.handles else None  # type: ignore[union-attr]
                     stored.unpacked = True  # type: ignore[union-attr]
