@@ -97,6 +97,15 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def _rebuilt_nbytes(stored: Stored, out: torch.Tensor) -> int:
+    """The bytes ``out``, rebuilt from ``stored``, holds: a plain swap's is a copy of the tensor (no
+    need to ask its storage, whose Python object the first ask creates); other rebuilds may hold more."""
+    layout = stored.layout
+    if stored.action is Action.SWAP and layout.plain:
+        return layout.nbytes
+    return out.untyped_storage().nbytes()
+
+
 def _storage_id(t: torch.Tensor) -> int:
     return t.untyped_storage()._cdata
 
@@ -344,22 +353,20 @@ class Executor:
         kept_storages = self._kept_storages
         resolved = it.plan.resolved_table()
         keeps_within_budget = it.plan.keeps_within_budget
-        swaps_stand = it.plan.swaps_stand
         perf_counter = time.perf_counter
         grad_enabled = torch.is_grad_enabled
         new_ref = weakref.ref
-        keep, swap, strided, parameter, plain_tensor = Action.KEEP, Action.SWAP, torch.strided, torch.nn.Parameter, torch.Tensor
+        keep, strided, parameter, plain_tensor = Action.KEEP, torch.strided, torch.nn.Parameter, torch.Tensor
 
         def pack(tensor: torch.Tensor) -> Handle:
             started = perf_counter()
             key = it.next_key
             step = steps[key] if key < n_steps else None
-            if step is None or it._backward_ended or it.profiler is not None:
+            if step is None or it._backward_ended:
                 return general(tensor)
-            planned, shape, dtype, reason = step
+            planned, shape, dtype, reason, action = step
             if tensor.dtype is not dtype or tensor.shape != shape:
                 return general(tensor)
-            action = planned.action
             if reason is not None:
                 # A parameter or a view of one, kept as the plan says, for the reason _never_move
                 # gives it; a tensor on the storage of a parameter or buffer of the model is kept
@@ -391,8 +398,7 @@ class Executor:
                 # autograd detaches what an unpack returns, and a parameter (or a view of one) is
                 # an input of the operation that saves it, so holding it makes no reference cycle.
                 return tensor
-            if ((action is not keep and (action is not swap or not swaps_stand)) or tensor.layout is not strided
-                    or not tensor.is_contiguous()):  # a sparse layout has no contiguity to ask for
+            if tensor.layout is not strided or not tensor.is_contiguous():  # a sparse layout has no contiguity to ask for
                 return general(tensor)
             storage = tensor.untyped_storage()
             storage_id = storage._cdata
@@ -447,7 +453,7 @@ class Executor:
                         actions[_KEEP] += 1
                     else:
                         if on_side_stream:
-                            transfers.store(stored, tensor.detach(), swap, None, pool_key=key)
+                            transfers.store(stored, tensor.detach(), action, None, pool_key=key)
                         else:
                             # Transfers.copy_to_host for a plain layout, to its slot in the plan's
                             # host pool if it has one; pack hooks run with grad mode off, so the
@@ -460,7 +466,11 @@ class Executor:
                             host.copy_(tensor.detach() if grad_enabled() else tensor)
                             stored.host = host
                             stored.host_nbytes = nbytes
-                            counters.add_host(nbytes)
+                            host_bytes = counters.host_bytes = counters.host_bytes + nbytes  # Counters.add_host
+                            if host_bytes > counters.iteration_peak_host_bytes:  # never above the all-time peak
+                                counters.iteration_peak_host_bytes = host_bytes
+                                if host_bytes > counters.peak_host_bytes:
+                                    counters.peak_host_bytes = host_bytes
                         counters.offloaded_bytes += nbytes
                         counters.transferred_bytes += nbytes
                         actions[_SWAP] += 1
@@ -495,7 +505,7 @@ class Executor:
                         watch_backward(it)
                 counters.unpacks += 1  # one thread's counter: backward's (the packs of its forward are done)
                 return handle  # type: ignore[return-value]
-            if it.profiler is not None or (kind is not stored_type and handle.stored is not None):  # type: ignore[union-attr]
+            if kind is not stored_type and handle.stored is not None:  # type: ignore[union-attr]
                 return general_unpack(handle)
             started = perf_counter()
             # Releases are drained where bytes are about to be counted or compared (a fetch, a
@@ -539,21 +549,24 @@ class Executor:
 
         return pack, unpack
 
-    def _steps(self, plan: Plan) -> list[tuple[Decision, torch.Size, torch.dtype, str | None] | None]:
+    def _steps(self, plan: Plan) -> list[tuple[Decision, torch.Size, torch.dtype, str | None, Action] | None]:
         """Per key, what the planned pack hook checks and does, made once per plan: the decision,
-        its guard as the shape and dtype objects a tensor reports, and for a parameter or a view of
-        one, the reason it is kept; ``None`` for a key the plan does not decide."""
+        its guard as the shape and dtype objects a tensor reports, for a parameter or a view of
+        one the reason it is kept, and the action; ``None`` for a key the plan does not decide or
+        whose action the hook leaves to :meth:`pack` (anything but a keep, or a swap that stands
+        as planned: :attr:`Plan.swaps_stand`)."""
         cached = self._steps_cache
         if cached[0] is plan:
             return cached[1]
         decisions = plan.decision_table()
-        steps: list[tuple[Decision, torch.Size, torch.dtype, str | None] | None] = [None] * (max(decisions, default=-1) + 1)
+        fast = (Action.KEEP, Action.SWAP) if plan.swaps_stand else (Action.KEEP,)
+        steps: list[tuple[Decision, torch.Size, torch.dtype, str | None, Action] | None] = [None] * (max(decisions, default=-1) + 1)
         for key, decision in decisions.items():
             dtype = _DTYPES_BY_NAME.get(decision.dtype)
-            if key < 0 or dtype is None:
+            if key < 0 or dtype is None or decision.action not in fast:
                 continue
             reason = decision.reason if decision.action is Action.KEEP and decision.reason in (_LEAF_REASON, _VIEW_REASON) else None
-            steps[key] = (decision, torch.Size(decision.shape), dtype, reason)
+            steps[key] = (decision, torch.Size(decision.shape), dtype, reason, decision.action)
         self._steps_cache = (plan, steps)
         return steps
 
@@ -953,7 +966,7 @@ class Executor:
                 return cached
             self._make_room(it, stored.layout.nbytes)
             out, event = self.transfers.fetch(stored)
-            nbytes = out.untyped_storage().nbytes()
+            nbytes = _rebuilt_nbytes(stored, out)
             counters.add_resident(nbytes)
         if event is not None:
             self.transfers.hand_to_compute(out, event)
@@ -1032,7 +1045,7 @@ class Executor:
             if budget is not None and counters.resident_bytes + nbytes > budget:
                 break
             out, event = fetch(stored)
-            held = out.untyped_storage().nbytes()
+            held = _rebuilt_nbytes(stored, out)
             stored.prefetched = (out, event)
             stored.prefetched_bytes = held
             self._prefetched_bytes += held
