@@ -32,8 +32,15 @@ median of the rounds': a garbage collection landing in one hook would swamp a me
 profiling iteration costs against a planned one.
 A budget a policy cannot meet is reported with its least budget instead of a time.
 
+One process's figures move by several percent from one process to the next on the same code
+(where its memory lands, the machine's load at the time): ``--processes N`` runs the whole
+measurement in N fresh processes, one after another, each in its own shuffled order, and reports
+per run the median over them of each figure (the ratios taken within each process, against its
+own baselines), with the least and most ratio to ``save_on_cpu`` among them.
+
 Example:
     $ python benchmarks/hooks.py --rounds 15 --json > benchmarks/results/cpu-$(date +%F)/hooks.jsonl
+    $ python benchmarks/hooks.py --rounds 9 --processes 5 --workloads many-small --json
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ import json
 import os
 import random
 import statistics
+import subprocess
 import sys
 import time
 import warnings
@@ -61,7 +69,7 @@ import cswap
 from cswap.budget import BudgetError
 from cswap.planner.actions import RUNTIME_POLICIES
 
-__all__ = ["WORKLOADS", "EssentialSwap", "KeyedFloor", "Workload", "copying_offload", "main", "measure"]
+__all__ = ["WORKLOADS", "EssentialSwap", "KeyedFloor", "Workload", "combine", "copying_offload", "main", "measure"]
 
 
 @dataclass(frozen=True)
@@ -371,8 +379,9 @@ def _warm_up(run: _Run, x: torch.Tensor, iterations: int) -> None:
 
 
 def measure(workload: Workload, rounds: int, policies: tuple[str, ...] = RUNTIME_POLICIES,
-            budgets: tuple[float | None, ...] = (None, 0.5), warmup: int = 4) -> list[dict[str, object]]:
-    """Median iteration seconds of every run on ``workload``, interleaved over ``rounds``."""
+            budgets: tuple[float | None, ...] = (None, 0.5), warmup: int = 4, seed: int = 0) -> list[dict[str, object]]:
+    """Median iteration seconds of every run on ``workload``, interleaved over ``rounds`` (in an order
+    shuffled per round from ``seed``)."""
     model, x = workload.build()
     saved = _saved_per_iteration(model, x)
     runs = _runs(model, x, policies, budgets)
@@ -386,7 +395,7 @@ def measure(workload: Workload, rounds: int, policies: tuple[str, ...] = RUNTIME
     # Each round takes the runs in a new order (seeded): what a run leaves behind (the allocator's
     # free lists, caches after a compressing run's large buffers) slows the next one, and in a
     # fixed order it would always slow the same one.
-    shuffle = random.Random(0).shuffle
+    shuffle = random.Random(seed).shuffle
     for _ in range(rounds):
         order = list(timed)
         shuffle(order)
@@ -433,6 +442,59 @@ def measure(workload: Workload, rounds: int, policies: tuple[str, ...] = RUNTIME
     return rows
 
 
+#: The figures :func:`combine` takes the median of across processes.
+COMBINED = ("median_s", "vs_plain", "vs_save_on_cpu", "vs_copying_offload", "us_per_saved_tensor_over_plain", "pack_us", "unpack_us",
+            "profiling_s", "profiling_vs_planned")
+
+
+def combine(runs: list[list[dict[str, object]]]) -> list[dict[str, object]]:
+    """One row per (workload, run) from the rows of several processes (``runs``, one list each):
+    the median of each figure of :data:`COMBINED`, the least and most ratio to ``save_on_cpu``, and
+    how many processes measured it. A run infeasible in any process is reported infeasible, with
+    the largest least budget any of them found.
+
+    Example:
+        >>> a = [{"workload": "w", "run": "swap", "median_s": 0.010, "vs_save_on_cpu": 1.2}]
+        >>> b = [{"workload": "w", "run": "swap", "median_s": 0.012, "vs_save_on_cpu": 1.4}]
+        >>> c = [{"workload": "w", "run": "swap", "median_s": 0.011, "vs_save_on_cpu": 1.3}]
+        >>> row = combine([a, b, c])[0]
+        >>> row["median_s"], row["vs_save_on_cpu"], row["vs_save_on_cpu_range"], row["processes"]
+        (0.011, 1.3, [1.2, 1.4], 3)
+    """
+    grouped: dict[tuple[object, object], list[dict[str, object]]] = {}
+    for rows in runs:
+        for row in rows:
+            grouped.setdefault((row["workload"], row["run"]), []).append(row)
+    combined: list[dict[str, object]] = []
+    for rows in grouped.values():
+        out = dict(rows[0])
+        out["processes"] = len(rows)
+        infeasible = [row for row in rows if row.get("infeasible")]
+        if infeasible:
+            for name in COMBINED:
+                out.pop(name, None)
+            out.update(infeasible=True, least_budget_fraction=max(row["least_budget_fraction"] for row in infeasible))  # type: ignore[type-var]
+        else:
+            for name in COMBINED:
+                values = [row[name] for row in rows if row.get(name) is not None]
+                if values:
+                    out[name] = round(statistics.median(values), 6)  # type: ignore[type-var]
+            ratios = [row["vs_save_on_cpu"] for row in rows]
+            out["vs_save_on_cpu_range"] = [min(ratios), max(ratios)]  # type: ignore[type-var]
+        combined.append(out)
+    return combined
+
+
+def _in_processes(argv: list[str], processes: int) -> list[dict[str, object]]:
+    """The rows of ``processes`` fresh runs of this script with ``argv``, one after another, combined."""
+    runs = []
+    for index in range(processes):
+        done = subprocess.run([sys.executable, __file__, *argv, "--json", "--processes", "1", "--seed", str(index)],
+                              check=True, capture_output=True, text=True)
+        runs.append([json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")])
+    return combine(runs)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=15, help="interleaved rounds (medians over them)")
@@ -440,15 +502,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--policies", default=",".join(RUNTIME_POLICIES), help="comma-separated runtime policies")
     parser.add_argument("--workloads", default="many-small,few-large", help="comma-separated workload names")
     parser.add_argument("--budgets", default="none,0.5", help="comma-separated memory budgets (none: without one)")
+    parser.add_argument("--processes", type=int, default=1, help="fresh processes to measure in, one after another (medians over them)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the rounds' shuffled order")
     parser.add_argument("--json", action="store_true", help="only the JSON lines")
-    args = parser.parse_args(argv)
+    raw = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(raw)
+    if args.processes < 1:
+        parser.error(f"--processes must be at least 1, not {args.processes}")
     torch.set_num_threads(1)
     policies = tuple(p for p in args.policies.split(",") if p)
     budgets = tuple(None if b == "none" else float(b) for b in args.budgets.split(",") if b)
     chosen = args.workloads.split(",")
     workloads = (Workload("many-small", blocks=args.blocks, width=32, batch=8), WORKLOADS[1])
+    passed_on = [arg for arg in raw if arg != "--json"]
     for workload in (w for w in workloads if w.name in chosen):
-        rows = measure(workload, args.rounds, policies, budgets)
+        if args.processes > 1:
+            rows = _in_processes([*_without(passed_on, "--processes"), "--workloads", workload.name], args.processes)
+        else:
+            rows = measure(workload, args.rounds, policies, budgets, seed=args.seed)
         for row in rows:
             print(json.dumps(row), flush=True)
         if not args.json:
@@ -460,6 +531,22 @@ def main(argv: list[str] | None = None) -> None:
                           f"{row['vs_save_on_cpu']:5.2f}x save_on_cpu  {row['vs_copying_offload']:5.2f}x copying  "
                           f"{row['us_per_saved_tensor_over_plain']:6.1f} us/tensor",
                           file=sys.stderr)
+
+
+def _without(argv: list[str], option: str) -> list[str]:
+    """``argv`` without ``option`` and its value (given as ``--option V`` or ``--option=V``), nor ``--workloads``."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in (option, "--workloads"):
+            skip = "=" not in arg
+            continue
+        out.append(arg)
+    return out
 
 
 if __name__ == "__main__":

@@ -69,3 +69,45 @@ def test_a_baseline_copies_every_stored_tensor_and_gives_plain_gradients(bench: 
         # every stored tensor on the host at once at the end of forward, all released after backward
         assert context.peak_host_bytes == (blocks + 1) * batch * width * 4
         assert (context.host_bytes, context.resident_bytes, context.held) == (0, 0, set())
+
+
+def _row(run: str, ratio: float, seconds: float, **extra: object) -> dict[str, object]:
+    return {"workload": "w", "run": run, "median_s": seconds, "vs_save_on_cpu": ratio, "vs_plain": ratio * 2, **extra}
+
+
+@pytest.mark.parametrize("processes", [1, 2, 3, 5])
+def test_combined_processes_give_each_run_the_median_of_their_figures_and_their_spread(bench: ModuleType, processes: int) -> None:
+    ratios = [1.1 + 0.1 * i for i in range(processes)][::-1]  # out of order: the median is not the middle one given
+    runs = [[_row("plain", 1.0, 0.01), _row("swap", r, r / 100, pack_us=r * 3)] for r in ratios]
+    combined = {row["run"]: row for row in bench.combine(runs)}
+    middle = sorted(ratios)[processes // 2] if processes % 2 else sum(sorted(ratios)[processes // 2 - 1:processes // 2 + 1]) / 2
+    swap = combined["swap"]
+    assert swap["vs_save_on_cpu"] == pytest.approx(middle) and swap["vs_plain"] == pytest.approx(2 * middle)
+    assert swap["median_s"] == pytest.approx(middle / 100) and swap["pack_us"] == pytest.approx(3 * middle)
+    assert swap["vs_save_on_cpu_range"] == [min(ratios), max(ratios)] and swap["processes"] == processes
+    assert combined["plain"]["vs_save_on_cpu_range"] == [1.0, 1.0]
+
+
+def test_a_run_infeasible_in_any_process_is_combined_as_infeasible_with_the_largest_least_budget(bench: ModuleType) -> None:
+    runs = [[_row("swap @0.1", 1.3, 0.01)],
+            [{"workload": "w", "run": "swap @0.1", "infeasible": True, "least_budget_fraction": 0.2}],
+            [{"workload": "w", "run": "swap @0.1", "infeasible": True, "least_budget_fraction": 0.3}]]
+    (row,) = bench.combine(runs)
+    assert row["infeasible"] is True and row["least_budget_fraction"] == 0.3 and row["processes"] == 3
+    assert "median_s" not in row and "vs_save_on_cpu" not in row
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--rounds", "3", "--processes", "4", "--blocks", "9"], ["--rounds", "3", "--blocks", "9"]),
+    (["--processes=4", "--workloads", "many-small", "--rounds=3"], ["--rounds=3"]),
+    (["--workloads=few-large", "--policies", "swap"], ["--policies", "swap"]),
+])
+def test_a_worker_process_is_given_the_options_but_how_many_processes_and_which_workloads(bench: ModuleType, argv: list[str],
+                                                                                            expected: list[str]) -> None:
+    assert bench._without(argv, "--processes") == expected
+
+
+def test_fewer_than_one_process_is_refused_with_the_option_named(bench: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        bench.main(["--processes", "0"])
+    assert "--processes must be at least 1, not 0" in capsys.readouterr().err
