@@ -79,9 +79,10 @@ class _Pool:
     def __init__(self, layout: PoolLayout, chunk: _Chunk) -> None:
         self.layout = layout
         self.chunk = chunk
-        # per key: the (dtype, shape, stride) its view was made for, the view, and its slot marker
-        self.views: dict[int, tuple[torch.dtype, tuple[int, ...], tuple[int, ...], torch.Tensor, PoolSlot]] = {}
-        self.conflicts = {key: frozenset(keys) for key, keys in layout.conflicts.items()}
+        # per key: the (dtype, shape, stride) its view was made for, and the view with its slot marker
+        self.views: dict[int, tuple[torch.dtype, tuple[int, ...], tuple[int, ...], tuple[torch.Tensor, PoolSlot]]] = {}
+        # per key, the keys whose slots share bytes with its own (None: none do)
+        self.conflicts = {key: frozenset(keys) or None for key, keys in layout.conflicts.items()}
         self.sizes = dict(layout.sizes)  # read once per planned swap: a plain dict
         self.held: set[int] = set()
         self.hits = 0
@@ -90,18 +91,28 @@ class _Pool:
     def reuse(self, key: int, dtype: torch.dtype, shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[torch.Tensor, PoolSlot] | None:
         """:meth:`take` for a key taken before as the same ``dtype``, ``shape`` and ``stride`` (its view
         is made, so it fits): the view and marker, now held; ``None`` (nothing counted) otherwise, or
-        when bytes of its slot are still held: ask :meth:`take` then."""
+        when bytes of its slot are still held: ask :meth:`take` then. It runs once per planned swap,
+        so :meth:`_free` is written out here."""
         cached = self.views.get(key)
-        if cached is None or cached[0] is not dtype or cached[1] != shape or cached[2] != stride or not self._free(key):
+        if cached is None or cached[0] is not dtype or cached[1] != shape or cached[2] != stride:
             return None
-        self.held.add(key)
+        held = self.held
+        if key in held:
+            return None
+        conflicts = self.conflicts.get(key)
+        if conflicts is not None and held and not held.isdisjoint(conflicts):
+            return None
+        held.add(key)
         self.hits += 1
-        return cached[3], cached[4]
+        return cached[3]
 
     def _free(self, key: int) -> bool:
         """Whether no bytes of ``key``'s slot are held (by it or by a key sharing them)."""
         held = self.held
-        return key not in held and (not held or held.isdisjoint(self.conflicts[key]))
+        if key in held:
+            return False
+        conflicts = self.conflicts.get(key)
+        return conflicts is None or not held or held.isdisjoint(conflicts)
 
     def take(self, key: int, dtype: torch.dtype, shape: tuple[int, ...], stride: tuple[int, ...], nbytes: int) -> tuple[torch.Tensor, PoolSlot] | None:
         """The view of ``key``'s slot as ``dtype``, ``shape``, ``stride``, now held, and its marker;
@@ -113,10 +124,10 @@ class _Pool:
         cached = self.views.get(key)
         if cached is None or cached[0] is not dtype or cached[1] != shape or cached[2] != stride:
             view = self.chunk.of_dtype(dtype).as_strided(shape, stride, self.layout.offsets[key] // dtype.itemsize)
-            cached = self.views[key] = (dtype, shape, stride, view, PoolSlot(self, key))
+            cached = self.views[key] = (dtype, shape, stride, (view, PoolSlot(self, key)))
         self.held.add(key)
         self.hits += 1
-        return cached[3], cached[4]
+        return cached[3]
 
 
 class _Chunk:

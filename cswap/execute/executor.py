@@ -1031,7 +1031,7 @@ class Executor:
         stored_of = it.stored_by_key.get
         budget = plan.budget_bytes
         counters = self.counters
-        fetch = self.transfers.fetch
+        fetch, add_resident = self.transfers.fetch, counters.add_resident
         i = max(position + 1, it.prefetch_cursor)
         while i < end:
             ref = stored_of(order[i])
@@ -1049,7 +1049,7 @@ class Executor:
             stored.prefetched = (out, event)
             stored.prefetched_bytes = held
             self._prefetched_bytes += held
-            counters.add_resident(held)
+            add_resident(held)
             counters.prefetches += 1
             i += 1
         it.prefetch_cursor = i

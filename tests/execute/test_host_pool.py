@@ -112,3 +112,33 @@ def test_a_later_profile_finds_the_room_the_first_one_needed() -> None:
         if epoch == 0:
             misses = rt.stats().arena_misses  # the first profile sizes the arena
     assert rt.stats().arena_misses == misses and rt.stats().profiled_iterations == 3
+
+
+@pytest.mark.parametrize("first_taken", (0, 1))
+def test_a_slot_is_neither_taken_nor_reused_while_a_key_sharing_its_bytes_holds_them(first_taken: int) -> None:
+    from cswap.execute.arena import HostArena
+    from cswap.planner.hostpool import PoolLayout
+
+    # keys 0 and 1 share bytes (lifetimes apart in the profile); key 2 has a slot of its own
+    layout = PoolLayout(offsets={0: 0, 1: 0, 2: 64}, sizes={0: 64, 1: 64, 2: 64}, pool_bytes=128, lower_bound_bytes=128,
+                        conflicts={0: (1,), 1: (0,), 2: ()})
+    arena = HostArena(pin_memory=False)
+    arena.plan_pool(layout, 0)
+    shape, stride = (4, 4), (4, 1)
+    other = 1 - first_taken
+    view, slot = arena.alloc_tensor(torch.float32, shape, stride, 64, first_taken)
+    assert slot is not None and view.data_ptr() == arena._pool.chunk.buffer.data_ptr()
+    reuse = arena.slot_reuser()
+    assert reuse is not None
+    assert arena.alloc_tensor(torch.float32, shape, stride, 64, other)[1] is None  # the shared bytes are held: first fit
+    assert reuse(first_taken, torch.float32, shape, stride) is None  # held by itself
+    assert reuse(2, torch.float32, shape, stride) is None  # never taken: no view to reuse yet
+    assert arena.alloc_tensor(torch.float32, shape, stride, 64, 2)[1] is not None  # bytes of its own
+    arena.free(slot)
+    again = reuse(first_taken, torch.float32, shape, stride)
+    assert again is not None and again[0] is view and again[1] == slot  # the view made before, not a new one
+    arena.free(again[1])
+    assert reuse(first_taken, torch.float64, (2, 4), (4, 1)) is None  # another dtype: take makes its view
+    taken = arena.alloc_tensor(torch.float32, shape, stride, 64, other)
+    assert taken[1] is not None and taken[0].data_ptr() == view.data_ptr()  # its bytes are free again
+    assert reuse(first_taken, torch.float32, shape, stride) is None  # now the other holds them
