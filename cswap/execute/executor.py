@@ -123,6 +123,7 @@ class IterationState:
         plan: the plan that decides every pack (:meth:`Plan.resolve`).
         profiler: records the iteration's first micro-batch when it is a profiling one.
         protected: storage ids of the model's parameters and buffers.
+        prefetch_window_bytes: the most bytes of offloaded tensors fetched ahead of their unpack.
 
     Attributes:
         micro_batches: micro-batches begun so far (a forward after a finished backward begins one).
@@ -130,7 +131,7 @@ class IterationState:
             profiling iteration's recorders stop there).
     """
 
-    def __init__(self, plan: Plan, profiler: Profiler | None, protected: frozenset[int]) -> None:
+    def __init__(self, plan: Plan, profiler: Profiler | None, protected: frozenset[int], prefetch_window_bytes: int = 0) -> None:
         self.plan = plan
         self.profiler = profiler
         self.protected = protected
@@ -140,7 +141,11 @@ class IterationState:
         self.stored_by_key: dict[int, weakref.ref[Stored]] = {}
         self.unpack_position = plan.unpack_positions()
         self.prefetch_cursor = 0
+        self.prefetch_window_bytes = prefetch_window_bytes
         self.prefetch_end = len(plan.unpack_order)  # the cursor's end: nothing is fetched ahead past it
+        # whether a fetch may first move kept tensors to the host to stay within the budget (_make_room)
+        fallback = plan.fallback_action
+        self.makes_room = plan.budget_bytes is not None and fallback is not None and fallback.offloads
         self.micro_batches = 1
         self.on_backward_end: list[Callable[[], None]] = []
         self._backward_watched = False  # a callback at the end of this micro-batch's backward is queued
@@ -276,7 +281,8 @@ class Executor:
                 del kept[storage_id]
             self.counters.iteration_peak_resident_bytes = self.counters.resident_bytes
             self.counters.iteration_peak_host_bytes = self.counters.host_bytes
-        it = IterationState(plan, profiler, self._protected_storages(plan, model))
+        window = self.prefetch_bytes if plan.prefetch_bytes is None else min(plan.prefetch_bytes, self.prefetch_bytes)
+        it = IterationState(plan, profiler, self._protected_storages(plan, model), window)
         if self._layouts[0] is not plan:
             self._layouts = (plan, {})
         it.layouts = self._layouts[1]  # a planned key's tensor has the same layout every iteration
@@ -964,7 +970,8 @@ class Executor:
             cached = stored.last_out() if stored.last_out is not None else None
             if cached is not None:
                 return cached
-            self._make_room(it, stored.layout.nbytes)
+            if it.makes_room:
+                self._make_room(it, stored.layout.nbytes)
             out, event = self.transfers.fetch(stored)
             nbytes = _rebuilt_nbytes(stored, out)
             counters.add_resident(nbytes)
@@ -984,9 +991,8 @@ class Executor:
         since (deeper, another batch) holds its kept tensors longer, and backward must still fetch
         what it reads. The copies are synchronous: the room is needed now.
         """
-        plan = it.plan
-        budget = plan.budget_bytes
-        if budget is None or plan.fallback_action is None or not plan.fallback_action.offloads:
+        budget = it.plan.budget_bytes
+        if not it.makes_room or budget is None:
             return
         counters = self.counters
         if counters.resident_bytes + nbytes <= budget:
@@ -1022,10 +1028,10 @@ class Executor:
     def _prefetch_after(self, it: IterationState, key: int) -> None:
         """Fetch the offloaded tensors that follow ``key`` in the profiled unpack order, within the budget."""
         position = it.unpack_position.get(key)
-        plan = it.plan
-        window = self.prefetch_bytes if plan.prefetch_bytes is None else min(plan.prefetch_bytes, self.prefetch_bytes)
+        window = it.prefetch_window_bytes
         if position is None or window <= 0:
             return
+        plan = it.plan
         order = plan.unpack_order
         end = it.prefetch_end
         stored_of = it.stored_by_key.get
