@@ -91,18 +91,11 @@ class _Pool:
     def reuse(self, key: int, dtype: torch.dtype, shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[torch.Tensor, PoolSlot] | None:
         """:meth:`take` for a key taken before as the same ``dtype``, ``shape`` and ``stride`` (its view
         is made, so it fits): the view and marker, now held; ``None`` (nothing counted) otherwise, or
-        when bytes of its slot are still held: ask :meth:`take` then. It runs once per planned swap,
-        so :meth:`_free` is written out here."""
+        when bytes of its slot are still held: ask :meth:`take` then."""
         cached = self.views.get(key)
-        if cached is None or cached[0] is not dtype or cached[1] != shape or cached[2] != stride:
+        if cached is None or cached[0] is not dtype or cached[1] != shape or cached[2] != stride or not self._free(key):
             return None
-        held = self.held
-        if key in held:
-            return None
-        conflicts = self.conflicts.get(key)
-        if conflicts is not None and held and not held.isdisjoint(conflicts):
-            return None
-        held.add(key)
+        self.held.add(key)
         self.hits += 1
         return cached[3]
 

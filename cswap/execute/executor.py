@@ -472,11 +472,7 @@ class Executor:
                             host.copy_(tensor.detach() if grad_enabled() else tensor)
                             stored.host = host
                             stored.host_nbytes = nbytes
-                            host_bytes = counters.host_bytes = counters.host_bytes + nbytes  # Counters.add_host
-                            if host_bytes > counters.iteration_peak_host_bytes:  # never above the all-time peak
-                                counters.iteration_peak_host_bytes = host_bytes
-                                if host_bytes > counters.peak_host_bytes:
-                                    counters.peak_host_bytes = host_bytes
+                            counters.add_host(nbytes)
                         counters.offloaded_bytes += nbytes
                         counters.transferred_bytes += nbytes
                         actions[_SWAP] += 1
