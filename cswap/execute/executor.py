@@ -97,15 +97,6 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _rebuilt_nbytes(stored: Stored, out: torch.Tensor) -> int:
-    """The bytes ``out``, rebuilt from ``stored``, holds: a plain swap's is a copy of the tensor (no
-    need to ask its storage, whose Python object the first ask creates); other rebuilds may hold more."""
-    layout = stored.layout
-    if stored.action is Action.SWAP and layout.plain:
-        return layout.nbytes
-    return out.untyped_storage().nbytes()
-
-
 def _storage_id(t: torch.Tensor) -> int:
     return t.untyped_storage()._cdata
 
@@ -968,8 +959,7 @@ class Executor:
                 return cached
             if it.makes_room:
                 self._make_room(it, stored.layout.nbytes)
-            out, event = self.transfers.fetch(stored)
-            nbytes = _rebuilt_nbytes(stored, out)
+            out, event, nbytes = self.transfers.fetch(stored)
             counters.add_resident(nbytes)
         if event is not None:
             self.transfers.hand_to_compute(out, event)
@@ -1046,8 +1036,7 @@ class Executor:
                 break
             if budget is not None and counters.resident_bytes + nbytes > budget:
                 break
-            out, event = fetch(stored)
-            held = _rebuilt_nbytes(stored, out)
+            out, event, held = fetch(stored)
             stored.prefetched = (out, event)
             stored.prefetched_bytes = held
             self._prefetched_bytes += held

@@ -49,9 +49,9 @@ Example:
     >>> entry = Stored(0, decision, Layout.of(x), collections.deque())
     >>> transfers = Transfers(torch.device("cpu"), "cpu", HostArena(pin_memory=False), Counters())
     >>> transfers.store(entry, x, Action.SWAP, None)
-    >>> out, event = transfers.fetch(entry)
-    >>> torch.equal(out, x), event is None
-    (True, True)
+    >>> out, event, nbytes = transfers.fetch(entry)
+    >>> torch.equal(out, x), event is None, nbytes
+    (True, True, 32)
 """
 
 from __future__ import annotations
@@ -74,6 +74,16 @@ from cswap.execute.stored import Counters, Stored
 from cswap.planner.plan import Action, Decision
 
 __all__ = ["Transfers", "torch_threads_kept"]
+
+_SWAP = Action.SWAP
+
+
+def _rebuilt_nbytes(stored: Stored, out: torch.Tensor) -> int:
+    """The bytes ``out``, rebuilt from ``stored``, holds: a plain swap's is a copy of the tensor (no
+    need to ask its storage, whose Python object the first ask creates); other rebuilds may hold more."""
+    if stored.action is _SWAP and stored.layout.plain:
+        return stored.layout.nbytes
+    return out.untyped_storage().nbytes()
 
 
 @contextmanager
@@ -336,24 +346,30 @@ class Transfers:
 
     # ------------------------------------------------------------------ fetching
 
-    def fetch(self, stored: Stored) -> tuple[torch.Tensor, Any]:
-        """Issue the rebuild of ``stored`` (on the side stream on a GPU); returns it and its ready event."""
+    def fetch(self, stored: Stored) -> tuple[torch.Tensor, Any, int]:
+        """Issue the rebuild of ``stored`` (on the side stream on a GPU); returns it, its ready event
+        and the bytes it holds (a plain swap's are the tensor's own; other rebuilds may hold more)."""
+        side = self.side_stream
+        if side is None and stored.action is _SWAP and stored.layout.plain:
+            # The rebuild most fetches on a CPU are, first: one copy of the host copy, which has
+            # the tensor's shape and strides (an unsized or host compression is never a plain swap).
+            return stored.host.clone(), None, stored.layout.nbytes  # type: ignore[union-attr]
         if stored.unsized is not None:  # wanted back before its size was read: read it now
             self.unsized.remove(stored)
             self._finish_unsized(stored)
         if stored.compressing is not None:  # wanted back before its host compression was collected
             self.compressing.remove(stored)
             self._finish_host_one(stored)
-        side = self.side_stream
         if side is None:
-            return self._rebuild(stored), None
+            out = self._rebuild(stored)
+            return out, None, _rebuilt_nbytes(stored, out)
         with torch.cuda.stream(side):
             if stored.ready is not None:
                 side.wait_event(stored.ready)
             out = self._rebuild(stored)
             event = torch.cuda.Event()
             event.record(side)
-        return out, event
+        return out, event, _rebuilt_nbytes(stored, out)
 
     def hand_to_compute(self, out: torch.Tensor, event: Any) -> None:
         """Make the compute stream wait for ``out``'s rebuild (its ``event``) and keep its memory until it has read it."""
