@@ -349,7 +349,6 @@ class Executor:
         on_cpu, device = self._on_cpu, self.device
         kept_storages = self._kept_storages
         resolved = it.plan.resolved_table()
-        keeps_within_budget = it.plan.keeps_within_budget
         perf_counter = time.perf_counter
         grad_enabled = torch.is_grad_enabled
         new_ref = weakref.ref
@@ -361,7 +360,7 @@ class Executor:
             step = steps[key] if key < n_steps else None
             if step is None or it._backward_ended:
                 return general(tensor)
-            planned, shape, dtype, reason, action = step
+            planned, shape, dtype, reason, action, keep_limit = step
             if tensor.dtype is not dtype or tensor.shape != shape:
                 return general(tensor)
             if reason is not None:
@@ -436,7 +435,7 @@ class Executor:
                         # it); a keep that would pass the budget falls back there too.
                         kept_ref = kept_storages.get(storage_id)
                         if (kept_ref is not None and kept_ref() is not None) or (
-                                budget is not None and not keeps_within_budget(planned, counters.resident_bytes)):
+                                keep_limit is not None and counters.resident_bytes > keep_limit):
                             return general(tensor)
                     stored = Stored(key, planned, layout, released)
                     stored.storage_ref = new_ref(storage)
@@ -542,24 +541,25 @@ class Executor:
 
         return pack, unpack
 
-    def _steps(self, plan: Plan) -> list[tuple[Decision, torch.Size, torch.dtype, str | None, Action] | None]:
+    def _steps(self, plan: Plan) -> list[tuple[Decision, torch.Size, torch.dtype, str | None, Action, float | None] | None]:
         """Per key, what the planned pack hook checks and does, made once per plan: the decision,
         its guard as the shape and dtype objects a tensor reports, for a parameter or a view of
-        one the reason it is kept, and the action; ``None`` for a key the plan does not decide or
-        whose action the hook leaves to :meth:`pack` (anything but a keep, or a swap that stands
-        as planned: :attr:`Plan.swaps_stand`)."""
+        one the reason it is kept, the action, and for a keep the most resident bytes at which it
+        stands under the budget (:meth:`Plan.keep_limit_bytes`); ``None`` for a key the plan does
+        not decide or whose action the hook leaves to :meth:`pack` (anything but a keep, or a swap
+        that stands as planned: :attr:`Plan.swaps_stand`)."""
         cached = self._steps_cache
         if cached[0] is plan:
             return cached[1]
         decisions = plan.decision_table()
         fast = (Action.KEEP, Action.SWAP) if plan.swaps_stand else (Action.KEEP,)
-        steps: list[tuple[Decision, torch.Size, torch.dtype, str | None, Action] | None] = [None] * (max(decisions, default=-1) + 1)
+        steps: list[tuple[Decision, torch.Size, torch.dtype, str | None, Action, float | None] | None] = [None] * (max(decisions, default=-1) + 1)
         for key, decision in decisions.items():
             dtype = _DTYPES_BY_NAME.get(decision.dtype)
             if key < 0 or dtype is None or decision.action not in fast:
                 continue
             reason = decision.reason if decision.action is Action.KEEP and decision.reason in (_LEAF_REASON, _VIEW_REASON) else None
-            steps[key] = (decision, torch.Size(decision.shape), dtype, reason, decision.action)
+            steps[key] = (decision, torch.Size(decision.shape), dtype, reason, decision.action, plan.keep_limit_bytes(decision))
         self._steps_cache = (plan, steps)
         return steps
 

@@ -23,6 +23,7 @@ Example:
 from __future__ import annotations
 
 import enum
+import math
 import warnings
 from collections import Counter
 from collections.abc import Mapping
@@ -512,20 +513,38 @@ class Plan:
         """Whether ``decision`` stands under the device budget with ``resident_bytes`` held now: it
         moves the tensor, the policy has nothing to fall back to, or keeping it stays within the
         budget and within the slack the plan left it (:meth:`resolve`'s rule)."""
+        limit = self.keep_limit_bytes(decision)
+        return limit is None or resident_bytes <= limit
+
+    def keep_limit_bytes(self, decision: Decision) -> float | None:
+        """The most resident bytes at which ``decision`` stands under the device budget
+        (:meth:`keeps_within_budget`); ``None`` when it stands whatever is held. A pack hook that
+        keeps this decision's tensor works it out once per plan and compares, instead of asking.
+
+        Example:
+            >>> plan = Plan("swap", 0, Action.SWAP, budget_bytes=100, fallback_action=Action.SWAP, expected_bytes={3: 40})
+            >>> keep = Decision(key=3, shape=(4,), dtype="float32", nbytes=16, sparsity=0.0,
+            ...                 action=Action.KEEP, reason="fits", slack_bytes=10)
+            >>> plan.keep_limit_bytes(keep), plan.keeps_within_budget(keep, 50), plan.keeps_within_budget(keep, 51)
+            (50, True, False)
+        """
         fallback = self.fallback_action
         if self.budget_bytes is None or fallback is None or decision.action.offloads or decision.action is fallback:
-            return True
-        held, drift = self._keep_facts(decision, resident_bytes)
-        return resident_bytes + held <= self.budget_bytes and (decision.slack_bytes is None or drift <= decision.slack_bytes)
+            return None
+        held, expected = self._keep_facts(decision)
+        limit: float = self.budget_bytes - held
+        slack = decision.slack_bytes
+        if slack is not None:  # the resident bytes may run over what the plan expected by the slack
+            limit = min(limit, expected + slack if expected is not None else (math.inf if slack >= 0 else -math.inf))
+        return limit
 
-    def _keep_facts(self, decision: Decision, resident_bytes: int) -> tuple[int, int]:
-        """What keeping ``decision``'s tensor holds on the device, and how far ``resident_bytes``
-        is over what the plan expected before its pack."""
+    def _keep_facts(self, decision: Decision) -> tuple[int, int | None]:
+        """What keeping ``decision``'s tensor holds on the device, and the resident bytes the plan
+        expected before its pack (``None``: no expectation)."""
         held = decision.nbytes
         if decision.action is Action.ZVC_KEEP and decision.compressed_nbytes is not None:
             held = min(held, int(decision.compressed_nbytes))
-        expected = self.expected_bytes.get(decision.key) if decision.planned else None
-        return held, resident_bytes - expected if expected is not None else 0
+        return held, self.expected_bytes.get(decision.key) if decision.planned else None
 
     def _within_device_budget(self, decision: Decision, resident_bytes: int) -> Decision:
         """``decision``, or the fallback action when keeping it would pass the device budget now."""
@@ -533,7 +552,8 @@ class Plan:
             return decision
         fallback = self.fallback_action
         assert fallback is not None
-        held, drift = self._keep_facts(decision, resident_bytes)
+        held, expected = self._keep_facts(decision)
+        drift = resident_bytes - expected if expected is not None else 0
         action, why = constrained(fallback, decision.nbytes, decision.dtype, self.min_bytes)
         if action is decision.action or (why is not None and not action.offloads):
             return decision  # the rules leave nothing smaller (below min_bytes, or nothing to fall back to)

@@ -147,6 +147,30 @@ def test_resolve_covers_every_case_and_rows_show_it() -> None:
     assert plan.rows()[0] is planned
 
 
+@pytest.mark.parametrize("action", (Action.KEEP, Action.ZVC_KEEP, Action.SWAP))
+@pytest.mark.parametrize("budget_bytes", (None, 8192))
+@pytest.mark.parametrize("slack_bytes", (None, 0, 1500, -1))
+@pytest.mark.parametrize("expected_bytes", (None, 2000))
+def test_the_keep_limit_is_where_resolve_starts_to_fall_back(action: Action, budget_bytes: int | None, slack_bytes: int | None,
+                                                             expected_bytes: int | None) -> None:
+    # The planned pack hook compares the resident bytes with the limit made once per plan,
+    # instead of resolving: both must agree at every resident count, on both sides of each bound.
+    planned = Decision(key=0, shape=(1024,), dtype="float32", nbytes=4096, sparsity=0.0, action=action, reason="planned",
+                       compressed_nbytes=3000.0, planned=True, slack_bytes=slack_bytes)
+    plan = Plan(policy="cswap", epoch=0, default_action=Action.SWAP, decisions={0: planned}, budget_bytes=budget_bytes,
+                fallback_action=Action.SWAP, expected_bytes={} if expected_bytes is None else {0: expected_bytes})
+    limit = plan.keep_limit_bytes(planned)
+    if budget_bytes is None or action is Action.SWAP:
+        assert limit is None
+    held = 3000 if action is Action.ZVC_KEEP else 4096  # a zvc-keep holds its compressed bytes
+    for resident in (0, 1998, 1999, 2000, 3500, 3501, 4096, 4097, 5192, 5193, 8192, 9000):
+        drift = resident - expected_bytes if expected_bytes is not None else 0
+        rule = budget_bytes is None or action is Action.SWAP or (
+            resident + held <= budget_bytes and (slack_bytes is None or drift <= slack_bytes))
+        stands = plan.resolve(0, (1024,), torch.float32, 4096, resident_bytes=resident) is planned
+        assert stands == rule == (limit is None or resident <= limit) == plan.keeps_within_budget(planned, resident), resident
+
+
 @pytest.mark.parametrize("planned_action", (Action.KEEP, Action.ZVC_KEEP, Action.SWAP))
 def test_a_planned_decision_under_a_budget_is_still_checked_against_it(planned_action: Action) -> None:
     planned = Decision(key=0, shape=(1024,), dtype="float32", nbytes=4096, sparsity=0.0, action=planned_action, reason="planned",
