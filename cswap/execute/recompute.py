@@ -98,7 +98,10 @@ class _RebuiltWatch:
         self._pushed = False
 
     def exclude(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        for leaf in tree_leaves((args, kwargs)):
+        # Flattening is a pytree walk; a call whose inputs are all positional tensors (most
+        # regions' calls, once per recomputation) needs none.
+        plain = not kwargs and all(isinstance(arg, torch.Tensor) for arg in args)
+        for leaf in args if plain else tree_leaves((args, kwargs)):
             if isinstance(leaf, torch.Tensor):
                 key = _storage_key(leaf)
                 if key is not None:
@@ -151,7 +154,8 @@ class _RecomputeContext:
                     f"(version {version} -> {tensor._version}), so recomputing it would give other values; "
                     "stop recomputing this region or stop modifying the tensor in place"
                 )
-        self._saved.append([b.detach().clone() for m in self.region.norms for b in m.buffers(recurse=False)])
+        norms = self.region.norms
+        self._saved.append([b.detach().clone() for m in norms for b in m.buffers(recurse=False)] if norms else [])
         listener = self.regions.listener
         watch = _RebuiltWatch(listener) if listener is not None else None
         if watch is not None:
@@ -165,6 +169,8 @@ class _RecomputeContext:
             watch.__exit__()
             self.region.watches.remove(watch)
         saved = self._saved.pop()
+        if not saved:  # no running statistics in the region: nothing to put back
+            return
         with torch.no_grad():
             buffers = [b for m in self.region.norms for b in m.buffers(recurse=False)]
             for buffer, value in zip(buffers, saved, strict=True):

@@ -348,18 +348,38 @@ class _Rebuilt:
         self.told.append((tuple(tensor.shape), StorageWeakRef(tensor.untyped_storage())))
 
 
-def test_the_listener_is_told_of_what_a_recomputation_saves_except_the_calls_inputs() -> None:
+class _TakesItsInputAnyhow(nn.Module):
+    """Linear and Tanh, its input given positionally, by keyword, or inside a tuple."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 6)
+        self.tanh = nn.Tanh()
+
+    def forward(self, x: torch.Tensor | None = None, pair: tuple[torch.Tensor, ...] | None = None) -> torch.Tensor:
+        return self.tanh(self.linear(x if pair is None else pair[0]))
+
+
+CALLS = {
+    "positional": lambda model, x: model(x),
+    "keyword": lambda model, x: model(x=x),
+    "in a tuple": lambda model, x: model(None, (x,)),
+}
+
+
+@pytest.mark.parametrize("call", CALLS)
+def test_the_listener_is_told_of_what_a_recomputation_saves_except_the_calls_inputs(call: str) -> None:
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 6), nn.Tanh())
+    model = _TakesItsInputAnyhow()
     regions = RecomputeRegions(model)
     listener = _Rebuilt()
     regions.listener = listener
     regions.enable([""])
     x = torch.randn(4, 8, requires_grad=True)
-    model(x).sum().backward()
+    CALLS[call](model, x).sum().backward()
     regions.disable_all()
     # Linear saves its input (the call's input: not told) and its weight; Tanh saves its output
-    weight = StorageWeakRef(model[0].weight.untyped_storage())
+    weight = StorageWeakRef(model.linear.weight.untyped_storage())
     assert sorted(shape for shape, _ in listener.told) == [(4, 6), (8, 6)]
     assert [ref for shape, ref in listener.told if shape == (8, 6)] == [weight]
     assert all(ref != StorageWeakRef(x.untyped_storage()) for _, ref in listener.told)
