@@ -16,9 +16,11 @@ tensor, one copy back per read) and nothing else; ``keyed floor`` (:class:`Keyed
 least a keyed swap hook in Python does, a floor for any such hook; ``essential swap``
 (:class:`EssentialSwap`), that floor with what a swap hook needs to be safe to train with (guard,
 never-move checks, deduplication, slots held until released, host and resident bytes counted);
-and ``cswap.Runtime``
-under every runtime policy with ``min_bytes=0`` (every tensor goes through the plan), without a
-budget and with ``memory_budget=0.5``; a runtime that may recompute runs on a copy of the model
+when a policy that recomputes without a budget is measured, ``checkpoint per block``
+(:func:`checkpointed_copy`: torch's composable checkpoint on each block of a copy of the model,
+what ``ac-full`` does with torch alone; each runtime's row then also gives its ratio to it);
+and ``cswap.Runtime`` under every runtime policy with ``min_bytes=0`` (every tensor goes through
+the plan), without a budget and with ``memory_budget=0.5``; a runtime that may recompute runs on a copy of the model
 of its own (it attaches hooks to the modules it recomputes, which would tax the other runs on a
 shared one), the others on the model itself. Each runtime is warmed up past its profiling
 iterations first; then the runs take turns, one iteration each per round in an order shuffled per
@@ -67,7 +69,7 @@ from torch import nn
 
 import cswap
 from cswap.budget import BudgetError
-from cswap.planner.actions import RUNTIME_POLICIES
+from cswap.planner.actions import RECOMPUTING_POLICIES, RUNTIME_POLICIES
 
 __all__ = ["WORKLOADS", "EssentialSwap", "KeyedFloor", "Workload", "combine", "copying_offload", "main", "measure"]
 
@@ -350,6 +352,8 @@ def _runs(model: nn.Module, x: torch.Tensor, policies: tuple[str, ...], budgets:
         _Run("keyed floor", None, None, KeyedFloor(model, x), model),
         _Run("essential swap", None, None, EssentialSwap(model, x), model),
     ]
+    if any(policy in RECOMPUTING_POLICIES for policy in policies):
+        runs.append(_Run(CHECKPOINT_RUN, None, None, nullcontext, checkpointed_copy(model)))
     for budget in budgets:
         for policy in policies:
             own = model
@@ -360,6 +364,28 @@ def _runs(model: nn.Module, x: torch.Tensor, policies: tuple[str, ...], budgets:
             suffix = "" if budget is None else f" @{budget}"
             runs.append(_Run(f"{policy}{suffix}", policy, budget, rt.iteration, own, rt))
     return runs
+
+
+#: The yardstick of the policies that recompute every block (:func:`checkpointed_copy`).
+CHECKPOINT_RUN = "checkpoint per block"
+
+
+def checkpointed_copy(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` (same weights) with torch's composable checkpoint on each of its blocks:
+    what ``ac-full`` does to the workload's model with torch alone. On a copy, as its hooks would
+    tax every other run on a shared model.
+
+    Example:
+        >>> model, x = Workload("tiny", blocks=2, width=4, batch=1).build()
+        >>> torch.equal(checkpointed_copy(model)(x), model(x))
+        True
+    """
+    from torch.distributed._composable import checkpoint
+
+    own = copy.deepcopy(model)
+    for block in own.children():
+        checkpoint(block)
+    return own
 
 
 def _warm_up(run: _Run, x: torch.Tensor, iterations: int) -> None:
@@ -412,6 +438,7 @@ def measure(workload: Workload, rounds: int, policies: tuple[str, ...] = RUNTIME
     plain = statistics.median(times["plain"])
     on_cpu = statistics.median(times["save_on_cpu"])
     copying = statistics.median(times["copying offload"])
+    checkpointed = statistics.median(times[CHECKPOINT_RUN]) if CHECKPOINT_RUN in times else None
     rows: list[dict[str, object]] = []
     for run in runs:
         row: dict[str, object] = {"workload": workload.name, "run": run.name, "policy": run.policy, "memory_budget": run.budget,
@@ -427,6 +454,8 @@ def measure(workload: Workload, rounds: int, policies: tuple[str, ...] = RUNTIME
                 vs_copying_offload=round(median / copying, 3),
                 us_per_saved_tensor_over_plain=round((median - plain) / saved * 1e6, 2),
             )
+            if checkpointed is not None:
+                row.update(vs_checkpoint_per_block=round(median / checkpointed, 3))
             if run.runtime is not None:
                 row.update(
                     pack_us=round(statistics.median(p for p, _ in hook_us[run.name]), 2),
@@ -443,8 +472,8 @@ def measure(workload: Workload, rounds: int, policies: tuple[str, ...] = RUNTIME
 
 
 #: The figures :func:`combine` takes the median of across processes.
-COMBINED = ("median_s", "vs_plain", "vs_save_on_cpu", "vs_copying_offload", "us_per_saved_tensor_over_plain", "pack_us", "unpack_us",
-            "profiling_s", "profiling_vs_planned")
+COMBINED = ("median_s", "vs_plain", "vs_save_on_cpu", "vs_copying_offload", "vs_checkpoint_per_block", "us_per_saved_tensor_over_plain",
+            "pack_us", "unpack_us", "profiling_s", "profiling_vs_planned")
 
 
 def combine(runs: list[list[dict[str, object]]]) -> list[dict[str, object]]:

@@ -71,6 +71,30 @@ def test_a_baseline_copies_every_stored_tensor_and_gives_plain_gradients(bench: 
         assert (context.host_bytes, context.resident_bytes, context.held) == (0, 0, set())
 
 
+@pytest.mark.parametrize("blocks, width, batch", [(3, 8, 2), (5, 32, 8)])
+def test_the_checkpoint_baseline_recomputes_every_block_and_gives_plain_gradients(bench: ModuleType, blocks: int, width: int,
+                                                                                 batch: int) -> None:
+    model, x = bench.Workload("t", blocks=blocks, width=width, batch=batch).build()
+    plain = _grads(model, x, bench, None)
+    own = bench.checkpointed_copy(model)
+    linears: list[int] = []
+    for block in own.children():
+        block[0].register_forward_pre_hook(lambda module, args: linears.append(1))
+    grads = _grads(own, x, bench, None)
+    assert all(torch.equal(a, b) for a, b in zip(plain, grads))
+    assert len(linears) == 2 * blocks  # each block's forward once, and once more recomputed in backward
+    assert all(a is not b for a, b in zip(model.parameters(), own.parameters()))
+
+
+@pytest.mark.parametrize("policies, measured", [(("ac-full",), True), (("recompute", "swap"), True), (("swap", "cswap"), False)])
+def test_the_checkpoint_baseline_is_measured_with_a_policy_that_recomputes_without_a_budget(bench: ModuleType, policies: tuple[str, ...],
+                                                                                           measured: bool) -> None:
+    model, x = bench.Workload("t", blocks=2, width=4, batch=1).build()
+    names = [run.name for run in bench._runs(model, x, policies, (None,))]
+    assert (bench.CHECKPOINT_RUN in names) is measured
+    assert names[:5] == ["plain", "save_on_cpu", "copying offload", "keyed floor", "essential swap"]
+
+
 def _row(run: str, ratio: float, seconds: float, **extra: object) -> dict[str, object]:
     return {"workload": "w", "run": run, "median_s": seconds, "vs_save_on_cpu": ratio, "vs_plain": ratio * 2, **extra}
 
