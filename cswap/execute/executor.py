@@ -70,7 +70,6 @@ from dataclasses import replace
 from typing import Any
 
 import torch
-from torch.multiprocessing.reductions import StorageWeakRef
 
 from cswap.codecs import value_range
 from cswap.execute.arena import ALIGN_BYTES, ArenaBlock, HostArena, PoolSlot
@@ -99,6 +98,20 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 def _storage_id(t: torch.Tensor) -> int:
     return t.untyped_storage()._cdata
+
+
+class _RebuiltRef(weakref.ref):  # type: ignore[type-arg]
+    """A weak reference to a storage a recomputation saved, with its id and the bytes it counts."""
+
+    __slots__ = ("sid", "nbytes")
+
+    def __new__(cls, storage: torch.UntypedStorage, died: Callable[[Any], None], sid: int, nbytes: int) -> _RebuiltRef:
+        return super().__new__(cls, storage, died)
+
+    def __init__(self, storage: torch.UntypedStorage, died: Callable[[Any], None], sid: int, nbytes: int) -> None:
+        super().__init__(storage, died)
+        self.sid = sid
+        self.nbytes = nbytes
 
 
 class IterationState:
@@ -225,7 +238,11 @@ class Executor:
         self._dead_storages: collections.deque[weakref.ref[torch.UntypedStorage]] = collections.deque()
         self._storage_died = self._dead_storages.append
         self._prefetched_bytes = 0
-        self._rebuilt: dict[int, tuple[StorageWeakRef, int]] = {}  # storage id -> (ref, bytes)
+        # What recomputations saved, counted until each storage dies, told the same way as a
+        # handed-out tensor's, to its own queue: storage id -> its reference.
+        self._rebuilt: dict[int, _RebuiltRef] = {}
+        self._dead_rebuilt: collections.deque[_RebuiltRef] = collections.deque()
+        self._rebuilt_died = self._dead_rebuilt.append
         self._protected: tuple[Plan, weakref.ref[torch.nn.Module], frozenset[int]] | None = None
         self._layouts: tuple[Plan | None, dict[int, Layout]] = (None, {})
         self._steps_cache: tuple[Plan | None, list[Any]] = (None, [])
@@ -342,7 +359,7 @@ class Executor:
         alloc_tensor = self.arena.alloc_tensor
         reuse_slot = self.arena.slot_reuser()
         on_side_stream = transfers.side_stream is not None
-        released, dead, rebuilt = self._released, self._dead_storages, self._rebuilt
+        released, dead, rebuilt = self._released, self._dead_storages, self._dead_rebuilt
         in_flight, unsized = transfers.in_flight, transfers.unsized
         stored_by_key = it.stored_by_key
         budget = it.plan.budget_bytes
@@ -588,10 +605,13 @@ class Executor:
             return
         with self._lock:
             known = self._rebuilt.get(sid)
-            if known is not None and not known[0].expired():
-                return
+            if known is not None:
+                if known() is not None:
+                    return
+                # its storage died, and a new one took its address before the death was drained
+                self.counters.resident_bytes -= known.nbytes
             nbytes = storage.nbytes()
-            self._rebuilt[sid] = (StorageWeakRef(storage), nbytes)
+            self._rebuilt[sid] = _RebuiltRef(storage, self._rebuilt_died, sid, nbytes)
             self.counters.add_resident(nbytes)
 
     def rebuilt_listener(self, it: IterationState) -> _RebuiltBytes:
@@ -606,8 +626,8 @@ class Executor:
             self._release_rebuilt()
 
     def _release_rebuilt(self) -> None:
-        self.counters.resident_bytes -= sum(nbytes for _, nbytes in self._rebuilt.values())
-        self._rebuilt.clear()
+        self.counters.resident_bytes -= sum(ref.nbytes for ref in self._rebuilt.values())
+        self._rebuilt.clear()  # deaths told later find their entry gone: nothing is taken twice
 
     def count_recomputed(self, tensors: int) -> None:
         """Count ``tensors`` saved tensors that recompute regions dropped and rebuilt (never packed here)."""
@@ -646,7 +666,7 @@ class Executor:
     def _releases_pending(self) -> bool:
         """Whether :meth:`_drain` has anything to look at (the hooks skip it otherwise)."""
         transfers = self.transfers
-        return bool(self._released or self._dead_storages or self._rebuilt or transfers.in_flight or transfers.unsized)
+        return bool(self._released or self._dead_storages or self._dead_rebuilt or transfers.in_flight or transfers.unsized)
 
     def _drain(self, profiler: Profiler | None = None) -> None:
         """Apply releases posted by dead handles, finished copies and freed rebuilt tensors.
@@ -679,11 +699,12 @@ class Executor:
                 counters.resident_bytes -= entry[0]
                 if profiler is not None:
                     freed.append(entry[1])
-        if self._rebuilt:
-            for sid, (ref, nbytes) in list(self._rebuilt.items()):
-                if ref.expired():
-                    counters.resident_bytes -= nbytes
-                    del self._rebuilt[sid]
+        dead_rebuilt, rebuilt = self._dead_rebuilt, self._rebuilt
+        while dead_rebuilt:
+            ref = dead_rebuilt.popleft()
+            if rebuilt.get(ref.sid) is ref:
+                del rebuilt[ref.sid]
+                counters.resident_bytes -= ref.nbytes
         if profiler is not None and freed:
             profiler.record_free(freed)
 

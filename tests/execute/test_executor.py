@@ -460,3 +460,36 @@ def test_keeping_a_second_view_of_a_kept_storage_never_falls_back_under_a_budget
     handles.append(pack(torch.randn(4, 16, 32)))  # new memory: it would pass the budget
     counters = executor.snapshot()
     assert counters.actions["swap"] == 1 and counters.budget_fallbacks == 1 and counters.resident_bytes == 8192
+
+
+def test_a_rebuilt_storage_is_counted_until_it_dies_even_when_a_new_one_takes_its_address_first() -> None:
+    # A recomputation's saved storage is counted resident until its death is drained; a new one
+    # may take the dead one's address before that, and must neither be taken for it nor leave
+    # the dead one's bytes counted.
+    executor = Executor(torch.device("cpu"), backend="cpu", prefetch_bytes=0)
+    it = executor.begin(Plan(policy="none", epoch=0, default_action=Action.KEEP))
+    counters = executor.counters
+    reused = 0
+    for _ in range(20):
+        first = torch.randn(64)
+        address = first.untyped_storage()._cdata
+        executor.hold_rebuilt(it, first)
+        executor.hold_rebuilt(it, first[8:])  # another view of the same storage: counted once
+        assert counters.resident_bytes == 256
+        del first
+        second = torch.randn(64)
+        reused += second.untyped_storage()._cdata == address
+        executor.hold_rebuilt(it, second)  # before any drain
+        assert counters.resident_bytes in (256, 512)  # the dead one's bytes taken off now if its address is reused
+        executor._drain()
+        assert counters.resident_bytes == 256
+        del second
+        executor._drain()
+        assert counters.resident_bytes == 0
+    assert reused, "no new storage took a dead one's address: the case under test never happened"
+    executor.hold_rebuilt(it, kept := torch.randn(16))
+    executor.release_rebuilt()  # the iteration is over: what still holds it is not its backward
+    assert counters.resident_bytes == 0
+    del kept
+    executor._drain()  # its death, told after the release, takes nothing twice
+    assert counters.resident_bytes == 0
