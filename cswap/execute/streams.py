@@ -479,8 +479,9 @@ class Transfers:
         if stored.action is Action.SWAP and layout.plain:
             host = stored.host
             assert host is not None
-            # The host copy has the tensor's shape and strides: one copy into a fresh tensor.
-            return host.to(self.device, non_blocking=True, copy=True) if self.cuda else host.clone()
+            # The host copy has the tensor's shape and strides: one copy into a fresh tensor (on a
+            # CPU, fetch makes it itself, without coming here).
+            return host.to(self.device, non_blocking=True, copy=True)
         flat, result = layout.allocate(self.device)
         if stored.action is Action.HOST_ZVC_SWAP:
             self._decompress_on_host(stored, flat)
