@@ -366,7 +366,7 @@ def _runs(model: nn.Module, x: torch.Tensor, policies: tuple[str, ...], budgets:
     return runs
 
 
-#: The yardstick of the policies that recompute every block (:func:`checkpointed_copy`).
+#: The yardstick of the policies that recompute without a budget (:func:`checkpointed_copy`: what ``ac-full`` does with torch alone).
 CHECKPOINT_RUN = "checkpoint per block"
 
 
