@@ -23,25 +23,27 @@ Example:
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import logging
+import math
 import threading
 import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
 import torch
 from torch.utils.checkpoint import CheckpointError
 
-from cswap.budget import BudgetError, ResolvedBudget, warn_if_over_device
+from cswap.budget import BudgetError, MemoryBudget, ResolvedBudget, format_bytes, warn_if_over_device
 from cswap.codecs.api import default_backend
 from cswap.device import bandwidth, fingerprint, resolve_device
-from cswap.execute.executor import Counters, Executor
+from cswap.execute.executor import Counters, Executor, IterationState
 from cswap.execute.passive import SwapOnOutOfMemory
 from cswap.execute.recompute import RecomputeRegions
 from cswap.options import RECOMPUTING_POLICIES, LaunchLookup, RuntimeOptions, file_defaults, load_options
@@ -52,7 +54,8 @@ from cswap.planner.budgeted import FALLBACK_ACTIONS, NO_CODEC, budget_plan, prof
 from cswap.planner.plan import DEFAULT_ACTIONS, POLICY_REASONS, Action, LaunchCache, Plan
 from cswap.planner.regions import plan_regions
 from cswap.profile.profiler import Profiler
-from cswap.profile.regions import RegionTracer
+from cswap.profile.regions import RegionProfile, RegionTracer
+from cswap.profile.shapes import SizeMap, Structure, grown_shapes, merged, scaled_trace, structure_of
 from cswap.profile.trace import Trace
 from cswap.stats import EpochStats, RuntimeStats
 
@@ -60,6 +63,34 @@ __all__ = ["EpochStats", "Runtime", "RuntimeStats"]
 
 
 logger = logging.getLogger(__name__)
+
+#: Iterations looked back over, and how many of them profiling because the graph changed, before
+#: the runtime warns that it keeps profiling.
+_PROFILE_WINDOW, _PROFILES_WARNED = 10, 3
+
+
+@dataclass
+class _Family:
+    """One structure the model showed (:mod:`cswap.profile.shapes`): its profile, the sizes its plan
+    is made for (the largest seen per tensor), and that plan, which serves every smaller size.
+
+    Attributes:
+        structure: the profile's structure (per profiled key, dtype and rank).
+        trace: the profile, at its own sizes.
+        regions: the profile's recompute regions, when the runtime recomputes.
+        shapes: per profiled key, the shape the plan is made for.
+        plan: the plan.
+        plan_structure: per pack ordinal of ``plan`` (recompute regions enabled), dtype and rank.
+        region_keys: per recompute region, the profiled keys it rebuilds.
+    """
+
+    structure: Structure
+    trace: Trace
+    regions: RegionProfile | None
+    shapes: tuple[tuple[int, ...], ...]
+    plan: Plan | None = None
+    plan_structure: Structure = ()
+    region_keys: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 #: The shipped defaults file's options: the defaults :class:`Runtime`'s signature shows.
 _DEFAULTS = file_defaults(shipped_configs_dir() / "default.yaml")
@@ -71,7 +102,7 @@ _COUNTED_FIELDS = (
     "packed_tensors", "deduplicated_tensors", "never_moved_tensors", "unknown_keys", "kept_bytes", "offloaded_bytes",
     "transferred_bytes", "compressed_input_bytes", "compressed_bytes", "resident_bytes", "peak_resident_bytes", "pack_s",
     "unpack_s", "unpacks", "prefetches", "prefetch_hits", "budget_fallbacks", "budget_waits", "iteration_peak_resident_bytes",
-    "evicted_tensors", "budget_evictions",
+    "evicted_tensors", "budget_evictions", "outgrown_tensors",
 )
 
 
@@ -225,6 +256,14 @@ class Runtime:
         # Recompute regions are attached to the model at the first profiling iteration that needs them.
         self._regions: RecomputeRegions | None = None
         self._region_keys: dict[str, tuple[int, ...]] = {}
+        # Per structure the model showed, its profile and the plan for the largest sizes seen.
+        self._families: dict[Structure, _Family] = {}
+        self._family: _Family | None = None
+        self._unprofiled_plans = 0
+        # Per iteration of the last few, whether it profiled because the graph changed.
+        self._changed_profiles: collections.deque[bool] = collections.deque(maxlen=_PROFILE_WINDOW)
+        self._warned_profiling = False
+        self._graph_profile = False  # the next profile is for a changed graph
 
     # ------------------------------------------------------------------ properties
 
@@ -319,7 +358,23 @@ class Runtime:
             self._epoch_iteration_s += elapsed
             if profiling:
                 self._profiled += 1
+            self._changed_profiles.append(profiling and self._graph_profile)
+            if profiling:
+                self._graph_profile = False
+            keeps_profiling = not self._warned_profiling and sum(self._changed_profiles) >= _PROFILES_WARNED
+            self._warned_profiling = self._warned_profiling or keeps_profiling
             error, self._budget_error = self._budget_error, None
+        if keeps_profiling:
+            warnings.warn(
+                f"cswap profiled {sum(self._changed_profiles)} of the last {len(self._changed_profiles)} iterations because the "
+                "saved tensors changed in kind, not only in size: another number of saved tensors, or another dtype or rank "
+                "among them (an input that switches a branch on and off, a batch without padding that takes another "
+                "attention path, an evaluation step inside rt.iteration()). Sizes alone (padding to the longest sequence, "
+                "a last partial batch) never profile again. Keep such steps out of rt.iteration(), or make the graph one: "
+                "pad every batch (a collator's pad_to_multiple_of), or bucket lengths into a few buckets. Each graph is "
+                "profiled once and its plan kept (stats().structures).",
+                stacklevel=3,
+            )
         if error is not None:
             raise error
 
@@ -411,8 +466,8 @@ class Runtime:
         executor.end(it)
         if profiler is None:
             counters = executor.counters  # read as they stand: a snapshot would settle deferred sizes on a GPU
-            self._check_graph(counters.unknown_keys > unknown_before, counters.iteration_peak_resident_bytes,
-                              counters.iteration_peak_host_bytes)
+            self._after_planned(it, counters.unknown_keys > unknown_before, counters.iteration_peak_resident_bytes,
+                                counters.iteration_peak_host_bytes)
         if profiler is not None:
             profiler.meta["micro_batches"] = it.micro_batches
             if passive is not None and passive.retries:
@@ -445,6 +500,7 @@ class Runtime:
         with self._lock:
             self._graph_changes += 1
             self._needs_profile = True
+            self._graph_profile = True
 
     def _exclude_regions(self, paths: tuple[str, ...], error: BaseException) -> RuntimeError:
         """After torch refused a recomputation: never enable ``paths`` again and plan anew at the next
@@ -515,9 +571,6 @@ class Runtime:
                     stacklevel=2,
                 )
             return
-        error = None
-        budget_bytes = None
-        region_keys: dict[str, tuple[int, ...]] = {}
         # its own peak (a graph that changed is profiled again in the middle of an epoch)
         profiled = self._executor.snapshot()
         profiled_peak: int | None = profiled.iteration_peak_resident_bytes
@@ -527,13 +580,85 @@ class Runtime:
             # the host budget had no room for: its peaks are not those of a profile at the budget.
             # The planner replays the device's; the host budget holds from the plan made from it on.
             profiled_peak, profiled_host_peak = None, 0
-        # Without a device budget there is no plan to hold the host budget in: the pack's rule does.
-        host_budget = self._host_budget_bytes if budget is not None else None
+        profile = None
         if tracer is not None:
             regions = self._recompute_regions()
             profile = tracer.profile().excluding(regions.ineligible)  # with those torch refused before
             trace = profile.with_recompute_seconds(trace)
             regions.mark_ineligible(profile.ineligible)
+        structure = structure_of(trace)
+        shapes = tuple(r.shape for r in trace.tensors)
+        known = self._families.get(structure)
+        if known is not None:  # profiled again (a new epoch): its plan stays made for the largest sizes seen
+            shapes = tuple(merged(a, b) for a, b in zip(known.shapes, shapes))
+        family = _Family(structure, trace, profile, shapes)
+        self._families[structure] = family
+        self._plan_family(family, profiled_peak, profiled_host_peak)
+
+    def _plan_family(self, family: _Family, profiled_peak: int | None = 0, profiled_host_peak: int = 0,
+                     cause: str = "") -> None:
+        """Plan ``family`` at its sizes and follow the plan from the next iteration: from its profile
+        as it is, or, where the sizes are larger than profiled, from the profile scaled to them
+        (:func:`cswap.profile.shapes.scaled_trace`). ``cause`` names what made the sizes grow."""
+        trace, profile = family.trace, family.regions
+        grown = {r.key: shape for r, shape in zip(trace.tensors, family.shapes) if shape != r.shape}
+        if grown:
+            trace = scaled_trace(trace, grown)
+            if profile is not None:
+                profile = profile.scaled(grown, SizeMap.learn((r.shape, shape) for r, shape in zip(family.trace.tensors, family.shapes)))
+        plan, budget_bytes, error, region_keys = self._planned(trace, profile, profiled_peak, profiled_host_peak)
+        budget = self._options.memory_budget
+        if plan.host_pool is None:
+            plan = plan.with_host_pool(trace)
+        if self._host_budget_bytes is not None:
+            plan = replace(plan, host_budget_bytes=self._host_budget_bytes, host_meter=self._host_meter)
+        if budget is not None and error is None and budget_bytes is not None:
+            resolved = ResolvedBudget(budget, budget_bytes, plan.planner.get("none_peak_bytes"))
+            if self._resolved_budget is None:  # said once, at the start of training
+                logger.info("%s", resolved)
+                if budget.relative:
+                    warn_if_over_device(budget_bytes, self._device_dict()["memory_bytes"], str(self._device), stacklevel=5)
+            self._resolved_budget = resolved
+        if budget is not None and budget.relative and budget_bytes is not None and self._budget_bytes is not None \
+                and budget_bytes > self._budget_bytes:
+            logger.info("memory budget %s of policy none's peak rose from %s to %s: %s", budget.fraction,
+                        format_bytes(self._budget_bytes), format_bytes(budget_bytes), cause or _largest(trace))
+        decisions = plan.decisions
+        with self._lock:
+            if budget is not None:
+                self._budget_bytes = budget_bytes
+                self._budget_error = error
+            self._trace = family.trace
+            self._plan = plan
+            self._region_keys = region_keys
+            self._needs_profile = False
+            family.plan = plan
+            family.region_keys = region_keys
+            family.plan_structure = (tuple((d.dtype, len(d.shape)) for _, d in sorted(decisions.items()))
+                                     if decisions else family.structure)
+            self._family = family
+
+    def _planned(self, trace: Trace, profile: RegionProfile | None, profiled_peak: int | None,
+                 profiled_host_peak: int) -> tuple[Plan, int | None, BudgetError | None, dict[str, tuple[int, ...]]]:
+        """The plan of ``trace`` (and ``profile``'s regions), the budget's bytes and the error when the
+        policy cannot meet it. A fraction of ``none``'s peak never resolves below what it resolved to
+        before: a smaller graph or shorter sequence keeps the cap a larger one set."""
+        budget = self._options.memory_budget
+        floor = self._budget_bytes if budget is not None and budget.relative else None
+        plan, budget_bytes, error, region_keys = self._planned_within(budget, trace, profile, profiled_peak, profiled_host_peak)
+        if floor is not None and budget_bytes is not None and budget_bytes < floor:
+            plan, budget_bytes, error, region_keys = self._planned_within(MemoryBudget(nbytes=floor), trace, profile, profiled_peak,
+                                                                          profiled_host_peak)
+        return plan, budget_bytes, error, region_keys
+
+    def _planned_within(self, budget: MemoryBudget | None, trace: Trace, profile: RegionProfile | None, profiled_peak: int | None,
+                        profiled_host_peak: int) -> tuple[Plan, int | None, BudgetError | None, dict[str, tuple[int, ...]]]:
+        error = None
+        budget_bytes = None
+        region_keys: dict[str, tuple[int, ...]] = {}
+        # Without a device budget there is no plan to hold the host budget in: the pack's rule does.
+        host_budget = self._host_budget_bytes if budget is not None else None
+        if profile is not None:
             time_model = self._codec_time_model() if self.policy == "cswap" else NO_CODEC
             chosen = plan_regions(trace, profile, self.policy, budget, time_model, self._backend, self._options.min_bytes,
                                   self._epoch, self._plan.launches, profiled_peak, host_budget_bytes=host_budget,
@@ -548,25 +673,79 @@ class Runtime:
             plan, budget_bytes, error = budget_plan(trace, self.policy, budget, time_model, self._backend, self._options.min_bytes,
                                                     self._epoch, self._plan.launches, profiled_peak, host_budget,
                                                     profiled_host_peak, self._host_codec_time_model(host_budget))
-        if plan.host_pool is None:
-            plan = plan.with_host_pool(trace)
-        if self._host_budget_bytes is not None:
-            plan = replace(plan, host_budget_bytes=self._host_budget_bytes, host_meter=self._host_meter)
-        if budget is not None and error is None and budget_bytes is not None:
-            resolved = ResolvedBudget(budget, budget_bytes, plan.planner.get("none_peak_bytes"))
-            if self._resolved_budget is None:  # said once, at the start of training
-                logger.info("%s", resolved)
-                if budget.relative:
-                    warn_if_over_device(budget_bytes, self._device_dict()["memory_bytes"], str(self._device), stacklevel=4)
-            self._resolved_budget = resolved
-        with self._lock:
-            if budget is not None:
-                self._budget_bytes = budget_bytes
-                self._budget_error = error
-            self._trace = trace
-            self._plan = plan
-            self._region_keys = region_keys
-            self._needs_profile = False
+        return plan, budget_bytes, error, region_keys
+
+    def _after_planned(self, it: IterationState, unknown: bool, peak_bytes: int, host_peak_bytes: int = 0) -> None:
+        """After a planned iteration: follow the plan of the structure it showed, planned again (not
+        profiled) where its sizes grew past those planned; profile a structure never seen, and, as
+        :meth:`_check_graph`, an iteration that passed a budget its plan was made within."""
+        family = self._family
+        if family is None or family.plan is not self._plan:
+            self._check_graph(unknown, peak_bytes, host_peak_bytes)
+            return
+        shown = self._structure_shown(family, it)
+        if shown is not family:
+            if shown is None:
+                self._check_graph(True, peak_bytes, host_peak_bytes)
+                return
+            with self._lock:  # a structure profiled before: its plan, at no cost
+                self._family, self._plan, self._region_keys, self._trace = shown, shown.plan, shown.region_keys, shown.trace
+            family = shown
+            budget = self._options.memory_budget
+            if (budget is not None and budget.relative and self._budget_bytes is not None and shown.plan is not None
+                    and shown.plan.budget_bytes is not None and shown.plan.budget_bytes < self._budget_bytes
+                    and self._grown(family, it) is None):
+                # made before a larger graph raised the cap: planned again within the cap in force
+                self._unprofiled_plans += 1
+                self._plan_family(family)
+                return
+        grown = self._grown(family, it)
+        if grown is not None:
+            shapes, cause = grown
+            family.shapes = shapes
+            self._unprofiled_plans += 1
+            self._plan_family(family, cause=cause)
+            return
+        if shown is family:
+            self._check_graph(False, peak_bytes, host_peak_bytes)
+
+    def _structure_shown(self, family: _Family, it: IterationState) -> _Family | None:
+        """The family whose plan's packs have the dtypes and ranks ``it`` showed (``family`` when it
+        is this one, or ``it`` packed fewer of the same); ``None`` for a structure never profiled."""
+        planned = family.plan_structure
+        shown = tuple(
+            (it.seen[k][1], len(it.seen[k][0])) if k in it.seen else (planned[k] if k < len(planned) else ("", -1))
+            for k in range(it.packs)
+        )
+        if shown == planned[: len(shown)]:
+            return family
+        serving = [other for other in self._families.values() if other.plan_structure[: len(shown)] == shown]
+        return min(serving, key=lambda other: len(other.plan_structure), default=None)
+
+    def _grown(self, family: _Family, it: IterationState) -> tuple[tuple[tuple[int, ...], ...], str] | None:
+        """The sizes ``family``'s plan must be made for after ``it``, and which tensor grew most, when
+        ``it`` packed one larger than planned; else ``None``."""
+        seen = it.seen
+        plan = family.plan
+        if not seen or plan is None:
+            return None
+        by_key: dict[int, tuple[int, ...]] = {}
+        if plan.recompute_regions and family.regions is not None:
+            sequence = family.regions.sequence(plan.recompute_regions)
+            for ordinal, (shape, _) in seen.items():
+                if ordinal < len(sequence) and sequence[ordinal].key is not None:
+                    by_key[sequence[ordinal].key] = shape  # type: ignore[index]
+        else:
+            by_key = {key: shape for key, (shape, _) in seen.items()}
+        current = replace(family.trace, tensors=tuple(replace(r, shape=shape) for r, shape in zip(family.trace.tensors, family.shapes)))
+        grown = grown_shapes(current, by_key)
+        if not grown:
+            return None
+        shapes = tuple(grown.get(k, shape) for k, shape in enumerate(family.shapes))
+        key = max(grown, key=lambda k: math.prod(grown[k]) - math.prod(family.shapes[k]))
+        record = family.trace.tensors[key]
+        what = f"key {key}" + (f" ({record.module})" if record.module else "")
+        return shapes, f"{what} grew from {list(family.shapes[key])} to {list(grown[key])}"
 
     def _bandwidth(self) -> tuple[float, float]:
         if self._bandwidths is None:
@@ -677,5 +856,15 @@ class Runtime:
                 iteration_host_peak_bytes=counters.iteration_peak_host_bytes,
                 host_budget_bytes=self._host_budget_bytes,
                 graph_changes=self._graph_changes,
+                unprofiled_plans=self._unprofiled_plans,
+                structures=len(self._families),
                 history=(*self._history, self._epoch_stats(counters)),
             )
+
+
+def _largest(trace: Trace) -> str:
+    """The largest tensor of ``trace``, in words: what set a new peak."""
+    record = max(trace.tensors, key=lambda r: r.nbytes, default=None)
+    if record is None:
+        return "no saved tensor"
+    return f"largest saved tensor key {record.key}" + (f" ({record.module})" if record.module else "") + f" {list(record.shape)}"

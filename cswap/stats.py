@@ -129,7 +129,16 @@ class RuntimeStats:
         budget_evictions: kept tensors swapped to the host in backward because fetching another
             would have passed the budget (a graph that changed since its plan holds them longer).
         graph_changes: planned iterations that saved tensors their plan did not know (another
-            graph, another batch size); each is followed by a profiling iteration.
+            graph: a saved tensor of another dtype or rank, or more of them) or passed a budget
+            their plan was made within; each is followed by a profiling iteration, unless the
+            graph is one profiled before (:attr:`structures`).
+        outgrown_tensors: packs of a planned tensor larger than planned (a longer sequence, a larger
+            batch): the planned action on its own size, within the budget at pack.
+        unprofiled_plans: plans made without a profiling iteration: for a larger size of a graph
+            already profiled, from that profile with the sizes the packs showed and the times
+            scaled (:mod:`cswap.profile.shapes`).
+        structures: the distinct graphs profiled (saved tensors' order, dtypes and ranks); each has
+            one plan, made for the largest sizes seen, which serves every smaller one.
         host_bytes: bytes of saved tensors' host copies held now: a ``swap``'s raw bytes, a
             ``zvc-swap``'s (and a collected ``host-zvc-swap``'s) compressed bytes, as the executor
             counts them; the host arena's capacity, a cache reserved ahead, is ``arena_bytes``.
@@ -179,6 +188,9 @@ class RuntimeStats:
     host_peak_bytes: int = 0
     iteration_host_peak_bytes: int = 0
     host_budget_bytes: int | None = None
+    outgrown_tensors: int = 0
+    unprofiled_plans: int = 0
+    structures: int = 0
     history: tuple[EpochStats, ...] = field(default_factory=tuple)
 
     @property
@@ -210,6 +222,7 @@ class RuntimeStats:
                         f"never moved {self.never_moved_tensors}"
                         + (f", stored once {self.deduplicated_tensors}" if self.deduplicated_tensors else "")
                         + (f", not in the plan {self.unknown_keys}" if self.unknown_keys else "")
+                        + (f", larger than planned {self.outgrown_tensors}" if self.outgrown_tensors else "")
                         + (f", swapped when out of memory {self.evicted_tensors}" if self.evicted_tensors else "")),
             ("kept", human_bytes(self.kept_bytes)),
             ("offloaded", f"{human_bytes(self.offloaded_bytes)}, transferred {human_bytes(self.transferred_bytes)}"),
@@ -229,6 +242,7 @@ class RuntimeStats:
             ("time", f"{_seconds(self.iteration_s)} in iterations{mean}, pack hooks {_seconds(self.pack_s)}, "
                      f"unpack hooks {_seconds(self.unpack_s)}"),
         ]
+        planned = f", {self.unprofiled_plans} planned without a profile" if self.unprofiled_plans else ""
         title = (f"cswap stats: policy {self.policy}, epoch {self.epoch}, {self.iterations} iterations "
-                 f"({self.profiled_iterations} profiled)")
+                 f"({self.profiled_iterations} profiled{planned})")
         return "\n".join([title, *(f"  {name:<12} {text}" for name, text in rows)])

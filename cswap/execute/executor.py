@@ -157,6 +157,19 @@ class IterationState:
         # A tensor saved on another device than the runtime's: autograd may run unpacks on that
         # device's thread too, so on a CPU runtime the planned hooks take the lock from then on.
         self.other_device = False
+        # What the runtime needs to tell a larger size of the planned structure from another
+        # structure: per key, the shape and dtype of each pack the planned hooks left to the
+        # general pack (every pack the plan does not serve goes there), the largest per dimension
+        # over the micro-batches; and the most packs one micro-batch made.
+        self.seen: dict[int, tuple[tuple[int, ...], str]] = {}
+        self.packs = 0
+
+    def see(self, key: int, shape: tuple[int, ...], dtype: str) -> None:
+        """Record that ``key`` packed a tensor of ``shape`` and ``dtype`` (:attr:`seen`)."""
+        known = self.seen.get(key)
+        if known is not None and known[1] == dtype and len(known[0]) == len(shape):
+            shape = tuple(max(a, b) for a, b in zip(known[0], shape))
+        self.seen[key] = (tuple(shape), dtype)
 
     def _all_unpacked(self) -> bool:
         """Every tensor this micro-batch stored that is still alive has been read back."""
@@ -183,6 +196,7 @@ class IterationState:
         if not self._backward_ended:
             return False
         self.micro_batches += 1
+        self.packs = max(self.packs, self.next_key)
         self.next_key = 0
         self.stored_by_key = {}
         self.prefetch_cursor = 0
@@ -317,6 +331,7 @@ class Executor:
         with self._lock:
             self._drain(it.profiler)
             it.profiler = None
+            it.packs = max(it.packs, it.next_key)
 
     def hooks(self, it: IterationState) -> tuple[Callable[[torch.Tensor], Handle], Callable[[Handle], torch.Tensor]]:
         """``(pack, unpack)`` for ``torch.autograd.graph.saved_tensors_hooks``: for an iteration
@@ -378,8 +393,14 @@ class Executor:
             if step is None or it._backward_ended:
                 return general(tensor)
             planned, shape, dtype, reason, action, keep_limit = step
-            if tensor.dtype is not dtype or tensor.shape != shape:
+            if tensor.dtype is not dtype:
                 return general(tensor)
+            if tensor.shape != shape:
+                # A smaller size of the planned tensor (a shorter sequence, a smaller batch) follows
+                # the plan; its own shape is what is stored.
+                shape = tensor.shape
+                if reason is not None or len(shape) != len(step[1]) or any(a > b for a, b in zip(shape, step[1])):
+                    return general(tensor)
             if reason is not None:
                 # A parameter or a view of one, kept as the plan says, for the reason _never_move
                 # gives it; a tensor on the storage of a parameter or buffer of the model is kept
@@ -442,10 +463,10 @@ class Executor:
                     if base is not None and base.requires_grad and base.is_leaf:
                         return general(tensor)
                     layout = layouts.get(key)
-                    if layout is None or stride != layout.stride:  # size-1 dimensions may stride anyhow
+                    if layout is None or stride != layout.stride or shape != layout.shape:  # size-1 dimensions may stride anyhow
                         layout = layouts[key] = Layout.of(tensor)
                     nbytes = layout.nbytes
-                    if nbytes != planned.nbytes:
+                    if nbytes > planned.nbytes:
                         return general(tensor)
                     if action is keep:
                         # Another view of a kept storage counts it already (the general path shares
@@ -765,6 +786,8 @@ class Executor:
             # which is done by holding the tensor itself.
             nbytes = tensor.numel() * tensor.element_size()
             plan.resolve(key, tuple(tensor.shape), tensor.dtype, nbytes, never_moved=reason)
+            if profiler is None:
+                it.see(key, tuple(tensor.shape), _dtype_name(tensor.dtype))
             counters.never_moved_tensors += 1
             record = None
             if profiler is not None:
@@ -797,7 +820,10 @@ class Executor:
                                     shares_kept=owner is not None)
             if decision.budget_fallback:
                 counters.budget_fallbacks += 1
-            elif not decision.planned and plan.decisions:
+            if decision.outgrown:
+                counters.outgrown_tensors += 1
+            elif plan.decisions and not decision.planned and not plan.knows(key, layout.shape, layout.dtype):
+                # counted whether or not the budget then made it fall back
                 counters.unknown_keys += 1
             stored, zeros = self._store(key, tensor.detach(), layout, decision, count_zeros=profiler is not None, owner=owner,
                                         storage=storage)
@@ -809,6 +835,8 @@ class Executor:
             stored.dedupe_key = dedupe_key
             self._dedupe[dedupe_key] = weakref.ref(stored)
             counters.actions[stored.action.value] += 1
+        if profiler is None:
+            it.see(key, layout.shape, _dtype_name(layout.dtype))
         it.stored_by_key[key] = weakref.ref(stored)
         record = None
         if profiler is not None:

@@ -234,6 +234,8 @@ class Decision:
         encoded_dtype: the narrower dtype the profile found an int64 tensor fits (``"int16"``), so
             an encoding that does not wait for the device can narrow it the same way; ``None``
             otherwise.
+        outgrown: made at run time for a tensor larger than its key's planned one (same dtype and
+            rank): the planned action, on the tensor's own size, within the budget.
     """
 
     key: int
@@ -257,10 +259,27 @@ class Decision:
     budget_fallback: bool = False
     raw_unless_smaller: bool = False
     encoded_dtype: str | None = None
+    outgrown: bool = False
 
     def matches(self, shape: tuple[int, ...], dtype: str, nbytes: int | None = None) -> bool:
-        """Whether a tensor of ``shape``, ``dtype`` (and ``nbytes``, when given) passes this decision's guard."""
-        return self.shape == shape and self.dtype == dtype and (nbytes is None or self.nbytes == nbytes)
+        """Whether a tensor of ``shape``, ``dtype`` (and ``nbytes``, when given) passes this decision's
+        guard: the planned dtype and rank, no dimension larger and no more bytes than planned (a
+        plan serves every size up to the one it was made for: a shorter sequence, a smaller batch).
+
+        Example:
+            >>> d = Decision(key=0, shape=(4, 112, 8), dtype="float32", nbytes=14336, sparsity=0.0, action=Action.SWAP, reason="")
+            >>> d.matches((4, 59, 8), "float32", 7552), d.matches((4, 120, 8), "float32"), d.matches((4, 59, 8), "bfloat16")
+            (True, False, False)
+        """
+        if self.dtype != dtype or (nbytes is not None and nbytes > self.nbytes):
+            return False
+        planned = self.shape
+        return planned == shape or (len(planned) == len(shape) and all(a <= b for a, b in zip(shape, planned)))
+
+    def outgrown_by(self, shape: tuple[int, ...], dtype: str) -> bool:
+        """Whether a tensor of ``shape`` and ``dtype`` has this decision's structure (dtype and rank)
+        but is larger than planned in some dimension: a larger size of the planned iteration."""
+        return self.dtype == dtype and len(self.shape) == len(shape) and any(a > b for a, b in zip(shape, self.shape))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (launch configs as their parameters)."""
@@ -277,6 +296,7 @@ class Decision:
             "predicted_s": self.predicted_s,
             "slack_bytes": self.slack_bytes,
             "budget_fallback": self.budget_fallback,
+            "outgrown": self.outgrown,
             "swap_s": self.swap_s,
             "compressed_swap_s": self.compressed_swap_s,
             "compress_s": self.compress_s,
@@ -385,6 +405,12 @@ class Plan:
         unpack (not a copy: treat it as read-only)."""
         return self._unpack_positions  # type: ignore[attr-defined,no-any-return]
 
+    def knows(self, key: int, shape: tuple[int, ...], dtype: torch.dtype | str) -> bool:
+        """Whether ``key`` is planned for a tensor of this dtype and rank (its guard may still refuse
+        one larger than planned: :meth:`Decision.outgrown_by`)."""
+        planned = self._decisions_table.get(key)  # type: ignore[attr-defined]
+        return planned is not None and planned.dtype == _dtype_name(dtype) and len(planned.shape) == len(shape)
+
     def lookup(self, key: int, shape: tuple[int, ...], dtype: str) -> Decision | None:
         """The planned decision for ``key`` if its guard matches ``shape`` and ``dtype``, else ``None``."""
         decision = self.decisions.get(key)
@@ -422,7 +448,10 @@ class Plan:
             its launch configs. Either way it is recorded, so :meth:`rows` shows it.
         """
         planned = self._decisions_table.get(key)  # type: ignore[attr-defined]
+        outgrown = None
         if planned is not None and not planned.matches(shape, _dtype_name(dtype), nbytes):
+            if planned.outgrown_by(shape, _dtype_name(dtype)):
+                outgrown = planned
             planned = None
         if planned is not None and (
             (never_moved is not None and planned.action is Action.KEEP and planned.reason == never_moved)
@@ -455,6 +484,8 @@ class Plan:
                 decision = Decision(**facts, action=duplicate_of.action, reason=f"duplicate of key {duplicate_of.key}: stored once")
         elif planned is not None:
             decision = planned
+        elif outgrown is not None:
+            decision = self._outgrown(outgrown, shape, name, nbytes)
         else:
             action, why = constrained(self.default_action, nbytes, name, self.min_bytes)
             reason = why or self.default_reason or f"key {key} ({name} {list(shape)}) not in the plan: policy {self.policy}'s default"
@@ -468,6 +499,15 @@ class Plan:
         else:
             resolved[key] = decision
         return decision
+
+    def _outgrown(self, planned: Decision, shape: tuple[int, ...], dtype: str, nbytes: int) -> Decision:
+        """The decision for a tensor larger than ``planned`` (same dtype and rank): the planned action
+        on the tensor's own size, the budget checked at pack as for any decision made at run time."""
+        launches = self.launches.launches(dtype, nbytes) if planned.action.compresses and self.launches is not None else {}
+        reason = (f"larger than planned ({list(shape)}, planned {list(planned.shape)}): its planned {planned.action.value}, "
+                  "within the budget at pack")
+        return replace(planned, shape=tuple(shape), nbytes=nbytes, reason=reason, planned=False, outgrown=True,
+                       compressed_nbytes=None, predicted_s=None, slack_bytes=None, **launches)
 
     def _within_budget(self, decision: Decision, resident_bytes: int) -> Decision:
         """``decision``, or the fallback action when keeping it would pass the budget now, or a keep

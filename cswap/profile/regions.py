@@ -26,6 +26,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -39,6 +40,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from cswap.profile.profiler import Clock
 from cswap.profile.rerun import compiled_paths, mutable_kind
+from cswap.profile.shapes import SizeMap, merged
 from cswap.profile.trace import Trace
 
 __all__ = [
@@ -295,6 +297,35 @@ class RegionProfile:
         innermost = {s.key: self.calls[s.calls[-1]].forward_s for s in self.saves if s.calls}
         return replace(trace, tensors=tuple(replace(r, recompute_s=innermost.get(r.key, r.recompute_s)) for r in trace.tensors))
 
+    def scaled(self, shapes: Mapping[int, tuple[int, ...]], sizes: SizeMap) -> RegionProfile:
+        """This profile with the saves of ``shapes`` (per key) at those shapes, the calls' inputs
+        at the sizes ``sizes`` infers, each storage's bytes and each call's seconds grown as its
+        tensors, and every region's facts worked out again (the regions refused stay refused).
+        :func:`cswap.profile.shapes.scaled_trace` does the same to the trace."""
+        if not shapes:
+            return self
+        growth: dict[int, float] = {}
+        saves = []
+        for save in self.saves:
+            shape = shapes.get(save.key)
+            if shape is not None:
+                ratio = math.prod(shape) / max(math.prod(save.shape), 1)
+                growth[save.storage] = max(growth.get(save.storage, 1.0), ratio)
+        for save in self.saves:
+            ratio = growth.get(save.storage, 1.0)
+            saves.append(replace(save, shape=shapes.get(save.key, save.shape), storage_bytes=math.ceil(save.storage_bytes * ratio)))
+        calls = []
+        for call in self.calls:
+            inputs = []
+            for inp in call.inputs:
+                shape = tuple(sizes.size(s) for s in inp.shape)
+                ratio = growth.get(inp.storage, math.prod(shape) / max(math.prod(inp.shape), 1))
+                inputs.append(replace(inp, shape=merged(inp.shape, shape), storage_bytes=math.ceil(inp.storage_bytes * ratio)))
+            ratio = max((new.storage_bytes / max(old.storage_bytes, 1) for new, old in zip(inputs, call.inputs)), default=1.0)
+            calls.append(replace(call, inputs=tuple(inputs), forward_s=call.forward_s * ratio))
+        reasons = {path: facts.ineligible for path, facts in self.regions.items()}
+        return _with_facts(tuple(saves), tuple(calls), reasons, self.layers)
+
     def _enabled(self, enabled: Iterable[str]) -> set[str]:
         """``enabled`` as a set, checked: regions that ran, none inside another."""
         paths = set(enabled)
@@ -503,43 +534,59 @@ class RegionTracer:
             for i, c in enumerate(self._calls)
         )
         saves = tuple(self._saves)
-        partial = RegionProfile(saves, calls, MappingProxyType({c.path: None for c in calls}))  # type: ignore[dict-item]
-        saves_by_call, calls_by_path = partial._index[:2]
-        regions: dict[str, RegionFacts] = {}
-        for path in partial.regions:
-            mine = calls_by_path[path]
-            inside = sorted({s.key: s for c in mine for s in saves_by_call.get(c.index, ())}.values(), key=lambda s: s.key)
-            inputs = [i for c in mine for i in c.inputs]
-            input_storages = {i.storage for i in inputs}
-            reason = None
-            compiled = next((c for c in self._compiled if path == c or path.startswith(f"{c}.")), None)
-            if compiled is not None:
-                reason = (f"it runs inside the torch.compile graph of {compiled or 'the model'!r}, traced with its "
-                          "checkpoint hooks as they were then: enabling it later would not reach the compiled code")
-            elif any(c.reentrant for c in mine):
-                reason = "its forward calls itself: one checkpoint state per module cannot hold two open calls"
-            elif any(c.modifies_input for c in mine):
-                reason = ("its forward modifies an input in place (e.g. ReLU(inplace=True)): the input checkpoint "
-                          "saved would fail torch's version check in backward")
-            elif any(c.repeated_input for c in mine):
-                reason = ("it is called with one tensor as several inputs (attention(x, x, x)): the recomputation gets "
-                          "them as separate tensors, and code that tests `query is key` (nn.MultiheadAttention) takes another path")
-            elif (mutable := next((c.mutable_input for c in mine if c.mutable_input), None)) is not None:
-                reason = (f"its input {mutable} is a mutable object, held by reference until backward: what the forward "
-                          "after the call appends to it (a list of features, a key/value cache) the recomputation would read; "
-                          "for a Hugging Face model, config.use_cache = False for training makes its layers recomputable")
-            regions[path] = RegionFacts(
-                path=path,
-                keys=tuple(s.key for s in inside),
-                freed_bytes=0 if reason else partial.freed_bytes([path]),
-                input_bytes=_distinct_bytes(i for i in inputs if not i.keyword),
-                closure_bytes=_distinct_bytes(i for i in inputs if i.keyword),
-                recompute_bytes=_distinct_bytes(s for s in inside if s.storage not in input_storages),
-                forward_s=sum(c.forward_s for c in mine),
-                calls=len(mine),
-                ineligible=reason,
-            )
-        return RegionProfile(saves, calls, MappingProxyType(regions), self._layers)
+        by_path: dict[str, list[CallRecord]] = {}
+        for call in calls:
+            by_path.setdefault(call.path, []).append(call)
+        reasons = {path: self._ineligible(path, mine) for path, mine in by_path.items()}
+        return _with_facts(saves, calls, reasons, self._layers)
+
+    def _ineligible(self, path: str, mine: list[CallRecord]) -> str | None:
+        """Why the module at ``path``, called as ``mine``, cannot be recomputed, or ``None``."""
+        compiled = next((c for c in self._compiled if path == c or path.startswith(f"{c}.")), None)
+        if compiled is not None:
+            return (f"it runs inside the torch.compile graph of {compiled or 'the model'!r}, traced with its "
+                    "checkpoint hooks as they were then: enabling it later would not reach the compiled code")
+        if any(c.reentrant for c in mine):
+            return "its forward calls itself: one checkpoint state per module cannot hold two open calls"
+        if any(c.modifies_input for c in mine):
+            return ("its forward modifies an input in place (e.g. ReLU(inplace=True)): the input checkpoint "
+                    "saved would fail torch's version check in backward")
+        if any(c.repeated_input for c in mine):
+            return ("it is called with one tensor as several inputs (attention(x, x, x)): the recomputation gets "
+                    "them as separate tensors, and code that tests `query is key` (nn.MultiheadAttention) takes another path")
+        mutable = next((c.mutable_input for c in mine if c.mutable_input), None)
+        if mutable is not None:
+            return (f"its input {mutable} is a mutable object, held by reference until backward: what the forward "
+                    "after the call appends to it (a list of features, a key/value cache) the recomputation would read; "
+                    "for a Hugging Face model, config.use_cache = False for training makes its layers recomputable")
+        return None
+
+
+def _with_facts(saves: tuple[SavedRecord, ...], calls: tuple[CallRecord, ...], reasons: Mapping[str, str | None],
+                layers: tuple[str, ...]) -> RegionProfile:
+    """The :class:`RegionProfile` of ``saves`` and ``calls``, each region's facts worked out from
+    them, with ``reasons`` (per path: why it cannot be recomputed, or ``None``)."""
+    partial = RegionProfile(saves, calls, MappingProxyType({c.path: None for c in calls}))  # type: ignore[dict-item]
+    saves_by_call, calls_by_path = partial._index[:2]
+    regions: dict[str, RegionFacts] = {}
+    for path in partial.regions:
+        mine = calls_by_path[path]
+        inside = sorted({s.key: s for c in mine for s in saves_by_call.get(c.index, ())}.values(), key=lambda s: s.key)
+        inputs = [i for c in mine for i in c.inputs]
+        input_storages = {i.storage for i in inputs}
+        reason = reasons.get(path)
+        regions[path] = RegionFacts(
+            path=path,
+            keys=tuple(s.key for s in inside),
+            freed_bytes=0 if reason else partial.freed_bytes([path]),
+            input_bytes=_distinct_bytes(i for i in inputs if not i.keyword),
+            closure_bytes=_distinct_bytes(i for i in inputs if i.keyword),
+            recompute_bytes=_distinct_bytes(s for s in inside if s.storage not in input_storages),
+            forward_s=sum(c.forward_s for c in mine),
+            calls=len(mine),
+            ineligible=reason,
+        )
+    return RegionProfile(saves, calls, MappingProxyType(regions), layers)
 
 
 def profile_regions(model: nn.Module, step: Callable[[], Any], *, clock: Stamps | None = None) -> RegionProfile:

@@ -1,0 +1,176 @@
+"""Shape families: one profile stands for every iteration of the same structure at other sizes.
+
+Transformers are trained with dynamic padding, variable lengths and a last partial batch, so the
+saved tensors of two steps differ in size but not in kind. A profile's **structure** is what stays:
+per pack, in order, the dtype and the rank of the saved tensor. Two iterations of one structure
+differ only in sizes, and a plan made at sizes no smaller than an iteration's serves it (every
+tensor holds no more than planned). A larger iteration is planned from the profile it shares a
+structure with, its sizes taken from the packs (:func:`grown_shapes`) and its times scaled from the
+profile by bytes (:func:`scaled_trace`), instead of being profiled again.
+
+Sizes the packs do not show (tensors saved inside a recompute region, which are never packed
+outside it) are inferred from those they do: a size that changed in the packs seen (a sequence
+length 59 that became 112) changes alike in every other shape, and so does a multiple of it (the
+``4 * 59`` rows of a flattened batch) (:class:`SizeMap`).
+
+Example:
+    >>> from cswap.profile.trace import TensorRecord, Trace
+    >>> recs = (TensorRecord(key=0, shape=(4, 59, 8), dtype="float32", nbytes=7552, sparsity=0.0, pack_s=1e-3),
+    ...         TensorRecord(key=1, shape=(236, 8), dtype="float32", nbytes=7552, sparsity=0.0, pack_s=1e-3))
+    >>> trace = Trace(tensors=recs)
+    >>> structure_of(trace)
+    (('float32', 3), ('float32', 2))
+    >>> shapes = grown_shapes(trace, {0: (4, 112, 8)})
+    >>> shapes
+    {0: (4, 112, 8), 1: (448, 8)}
+    >>> big = scaled_trace(trace, shapes)
+    >>> [r.nbytes for r in big.tensors], round(big.tensors[1].pack_s * 1e3, 3)
+    ([14336, 14336], 1.898)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+
+from cswap.profile.trace import TensorRecord, Trace
+
+__all__ = ["SizeMap", "Structure", "fits", "grown_shapes", "larger", "merged", "scaled_trace", "structure_of"]
+
+#: Per pack, in order: the saved tensor's dtype name and rank.
+Structure = tuple[tuple[str, int], ...]
+
+
+def structure_of(trace: Trace) -> Structure:
+    """The structure of a profiled iteration: ``(dtype, rank)`` of each saved tensor, in pack order."""
+    return tuple((r.dtype, len(r.shape)) for r in trace.tensors)
+
+
+def fits(shape: tuple[int, ...], planned: tuple[int, ...]) -> bool:
+    """Whether a tensor of ``shape`` is no larger than ``planned`` in any dimension (same rank).
+
+    Example:
+        >>> fits((4, 59, 8), (4, 112, 8)), fits((4, 120, 8), (4, 112, 8)), fits((4, 8), (4, 8, 1))
+        (True, False, False)
+    """
+    return len(shape) == len(planned) and all(a <= b for a, b in zip(shape, planned))
+
+
+def larger(shape: tuple[int, ...], than: tuple[int, ...]) -> bool:
+    """Whether ``shape`` (of ``than``'s rank) is larger than ``than`` in some dimension."""
+    return any(a > b for a, b in zip(shape, than))
+
+
+def merged(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    """The elementwise largest of two shapes of one rank: the least shape both fit."""
+    return tuple(max(x, y) for x, y in zip(a, b))
+
+
+@dataclass(frozen=True)
+class SizeMap:
+    """What each size of a profile became, learnt from shapes seen at both sizes.
+
+    Attributes:
+        grown: per profiled size that grew, its new size (the largest seen, where several were).
+        still: sizes seen unchanged somewhere (a hidden width that happens to equal the old length).
+
+    Example:
+        >>> sizes = SizeMap.learn([((4, 59, 64), (4, 112, 64))])
+        >>> sizes.size(59), sizes.size(236), sizes.size(64), sizes.size(7)
+        (112, 448, 64, 7)
+    """
+
+    grown: Mapping[int, int]
+    still: frozenset[int]
+
+    @classmethod
+    def learn(cls, pairs: Iterable[tuple[tuple[int, ...], tuple[int, ...]]]) -> SizeMap:
+        """From ``(profiled shape, new shape)`` pairs of one rank."""
+        grown: dict[int, int] = {}
+        still: set[int] = set()
+        for old, new in pairs:
+            for a, b in zip(old, new):
+                if b > a:
+                    grown[a] = max(grown.get(a, b), b)
+                elif b == a:
+                    still.add(a)
+        return cls(grown, frozenset(still))
+
+    def size(self, old: int) -> int:
+        """What a size ``old`` of a shape the packs did not show becomes: its own growth where one
+        was seen; else, where ``old`` is a multiple of a size that grew (a flattened batch of
+        sequences) and was never seen unchanged, that multiple of the new size; else ``old``. A
+        size both grown and seen unchanged grows (a shape inferred too large costs plan quality,
+        never the budget)."""
+        new = self.grown.get(old)
+        if new is not None:
+            return new
+        if old in self.still:
+            return old
+        for base in sorted(self.grown, reverse=True):
+            if base > 1 and old % base == 0 and old // base < base:
+                return old // base * self.grown[base]
+        return old
+
+
+def grown_shapes(trace: Trace, seen: Mapping[int, tuple[int, ...]]) -> dict[int, tuple[int, ...]]:
+    """Per key of ``trace`` whose tensor grows, its new shape: the shape ``seen`` at pack where it is
+    larger than profiled, else inferred from the sizes that grew (:class:`SizeMap`).
+
+    Args:
+        trace: the profile.
+        seen: per key, the shape packed at the new sizes (keys not packed, or not larger, may be
+            missing); a shape of another rank than the profile's is ignored.
+    """
+    pairs = [(r.shape, seen[r.key]) for r in trace.tensors if r.key in seen and len(seen[r.key]) == len(r.shape)]
+    sizes = SizeMap.learn(pairs)
+    shapes: dict[int, tuple[int, ...]] = {}
+    for record in trace.tensors:
+        packed = seen.get(record.key)
+        if packed is not None and len(packed) == len(record.shape):
+            new = merged(record.shape, packed)
+        else:
+            new = merged(record.shape, tuple(sizes.size(s) for s in record.shape))
+        if new != record.shape:
+            shapes[record.key] = new
+    return shapes
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    return math.prod(shape)
+
+
+def _scaled_record(record: TensorRecord, shape: tuple[int, ...]) -> TensorRecord:
+    """``record`` at ``shape``: its bytes and what they cost (copies, codecs, the producing op's
+    compute) scaled by its growth; its timestamps as they are."""
+    old = _numel(record.shape)
+    ratio = _numel(shape) / old if old else 1.0
+    rebuilt = None if record.rebuilt_nbytes is None else math.ceil(record.rebuilt_nbytes * ratio)
+    return replace(
+        record, shape=shape, nbytes=math.ceil(record.nbytes * ratio), pack_s=record.pack_s * ratio,
+        unpack_s=record.unpack_s * ratio, hidden_forward_s=record.hidden_forward_s * ratio,
+        hidden_backward_s=record.hidden_backward_s * ratio, flops=record.flops * ratio, rebuilt_nbytes=rebuilt,
+        recompute_s=None if record.recompute_s is None else record.recompute_s * ratio,
+    )
+
+
+def scaled_trace(trace: Trace, shapes: Mapping[int, tuple[int, ...]]) -> Trace:
+    """``trace`` as if profiled with the tensors of ``shapes`` (per key; the rest as profiled).
+
+    Bytes scale with the elements, and so do the times that follow them: a tensor's pack and
+    unpack, the compute that hides its copies and its producer's recomputation. The iteration's
+    clock (forward, backward, every timestamp) scales by the bytes of all the saved tensors, so
+    that the order of events, which the lifetimes are made of, stays the profile's. The sparsity
+    is the profile's.
+    """
+    if not shapes:
+        return trace
+    before = sum(r.nbytes for r in trace.tensors)
+    records = [_scaled_record(r, shapes[r.key]) if r.key in shapes else r for r in trace.tensors]
+    after = sum(r.nbytes for r in records)
+    clock = after / before if before else 1.0
+    records = [replace(r, pack_at_s=r.pack_at_s * clock, unpack_at_s=None if r.unpack_at_s is None else r.unpack_at_s * clock)
+               for r in records]
+    meta = {**trace.meta, "planned_at": "sizes scaled from the profile"}
+    return replace(trace, tensors=tuple(records), forward_s=trace.forward_s * clock, backward_s=trace.backward_s * clock, meta=meta)
