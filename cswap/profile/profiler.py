@@ -183,12 +183,17 @@ class Profiler:
 
     def _enter(self, name: str) -> Any:
         def hook(module: torch.nn.Module, args: Any) -> None:
-            self._stack().append(name)
+            if not torch.compiler.is_compiling():  # as _leave
+                self._stack().append(name)
 
         return hook
 
     def _leave(self, label: str) -> Any:
         def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
+            if torch.compiler.is_compiling():
+                # Traced into a compiled graph: its outputs there are fake tensors, whose storages a
+                # weak reference cannot hold (the compiled graph's own outputs are seen as they run).
+                return
             stack = self._stack()
             if stack:
                 stack.pop()
