@@ -411,7 +411,9 @@ class Runtime:
             reason = f"profiling ({mode}): {forced.value} every tensor"
             plan = replace(plan, decisions={}, default_action=forced, default_reason=reason)
         if mode == "budget":
-            plan = replace(plan, prefetch_bytes=0, raw_unless_smaller=True)
+            # Under a budget min_bytes binds nothing: the profile stores a small tensor at the
+            # policy's smallest footprint like any other, as the planner's replay of it assumes.
+            plan = replace(plan, prefetch_bytes=0, raw_unless_smaller=True, min_bytes=0)
         return plan, mode
 
     def _hooked(self, profiling: bool) -> Iterator[None]:
@@ -690,6 +692,7 @@ class Runtime:
                 return
             with self._lock:  # a structure profiled before: its plan, at no cost
                 self._family, self._plan, self._region_keys, self._trace = shown, shown.plan, shown.region_keys, shown.trace
+                shown.plan.resolved_table().clear()  # what was decided at run time when it last served is not this graph's
             family = shown
             budget = self._options.memory_budget
             if (budget is not None and budget.relative and self._budget_bytes is not None and shown.plan is not None

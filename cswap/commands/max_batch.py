@@ -9,9 +9,15 @@ Planned, ``--policies`` takes the strategies users pick instead of a policy too
 (:mod:`cswap.simulate.strategies`: ``ac-full``, ``offload-all``, ...), with the same accounting;
 ``all`` is every policy and every strategy that can run on the model.
 
+Several sequence lengths (``--seq-len 128-1024`` or ``128,256,512,1024``): the plan for the longest
+serves every shorter one and every tensor is no larger there, so the longest binds: the batch is
+the one found at the longest length, and each policy's plan at its batch is simulated at every
+length (``lengths``: per length, ``iteration_s`` per policy; a column per length in the table).
+
 Example:
     $ cswap max-batch --model resnet50 --policies all --memory-limit 16GiB
     $ cswap max-batch --model llama-3.2-1b --seq-len 2048 --dtype bfloat16 --mixed-precision --memory-limit 80GiB
+    $ cswap max-batch --model llama-3.2-1b --seq-len 512-4096 --memory-limit 80GiB
 """
 
 from __future__ import annotations
@@ -47,7 +53,12 @@ def register(app: typer.Typer) -> None:
         ),
         memory_limit: Optional[str] = typer.Option(None, help="Emulate a smaller GPU, e.g. 16GiB (needed without a GPU)."),
         resolution: Optional[int] = typer.Option(None, help="Input resolution (default: the model's)."),
-        seq_len: Optional[int] = typer.Option(None, min=1, help="Tokens per sequence of a transformer (default: the preset's)."),
+        seq_len: Optional[str] = typer.Option(
+            None,
+            help="Tokens per sequence of a transformer (default: the preset's); several, as a range (128-1024: its ends "
+            "and the powers of two between, at most 6) or a list (128,256,512): the batch is the longest length's, "
+            "whose plan serves the others, and its time at each length is shown.",
+        ),
         layers: Optional[int] = typer.Option(None, min=1, help="Transformer layers, replacing the preset's."),
         attention: Optional[str] = typer.Option(None, help="Transformer attention: sdpa or eager (default: sdpa)."),
         dtype: Optional[str] = typer.Option(None, help="A transformer's weights, gradients and activations (default: bfloat16)."),
@@ -58,18 +69,34 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Binary-search the largest batch under each policy: measured on a GPU, planned without one (a
         transformer is always planned, counting its weights, gradients and AdamW's two float32 moments,
-        plus float32 master weights with --mixed-precision)."""
+        plus float32 master weights with --mixed-precision).
+
+        With several --seq-len lengths the batch is searched at the longest (it binds: the plan for it
+        serves every shorter length, where no tensor is larger), and "ms at N" is the simulated
+        iteration of each policy's plan for the longest length, at its largest batch, carried out at
+        N tokens."""
         import torch
 
         from cswap.training.maxbatch import max_batch, parse_bytes
 
         from cswap.simulate.modeltrace import is_transformer_model, unknown_model
+        from cswap.simulate.seqlens import parse_seq_lens
 
         console = Console()
-        transformer = is_transformer_model(model, seq_len)
+        try:
+            lengths = parse_seq_lens(seq_len)
+        except ValueError as error:
+            raise fail(error) from None
+        longest = None if lengths is None else lengths.longest
+        transformer = is_transformer_model(model, longest)
         planned = transformer or not torch.cuda.is_available()
         extra: dict[str, object] = {}
         try:
+            if lengths is not None and lengths.several and not transformer:
+                raise ValueError(
+                    f"--seq-len {lengths.given} names several sequence lengths, which only a transformer model has; {model!r} is "
+                    "not one (give a transformer preset such as gpt2, hf:<model_type> or a config path)"
+                )
             limit = parse_bytes(memory_limit) if memory_limit else None
             chosen = [p.strip() for p in policies.split(",") if p.strip()]
             if not transformer:
@@ -98,14 +125,22 @@ def register(app: typer.Typer) -> None:
                     model,
                     chosen,
                     limit,
-                    seq_len=seq_len,
+                    seq_len=longest,
                     dtype=dtype or "bfloat16",
                     attention=attention or "sdpa",
                     num_layers=layers,
                     mixed_precision=mixed_precision,
+                    served_seq_lens=lengths.lengths[:-1] if lengths is not None else (),
                 )
                 result = outcome.batches
                 extra = {k: v for k, v in outcome.to_dict().items() if k not in ("model", "memory_limit_bytes", "max_batch")}
+                if lengths is not None and lengths.several:
+                    extra["seq_lens"] = {
+                        "given": lengths.given,
+                        "lengths": list(lengths.lengths),
+                        "picked": lengths.picked,
+                        "served_by": lengths.longest,
+                    }
             elif planned:
                 from cswap.training.maxbatch import planned_max_batch
 
@@ -148,11 +183,24 @@ def register(app: typer.Typer) -> None:
                 else "measured on this GPU"
             )
             what = f"batch of {model}"
+        served = {row["seq_len"]: row["iteration_s"] for row in extra.get("lengths") or []}  # type: ignore[attr-defined]
+        if served:
+            picked = extra["seq_lens"]
+            how += (
+                f"; at each length, each policy's plan for {picked['served_by']} tokens at its batch"  # type: ignore[index]
+                + (f"; lengths from {picked['given']}: {picked['picked']}" if picked["picked"] != "given" else "")  # type: ignore[index]
+            )
         table = Table(title=f"Largest {what}" + (f" in {memory_limit}" if memory_limit else "") + f" ({how})")
-        for column in ("policy or strategy", "max batch", "vs none"):
+        for column in ("policy or strategy", "max batch", "vs none", *(f"ms at {n}" for n in served)):
             table.add_column(column, justify="right")
         for policy, batch in result.items():
-            table.add_row(policy, str(batch), f"{batch / baseline:.2f}x" if baseline else "-")
+            times = [served[n].get(policy) for n in served]
+            table.add_row(
+                policy,
+                str(batch),
+                f"{batch / baseline:.2f}x" if baseline else "-",
+                *("-" if t is None else f"{t * 1e3:.1f}" for t in times),
+            )
         console.print(table)
         for name, why in dict(extra.get("skipped") or {}).items():  # type: ignore[call-overload]
             console.print(f"skipped {name}: {why}", markup=False, highlight=False)

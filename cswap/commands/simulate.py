@@ -9,6 +9,13 @@ Example:
     $ cswap simulate --model llama-3-8b --seq-len 4096 --batch-size 1 --dtype bfloat16 --hardware h100-pcie5
     $ cswap simulate --model gpt3-175b-layer --attention eager --layers 2 --policies none,swap,cswap
     $ cswap simulate --model gpt2-xl --attention eager --hardware h100-pcie5 --policies all --memory-budget 0.5,0.25,0.1
+    $ cswap simulate --model gpt2 --seq-len 128-1024 --hardware h100-pcie5 --memory-budget 0.5
+
+Several sequence lengths (``--seq-len 128-1024`` or ``128,256,512,1024``, a transformer's): the
+iteration at the longest is simulated as one length is, and each policy's plan for it serves
+every shorter length (:mod:`cswap.simulate.seqlens`): ``lengths`` gives, per length and policy,
+that plan's time and peak there beside a plan made for the length itself (``own_*``) and
+``ratio_to_own_plan``, what serving it with the longest length's plan costs.
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ def run_simulate(
     memory_budget: str | None = None,
     host_memory_budget: str | None = None,
     time_limit_s: float = 30.0,
-    seq_len: int | None = None,
+    seq_len: int | str | None = None,
     num_layers: int | None = None,
     attention: str | None = None,
 ) -> dict[str, Any]:
@@ -66,9 +73,21 @@ def run_simulate(
     (``planned_host_peak_bytes``), or it is infeasible with ``binding`` (the budget that binds) and
     ``host_minimum_bytes``; the strategies plan no host budget and are skipped.
 
+    With several sequence lengths (``seq_len`` a list ``"128,256,512"`` or a range ``"128-1024"``:
+    :func:`cswap.simulate.seqlens.parse_seq_lens`) the report is the longest length's, as one
+    length gives it, with ``seq_lens`` (the lengths and how they were picked) and ``lengths``: per
+    length, per policy, the longest length's plan carried out at that length
+    (:func:`cswap.simulate.seqlens.serve_plan`: ``iteration_s``, ``peak_bytes``, ``plan``), the plan
+    made for that length (``own_iteration_s``, ``own_peak_bytes``, ``own_plan``) and
+    ``ratio_to_own_plan``; ``infeasible: true`` where the longest length has no plan within the
+    budget. A fractional budget resolves against the longest length's ``none`` peak: one cap for
+    every length.
+
     Raises:
         ValueError: unknown model, hardware, policy or strategy (naming the valid ones), a strategy
-            without a budget or one that cannot run on the trace, or a bad trace file.
+            without a budget or one that cannot run on the trace, a bad trace file, a bad
+            ``seq_len``, or several lengths with a trace file, an image model or a budget sweep, or
+            of a model whose saved tensors change with the length.
     """
     from cswap.simulate import SimConfig, Simulator, load_hardware
     from cswap.simulate.engine import DEFAULT_MIN_BYTES
@@ -76,7 +95,13 @@ def run_simulate(
     from cswap.simulate.modeltrace import trace_model
     from cswap.profile.trace import Trace
 
+    from cswap.simulate.seqlens import parse_seq_lens
+
     budgets = _budgets(memory_budget)
+    lengths = parse_seq_lens(seq_len)
+    if lengths is not None and lengths.several:
+        _check_several_lengths(lengths, model, trace_path, budgets)
+    longest = None if lengths is None else lengths.longest
     if host_memory_budget is not None:
         from cswap.budget import parse_host_budget
 
@@ -85,20 +110,21 @@ def run_simulate(
             raise ValueError("--host-memory-budget bounds the host beside a device budget: add --memory-budget (e.g. 0.5)")
     names = _budget_policies(policies) if budgets else _unbudgeted_policies(policies)
     profile = load_hardware(hardware)
-    if trace_path is not None:
-        trace = Trace.from_json(trace_path)
-    else:
-        trace = trace_model(
+
+    def trace_at(tokens: int | None) -> Trace:
+        return trace_model(
             model,
             batch_size,
             profile,
             dtype=dtype,
             sparsity=None if sparsity is None else SparsityModel(relu=sparsity),
             resolution=resolution,
-            seq_len=seq_len,
+            seq_len=tokens,
             num_layers=num_layers,
             attention=attention,
         )
+
+    trace = Trace.from_json(trace_path) if trace_path is not None else trace_at(longest)
     config = SimConfig(
         min_bytes=DEFAULT_MIN_BYTES if min_bytes is None else min_bytes,
         prefetch_depth=prefetch_depth,
@@ -143,13 +169,98 @@ def run_simulate(
         else:
             report["budgets"] = rows
             results = {}
+        if lengths is not None and lengths.several:
+            own = _OwnPlans(names, time_limit_s, sweep.budgets_bytes[0], host_memory_budget)
+            report.update(_served_lengths(lengths, simulator, dict(sweep.outcomes[0]), trace_at, config, own))
         return {**report, "_results": results, "_sweep": sweep}
     results = simulator.run_all(names)
+    report = {**header, "policies": {name: result.to_dict() for name, result in results.items()}}
+    if lengths is not None and lengths.several:
+        report.update(_served_lengths(lengths, simulator, dict(results), trace_at, config, _OwnPlans(names, time_limit_s)))
+    return {**report, "_results": results}
+
+
+def _check_several_lengths(lengths: Any, model: str, trace_path: Path | None, budgets: list[str]) -> None:
+    """Several sequence lengths need a transformer model (not a trace file) and one budget at most."""
+    from cswap.simulate.modeltrace import is_transformer_model
+
+    if trace_path is not None:
+        raise ValueError(f"--seq-len {lengths.given} names several lengths, but a trace file (--trace) holds one: give a transformer --model instead")
+    if not is_transformer_model(model, lengths.longest):
+        raise ValueError(
+            f"--seq-len {lengths.given} names several sequence lengths, which only a transformer model has; {model!r} is not one "
+            "(give a transformer preset such as gpt2, hf:<model_type> or a config path)"
+        )
+    if len(budgets) > 1:
+        raise ValueError(
+            f"--seq-len {lengths.given} names several lengths: give one --memory-budget, not a sweep ({','.join(budgets)}), "
+            "or sweep the budgets at one length"
+        )
+
+
+class _OwnPlans:
+    """What one length gives on its own: every policy simulated (without a budget), or planned and
+    run side by side with the strategies under ``budget_bytes`` (the longest length's budget)."""
+
+    def __init__(self, names: tuple[str, ...], time_limit_s: float, budget_bytes: int | None = None, host_budget: str | None = None):
+        self.names, self.time_limit_s, self.budget_bytes, self.host_budget = names, time_limit_s, budget_bytes, host_budget
+
+    def run(self, simulator: Any, problem: Any, strategies: Any) -> dict[str, Any]:
+        """Per name, its result at ``simulator``'s length (``None``: infeasible within the budget)."""
+        if self.budget_bytes is None:
+            return dict(simulator.run_all(self.names))
+        from cswap.simulate.versus import run_side_by_side
+
+        outcomes = run_side_by_side(
+            simulator, self.names, self.budget_bytes, self.time_limit_s, problem=problem, strategies=strategies, host_budget=self.host_budget
+        )
+        return {name: outcome.result for name, outcome in outcomes.items()}
+
+
+def _served_lengths(lengths: Any, simulator: Any, planned: dict[str, Any], trace_at: Any, config: Any, own: _OwnPlans) -> dict[str, Any]:
+    """``seq_lens`` and ``lengths`` of the report (see :func:`run_simulate`): each shorter length
+    served by the longest length's plans (``planned``: per name its result, or its outcome under a
+    budget), beside the plans made for it."""
+    from cswap.simulate import Simulator
+    from cswap.simulate.budgeted import planning_problem
+    from cswap.simulate.seqlens import check_same_structure, serve_plan
+    from cswap.simulate.strategies import Strategies
+
+    def result_of(entry: Any) -> Any:
+        return getattr(entry, "result", entry)  # a BudgetOutcome's result (None: infeasible), or the result itself
+
+    rows = []
+    for tokens in lengths.lengths:
+        if tokens == lengths.longest:
+            served = own_results = {name: result_of(entry) for name, entry in planned.items()}
+        else:
+            shorter = Simulator(trace_at(tokens), simulator.hardware, config)
+            check_same_structure(simulator.trace, shorter.trace, f"at {tokens} tokens")
+            problem = planning_problem(shorter)[0] if own.budget_bytes is not None else None
+            strategies = Strategies(shorter, own.time_limit_s)
+            served = {
+                name: None if result_of(entry) is None else serve_plan(shorter, entry, problem, strategies)
+                for name, entry in planned.items()
+            }
+            own_results = own.run(shorter, problem, strategies)
+        rows.append({"seq_len": tokens, "policies": {name: _length_figures(served[name], own_results.get(name)) for name in planned}})
     return {
-        **header,
-        "policies": {name: result.to_dict() for name, result in results.items()},
-        "_results": results,
+        "seq_lens": {"given": lengths.given, "lengths": list(lengths.lengths), "picked": lengths.picked, "served_by": lengths.longest},
+        "lengths": rows,
     }
+
+
+def _length_figures(served: Any, own: Any) -> dict[str, Any]:
+    """One policy at one length: the longest length's plan there, the length's own plan, their ratio."""
+    row: dict[str, Any] = (
+        {"infeasible": True}
+        if served is None
+        else {"infeasible": False, "iteration_s": served.iteration_s, "peak_bytes": served.peak_bytes, "plan": served.plan}
+    )
+    if own is not None:
+        row.update(own_iteration_s=own.iteration_s, own_peak_bytes=own.peak_bytes, own_plan=own.plan)
+    row["ratio_to_own_plan"] = served.iteration_s / own.iteration_s if served is not None and own is not None and own.iteration_s > 0 else None
+    return row
 
 
 def _budgets(memory_budget: str | None) -> list[str]:
@@ -235,6 +346,38 @@ def _table(report: dict[str, Any]) -> Table:
     return table
 
 
+def _lengths_table(report: dict[str, Any]) -> Table:
+    """Per policy and length: the longest length's plan carried out there, beside the length's own plan."""
+    picked = report["seq_lens"]
+    what = f"{report['model']} batch {report['batch_size']}, {report.get('num_layers')} layers, {report.get('dtype')}, {report.get('attention')}"
+    title = (
+        f"{what} on {report['hardware']}: every length served by the plan for {picked['served_by']} tokens"
+        + (f", budget {report['budget_bytes'] / 1e9:.2f} GB" if "budget_bytes" in report else "")
+        + f"; lengths {', '.join(str(n) for n in picked['lengths'])}"
+        + (f" (from {picked['given']}: {picked['picked']})" if picked["picked"] != "given" else "")
+    )
+    table = Table(title=title)
+    for column in ("policy", "tokens", "iter ms", "peak GB", "own plan ms", "own peak GB", "x own"):
+        table.add_column(column, justify="left" if column == "policy" else "right", no_wrap=column == "policy")
+    names = list(report["lengths"][0]["policies"]) if report["lengths"] else []
+    for name in names:
+        for position, row in enumerate(report["lengths"]):
+            figures = row["policies"][name]
+            own = figures.get("own_iteration_s")
+            served = "infeasible" if figures["infeasible"] else f"{figures['iteration_s'] * 1e3:.1f}"
+            table.add_row(
+                name if position == 0 else "",
+                str(row["seq_len"]),
+                served,
+                "-" if figures["infeasible"] else f"{figures['peak_bytes'] / 1e9:.2f}",
+                "-" if own is None else f"{own * 1e3:.1f}",
+                "-" if own is None else f"{figures['own_peak_bytes'] / 1e9:.2f}",
+                "-" if figures["ratio_to_own_plan"] is None else f"{figures['ratio_to_own_plan']:.2f}",
+                end_section=position == len(report["lengths"]) - 1,
+            )
+    return table
+
+
 def _print_skipped(console: Console, report: dict[str, Any]) -> None:
     """Say which strategies 'all' left out, and why."""
     for name, reason in report.get("skipped", {}).items():
@@ -252,12 +395,17 @@ def register(app: typer.Typer) -> None:
             "llama-3-8b, bert-base, bert-large, gpt3-175b-layer), hf:<model_type>, a transformer config path "
             "(.yaml, config.json), or package.module:function (a transformer with --seq-len); ignored with --trace.",
         ),
-        batch_size: Optional[int] = typer.Option(None, min=1, help="Images or sequences per iteration [default: 64 images, 1 sequence]."),
+        batch_size: Optional[int] = typer.Option(None, min=1, help="Images or sequences per iteration (default: 64 images, 1 sequence)."),
         resolution: int = typer.Option(224, min=1, help="Image side in pixels."),
-        seq_len: Optional[int] = typer.Option(None, min=1, help="Tokens per sequence of a transformer [default: the preset's]."),
+        seq_len: Optional[str] = typer.Option(
+            None,
+            help="Tokens per sequence of a transformer (default: the preset's); several, as a range (128-1024: its ends "
+            "and the powers of two between, at most 6) or a list (128,256,512), serve every shorter length with each "
+            "policy's plan for the longest and show what that costs against a plan made for the length.",
+        ),
         layers: Optional[int] = typer.Option(None, min=1, help="Transformer layers, replacing the preset's (e.g. 80)."),
         attention: Optional[str] = typer.Option(
-            None, help="Transformer attention: sdpa (a fused kernel, no s*s tensors saved) or eager [default: sdpa]."
+            None, help="Transformer attention: sdpa (a fused kernel, no s*s tensors saved) or eager (default: sdpa)."
         ),
         hardware: str = typer.Option("v100-pcie3", help="Hardware profile name (configs/hardware) or YAML path."),
         policies: str = typer.Option(
@@ -275,7 +423,7 @@ def register(app: typer.Typer) -> None:
         max_inflight: int = typer.Option(None, min=1, help="Swap-outs in flight before compute waits (default: unbounded)."),
         paper_size: bool = typer.Option(False, help="Size compressed tensors as Size*(1-Sparsity), as the paper does."),
         dtype: Optional[str] = typer.Option(
-            None, help="Parameter and activation dtype of the meta trace [default: float32 images, bfloat16 transformers]."
+            None, help="Parameter and activation dtype of the meta trace (default: float32 images, bfloat16 transformers)."
         ),
         memory_budget: str = typer.Option(
             None,
@@ -301,6 +449,12 @@ def register(app: typer.Typer) -> None:
         were chosen: static, cost-model, or for cswap the plan that beat the cost model's in the queue
         model, where "ranked N/M" means the N of the M compressible moved tensors that save the most
         link time per codec second are compressed and the rest swapped.
+
+        With several --seq-len lengths a second table follows: per policy and length, the iteration
+        and peak of the longest length's plan carried out at that length, the same of a plan made
+        for that length ("own plan ms", "own peak GB"), and "x own", the first time over the second:
+        what serving the length with the longest length's plan costs. A fractional --memory-budget
+        is of the longest length's none peak, one cap for every length.
         """
         try:
             report = run_simulate(
@@ -354,6 +508,8 @@ def register(app: typer.Typer) -> None:
             if not console.is_terminal:  # piped: rich would squeeze the table into 80 columns
                 console = Console(width=120)
             console.print(_table(report))
+            if "lengths" in report:
+                console.print(_lengths_table(report))
             _print_skipped(console, report)
             if plot is not None:
                 console.print(f"wrote {plot}")

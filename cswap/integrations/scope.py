@@ -100,7 +100,8 @@ def log_values(rt: Runtime) -> dict[str, float]:
 
     Cumulative bytes offloaded, transferred and compressed, the compression ratio, the peak of
     resident activation bytes, and, when the runtime plans to a memory budget, the budget and the
-    peak's share of it; the host copies' peak, and under a host budget the budget and its share.
+    peak's share of it; the host copies' peak, and under a host budget the budget and its share;
+    the iterations that profiled and the plans made without a profile.
     """
     stats = rt.stats()
     values = {
@@ -116,6 +117,10 @@ def log_values(rt: Runtime) -> dict[str, float]:
         values["cswap/budget_bytes"] = float(budget_bytes)
         values["cswap/peak_to_budget"] = stats.peak_resident_bytes / budget_bytes
     values["cswap/host_peak_bytes"] = float(getattr(stats, "host_peak_bytes", 0))
+    # Iterations that profiled, and plans made without one (a larger size of a graph profiled
+    # before): what dynamic padding costs, in the trainer's own logs.
+    values["cswap/profiled_iterations"] = float(getattr(stats, "profiled_iterations", 0))
+    values["cswap/unprofiled_plans"] = float(getattr(stats, "unprofiled_plans", 0))
     host_budget_bytes = getattr(stats, "host_budget_bytes", None)
     if host_budget_bytes:
         values["cswap/host_budget_bytes"] = float(host_budget_bytes)

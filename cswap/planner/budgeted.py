@@ -8,6 +8,13 @@ peak, checks the policy's least budget (:func:`cswap.planner.minimum_bytes`) and
 planner's :class:`~cswap.planner.BudgetPlan` into the executor's :class:`~cswap.planner.plan.Plan`: an
 action per key, the prefetch window, and per row the predicted seconds and the budget slack.
 
+Under a budget ``min_bytes`` binds nothing: the profile stores a tensor below it as any other, and
+the problem lets the plan move it, each of its copies priced with a fixed latency
+(:data:`cswap.planner.costmodel.COPY_LATENCY_S`), so the plan keeps small tensors where the budget
+allows and moves them where it needs to. When no plan fits, the :class:`~cswap.budget.BudgetError`
+names the event that sets the floor and the tensors held there whatever the plan
+(:func:`floor_note`).
+
 Example:
     >>> from cswap.profile.trace import TensorRecord, Trace
     >>> recs = tuple(TensorRecord(key=k, shape=(1024,), dtype="float32", nbytes=4096, sparsity=0.5,
@@ -32,21 +39,25 @@ import numpy as np
 
 from cswap.budget import BudgetError, MemoryBudget, format_bytes
 from cswap.planner import BudgetPlan, PlannedTensor, PlanningProblem, TensorOptions, minimum_bytes, plan_budget, problem_from_trace
+from cswap.planner.bounds import policy_options
 from cswap.planner.problem import Option
 from cswap.planner.solve import minimum_host_bytes
 from cswap.planner.actions import HOST_ZVC_SWAP, POLICY_ACTIONS, POLICY_TABLE, carried_out, compressed_on_host_if_it_shrinks
 from cswap.planner.costmodel import TimeModel
 from cswap.planner.plan import Action, Decision, LaunchCache, Plan, host_bytes_at_pack, unsized_compression_bytes
-from cswap.profile.trace import Trace
+from cswap.profile.trace import TensorRecord, Trace
+from cswap.stats import human_bytes
 
 __all__ = [
     "DRIFT_MARGIN",
     "FALLBACK_ACTIONS",
+    "FLOOR_NAMED",
     "NO_CODEC",
     "PASSIVE_ACTION",
     "PROFILE_ACTIONS",
     "SPARSITY_MARGIN",
     "budget_plan",
+    "floor_note",
     "host_budget_error",
     "host_codec_model",
     "profile_action",
@@ -248,23 +259,107 @@ def _drift_note(least: int, stated: int) -> str:
             "training changes the activations, and the budget must hold at the next epoch's profile too.")
 
 
-def _advice(trace: Trace, problem: PlanningProblem, policy: str, least: int, time_model: TimeModel, backend: str,
-            min_bytes: int, host_budget: bool = False) -> str:
-    """What would lower ``policy``'s ``least`` on this profile, as the end of a BudgetError's advice: the
-    policy with every action where its least is lower (not under a host budget, where the least is
-    the profiling iteration's as much as the plan's), and ``min_bytes=0`` where tensors below it bind."""
-    clauses = []
+def _advice(problem: PlanningProblem, policy: str, least: int, host_budget: bool = False) -> str:
+    """What would lower ``policy``'s ``least`` on this profile, as the end of a BudgetError's advice:
+    the policy with every action where its least is lower (not under a host budget, where the
+    least is the profiling iteration's as much as the plan's); else nothing (``min_bytes`` binds
+    nothing under a budget, and :func:`floor_note` says what does)."""
     if policy != "cswap" and not host_budget:
         every = minimum_bytes(problem, "cswap")
         if every < least:
-            clauses.append(f"or use policy cswap, whose least here is {every:,d} bytes (every action)")
-    if min_bytes > 0:
-        unrestricted = problem_from_trace(trace, time_model, backend, min_bytes=0, sparsity_margin=SPARSITY_MARGIN)
-        if minimum_bytes(unrestricted, policy) < least:
-            small = sum(1 for r in trace.tensors if r.offloadable and r.nbytes < min_bytes)
-            clauses.append(f"or pass min_bytes=0: {small} saved tensors below min_bytes={min_bytes:,d} may only be kept, "
-                           f"and they hold part of the peak")
-    return "".join(f", {clause}" for clause in clauses)
+            return f", or use policy cswap, whose least here is {every:,d} bytes (every action)"
+    return ""
+
+
+#: How many of the tensors held at the floor's event a :class:`~cswap.budget.BudgetError` names.
+FLOOR_NAMED = 3
+
+
+def _floor_event(problem: PlanningProblem, policy: str) -> tuple[int, int]:
+    """The event where the bytes every tensor holds at least under ``policy`` (whatever the plan)
+    are most, and those bytes (:func:`cswap.planner.bounds.peak_floor`'s floor)."""
+    floor = np.zeros(problem.event_count, dtype=np.int64)
+    for tensor in problem.tensors:
+        floor += np.min([problem.holds(option) for option in policy_options(tensor, policy)], axis=0)
+    event = int(np.argmax(floor)) if problem.event_count else 0
+    return event, int(floor[event]) if problem.event_count else 0
+
+
+def _held_at(option: Option, event: int) -> int:
+    return sum(nbytes for start, end, nbytes in option.holds if start <= event <= end)
+
+
+def _tensor_words(key: int, held: int, records: Mapping[int, TensorRecord], rebuilt: bool) -> str:
+    """One tensor held at the floor, in words: its module (when the trace knows it) and key, dtype,
+    shape and the bytes it holds there."""
+    if key < 0:
+        return f"a recomputation's second copy, {human_bytes(held)} held"
+    record = records.get(key)
+    if record is None:
+        return f"key {key}, {human_bytes(held)} held"
+    what = f"{record.module} key {key}" if record.module else f"key {key}"
+    how = " rebuilt by its recomputation" if rebuilt else ""
+    return f"{what}, {record.dtype} {list(record.shape)}, {human_bytes(held)} held{how}"
+
+
+def floor_note(trace: Trace, problem: PlanningProblem, policy: str, least_bytes: int, extra_bytes: int = 0) -> str:
+    """What sets ``policy``'s least budget on ``problem``, for a :class:`~cswap.budget.BudgetError`:
+    the event where the bytes that stay resident whatever the plan does are most (the tensors
+    packed or in use there, rebuilt ones, those the policy may only keep), and the
+    :data:`FLOOR_NAMED` largest of them, each by its module from ``trace`` (else its key), dtype,
+    shape and bytes.
+
+    Args:
+        trace: the profile ``problem`` was built from (the records' modules and shapes).
+        problem: the planner's problem.
+        policy: the policy whose options count (``cswap``: every action).
+        least_bytes: the least budget planned on ``problem`` (without ``extra_bytes``): the note
+            says the floor sets it where they are equal.
+        extra_bytes: bytes held throughout beside ``problem``'s (recompute regions' inputs).
+
+    Example:
+        >>> from cswap.planner.lifetime import lifetimes_from_orders
+        >>> from cswap.planner.problem import LinkModel, TensorSpec, build_problem
+        >>> from cswap.profile.trace import TensorRecord, Trace
+        >>> recs = tuple(TensorRecord(key=k, shape=(n // 4,), dtype="float32", nbytes=n, sparsity=0.0, module=m)
+        ...              for k, (n, m) in enumerate([(4096, "fc1 (Linear)"), (1024, "")]))
+        >>> events = lifetimes_from_orders([0, 1], [1, 0])
+        >>> specs = [TensorSpec(key=r.key, nbytes=r.nbytes, lifetime=lt) for r, lt in zip(recs, events.lifetimes)]
+        >>> problem = build_problem(specs, events, [0.0, 1.0, 2.0, 3.0], 1.5, LinkModel(1e-6, 1e-6, async_copies=False))
+        >>> print(floor_note(Trace(tensors=recs), problem, "swap", 4096))  # doctest: +NORMALIZE_WHITESPACE
+        The floor is set at the pack of key 0 (event 0): whatever the plan does, 4.0 KiB stay resident there,
+        the tensors in use or kept: fc1 (Linear) key 0, float32 [1024], 4.0 KiB held.
+    """
+    if not problem.tensors or not problem.event_count:
+        return ""
+    event, floor = _floor_event(problem, policy)
+    rebuilt_from = problem.forward_events  # a tensor held from backward on is rebuilt by a recomputation
+    held = []
+    for tensor in problem.tensors:
+        nbytes = min(_held_at(option, event) for option in policy_options(tensor, policy))
+        if nbytes > 0:
+            held.append((nbytes, tensor.key, tensor.lifetime is not None and tensor.lifetime.pack >= rebuilt_from))
+    held.sort(key=lambda h: (-h[0], h[1]))
+    records = {r.key: r for r in trace.tensors}
+    named = "; ".join(_tensor_words(key, nbytes, records, rebuilt) for nbytes, key, rebuilt in held[:FLOOR_NAMED])
+    rest = held[FLOOR_NAMED:]
+    if rest:
+        named += f"; and {len(rest)} more ({human_bytes(sum(h[0] for h in rest))})"
+    where = f"the {_event_names(problem).get(event, 'event')} (event {event})"
+    beside = f" beside {human_bytes(extra_bytes)} of recompute regions' inputs held throughout" if extra_bytes else ""
+    if floor >= least_bytes:
+        return (f"The floor is set at {where}: whatever the plan does, {human_bytes(floor)} stay resident there{beside}, "
+                f"the tensors in use or kept: {named}.")
+    return (f"The floor is at its highest at {where}: whatever the plan does, {human_bytes(floor)} stay resident there{beside} "
+            f"({named}); no plan meets it at every event at once.")
+
+
+def _profile_note(planned_least: int, profiled_peak_bytes: int, action: Action) -> str:
+    """Why the least is above what the plans need, where the profiling iteration sets it, or ``""``."""
+    if profiled_peak_bytes <= planned_least:
+        return ""
+    return (f"The plans need {human_bytes(planned_least)}, but a run at the budget profiles first, storing every tensor "
+            f"as {action.value}, and that iteration reaches {human_bytes(profiled_peak_bytes)}.")
 
 
 def _above_plain(least: int, none_bytes: int, action: Action) -> str:
@@ -537,7 +632,10 @@ def budget_plan(
         budget: the memory budget (a fraction resolves against policy ``none``'s peak).
         time_model: predicts codec seconds (:data:`NO_CODEC` for policies that never compress).
         backend: the codec backend.
-        min_bytes: tensors below this are only kept.
+        min_bytes: the plan's ``min_bytes``, which binds nothing under a budget: the plan may move a
+            tensor below it (each of its copies priced with a fixed latency, so it is kept where the
+            budget allows), and one it does not know is kept while the budget allows, moved where
+            it does not.
         epoch: the epoch the plan is for.
         launches: the codec launch configs.
         profiled_peak_bytes: the resident peak the profiling iteration itself reached; a run at
@@ -560,8 +658,10 @@ def budget_plan(
     """
     launches = launches if launches is not None else LaunchCache(backend, None)
     host_codec = host_codec_model(policy, host_budget_bytes, time_model, backend, host_time_model)
-    problem = problem_from_trace(trace, time_model, backend, min_bytes=min_bytes, sparsity_margin=SPARSITY_MARGIN,
-                                 host_time_model=host_codec)
+    # min_bytes binds nothing under a budget: every tensor may move, a small one's copies priced with
+    # their fixed latency, so the plan keeps it where the budget allows (the profile moved it too)
+    problem = problem_from_trace(trace, time_model, backend, min_bytes=0, sparsity_margin=SPARSITY_MARGIN,
+                                 host_time_model=host_codec, copy_latency_below=min_bytes)
     none_bytes = minimum_bytes(problem, "none")
     budget_bytes = budget.resolve(max(none_bytes, 1)) if budget.relative else budget.resolve()
     fallback = FALLBACK_ACTIONS[policy]
@@ -570,7 +670,8 @@ def budget_plan(
     unpacked = sorted((r for r in trace.tensors if r.unpack_order is not None), key=lambda r: r.unpack_order)
     unpack_order = tuple(r.key for r in unpacked)
     profiled_peak_bytes = profiled_device_peak(problem, policy, budget_bytes, host_budget_bytes, profiled_peak_bytes)
-    alone = max(minimum_bytes(problem, policy), profiled_peak_bytes)
+    planned_least = minimum_bytes(problem, policy)
+    alone = max(planned_least, profiled_peak_bytes)
     least = alone if host_budget_bytes is None else max(minimum_bytes(problem, policy, host_budget_bytes=host_budget_bytes),
                                                         profiled_peak_bytes)
     planned = None
@@ -590,8 +691,11 @@ def budget_plan(
     if planned is None:
         action = profile_action(policy, host_budget_bytes)
         stated = stated_least(least, action)
-        why = " ".join(w for w in (_drift_note(least, stated), _above_plain(least, none_bytes, action)) if w)
-        advice = _advice(trace, problem, policy, least, time_model, backend, min_bytes, host_budget_bytes is not None)
+        device_binds = host_budget_bytes is None or budget_bytes < alone
+        floor = floor_note(trace, problem, policy, planned_least) if device_binds else ""
+        profiled = _profile_note(planned_least, profiled_peak_bytes, action) if device_binds else ""
+        why = " ".join(w for w in (floor, profiled, _drift_note(least, stated), _above_plain(least, none_bytes, action)) if w)
+        advice = _advice(problem, policy, least, host_budget_bytes is not None)
         if host_budget_bytes is None:
             error = BudgetError(stated, policy, budget_bytes, why, none_peak_bytes=none_bytes or None, advice=advice)
         else:

@@ -28,6 +28,7 @@ from cswap.codecs.encoding import Encoding
 from cswap.codecs.format import DEFAULT_CHUNK_WORDS, zvc_compressed_nbytes
 
 __all__ = [
+    "COPY_LATENCY_S",
     "CostDecision",
     "TimeModel",
     "compressed_swap_s",
@@ -37,6 +38,18 @@ __all__ = [
     "swap_s",
     "zvc_nbytes_for",
 ]
+
+
+#: Seconds each copy over the host link costs whatever its size, one way: the copy's launch and its
+#: DMA setup (a ``cudaMemcpyAsync``, an event recorded, a host block taken) and the pack or unpack
+#: hook that issues it. The saved-tensor hooks alone cost 3.5 to 8 us per tensor on the host
+#: (BENCHMARKS.md, "The hooks' cost per saved tensor"), and a launch with its setup is another few
+#: us, so 10 us. Bandwidth alone prices a small copy as nearly free; with this term, moving many
+#: small tensors is not, and a budget planner keeps them where the budget allows (the runtime's
+#: budget planners price it on tensors below ``min_bytes``, where it is most of what a copy costs:
+#: 10 us is the time 256 KiB takes on a 26 GB/s link). A swap pays it both ways: once for the copy
+#: out at its pack, once for the copy back before its unpack.
+COPY_LATENCY_S = 10e-6
 
 
 @runtime_checkable

@@ -4,8 +4,12 @@ Each offloadable record becomes a :class:`~cswap.planner.problem.TensorSpec`: it
 :func:`cswap.planner.lifetime.lifetimes_from_trace`, its exact ZVC size from the codecs' encoding
 (:class:`cswap.codecs.encoding.Encoding`: an int64 record with a ``narrow_dtype`` is sized and
 timed at that width, as the encoding narrows it first), its codec
-seconds from a :class:`~cswap.planner.costmodel.TimeModel`, and its ``hidden_forward_s``. Events happen at
-the records' ``pack_at_s`` and ``unpack_at_s``; records below ``min_bytes`` may only be kept.
+seconds from a :class:`~cswap.planner.costmodel.TimeModel`, and its ``hidden_forward_s``. Events happen
+at the records' ``pack_at_s`` and ``unpack_at_s``; records below ``min_bytes`` may only be kept, and
+the copies of records below ``copy_latency_below`` each cost a fixed latency
+(:data:`~cswap.planner.costmodel.COPY_LATENCY_S`). Under a budget the runtime's planners pass
+``min_bytes=0, copy_latency_below=min_bytes``: a small tensor may move where the budget needs it,
+and its copies' latency keeps it where the budget allows.
 With a ``host_time_model`` (under a host budget), each spec also has the host codec's seconds (the
 ``cpu`` backend's) and the problem offers ``host-zvc-swap``.
 Parameters and buffers are not part of the problem (their bytes are not activations).
@@ -33,7 +37,7 @@ import torch
 from cswap.codecs.encoding import Encoding, encodable
 from cswap.codecs.format import DEFAULT_CHUNK_WORDS
 from cswap.planner.actions import ACTIONS, HOST_ZVC_SWAP
-from cswap.planner.costmodel import TimeModel
+from cswap.planner.costmodel import COPY_LATENCY_S, TimeModel
 from cswap.planner.lifetime import Lifetime, lifetimes_from_trace
 from cswap.planner.problem import DEFAULT_PREFETCH_DISTANCES, LinkModel, PlanningProblem, TensorSpec, build_problem
 from cswap.profile.trace import TensorRecord, Trace
@@ -56,13 +60,14 @@ def _encoding(record: TensorRecord) -> Encoding | None:
 
 def _spec(  # type: ignore[no-untyped-def]
     record: TensorRecord, lifetime, time_model: TimeModel, backend: str, min_bytes: int, chunk_words: int, sparsity_margin: float,
-    host_time_model: TimeModel | None = None,
+    host_time_model: TimeModel | None = None, copy_latency_below: int = 0,
 ) -> TensorSpec:
     encoding = _encoding(record)
+    latency_s = COPY_LATENCY_S if record.nbytes < copy_latency_below else 0.0
     used = record.unpack_at_s is not None or record.unpack_order is not None
     if encoding is None:
         return TensorSpec(key=record.key, nbytes=record.nbytes, lifetime=lifetime, hidden_forward_s=record.hidden_forward_s,
-                          movable=record.nbytes >= min_bytes, rebuilt_nbytes=record.rebuilt_nbytes)
+                          movable=record.nbytes >= min_bytes, rebuilt_nbytes=record.rebuilt_nbytes, copy_latency_s=latency_s)
     numel = record.nbytes // encoding.dtype.itemsize
     encoded_nbytes = numel * encoding.encoded_itemsize
     sparsity = max(record.sparsity - sparsity_margin, 0.0)
@@ -82,6 +87,7 @@ def _spec(  # type: ignore[no-untyped-def]
         hidden_forward_s=record.hidden_forward_s,
         movable=record.nbytes >= min_bytes,
         rebuilt_nbytes=record.rebuilt_nbytes,
+        copy_latency_s=latency_s,
         **host,
     )
 
@@ -141,6 +147,7 @@ def problem_from_trace(
     rebuilt_copies: Sequence[int] = (),
     rebuilt_bytes: Mapping[int, int] | None = None,
     host_time_model: TimeModel | None = None,
+    copy_latency_below: int = 0,
 ) -> PlanningProblem:
     """Every offloadable record's options, keyed by the record's key.
 
@@ -172,6 +179,11 @@ def problem_from_trace(
         host_time_model: predicts the host codec's seconds (asked for backend ``cpu``); given, the
             problem offers ``host-zvc-swap`` (the runtime gives it only under a host budget, so
             a plan without one is what it was).
+        copy_latency_below: each copy of a record smaller than this costs
+            :data:`~cswap.planner.costmodel.COPY_LATENCY_S` more, each way: for its bytes the
+            link's time is next to nothing, and its fixed cost is what moving it costs (under a
+            budget the runtime passes its ``min_bytes``, with ``min_bytes=0``; a larger record is
+            priced by its bytes alone, as before).
 
     Raises:
         ValueError: no link given and the trace has no bandwidths, or an unknown dtype.
@@ -200,7 +212,8 @@ def problem_from_trace(
             early = first_unpack.get(record.key)
             if early is not None and lifetime.unpack is not None and record.key not in rebuilt_at and early < lifetime.unpack:
                 lifetime = Lifetime(lifetime.pack, max(early, lifetime.pack + 1), lifetime.free)
-            specs.append(_spec(record, lifetime, time_model, backend, min_bytes, chunk_words, sparsity_margin, host_time_model))
+            specs.append(_spec(record, lifetime, time_model, backend, min_bytes, chunk_words, sparsity_margin, host_time_model,
+                               copy_latency_below))
         times[lifetime.pack] = record.pack_at_s
         if lifetime.unpack is not None:
             times[lifetime.unpack] = record.unpack_at_s if record.unpack_at_s is not None else trace.forward_s

@@ -147,11 +147,14 @@ DTYPE_NAMES: Mapping[torch.dtype, str] = MappingProxyType(
 def constrained(action: Action, nbytes: int, dtype: torch.dtype | str, min_bytes: int) -> tuple[Action, str | None]:
     """The rules every policy's choice obeys: a tensor below ``min_bytes`` stays, and a dtype the
     encoding cannot compress is moved (or kept) uncompressed. Returns the action and, when a rule
-    changed it, why.
+    changed it, why. Under a memory budget ``min_bytes`` binds nothing: a plan asks with 0 where
+    the budget needs a tensor moved (:meth:`Plan._within_budget`).
 
     Example:
         >>> constrained(Action.ZVC_KEEP, 4096, "complex64", 0)
         (<Action.KEEP: 'keep'>, 'dtype complex64 has no ZVC encoding: keep uncompressed')
+        >>> constrained(Action.SWAP, 4096, "float32", 8192), constrained(Action.SWAP, 4096, "float32", 0)
+        ((<Action.KEEP: 'keep'>, 'below min_bytes (4,096 < 8,192 B)'), (<Action.SWAP: 'swap'>, None))
     """
     if nbytes < min_bytes:
         return Action.KEEP, f"below min_bytes ({nbytes:,d} < {min_bytes:,d} B)"
@@ -587,16 +590,27 @@ class Plan:
         return held, self.expected_bytes.get(decision.key) if decision.planned else None
 
     def _within_device_budget(self, decision: Decision, resident_bytes: int) -> Decision:
-        """``decision``, or the fallback action when keeping it would pass the device budget now."""
+        """``decision``, or the fallback action when keeping it would pass the device budget now,
+        a tensor below ``min_bytes`` too.
+
+        Example:
+            >>> plan = Plan("swap", 0, Action.SWAP, min_bytes=1024, budget_bytes=100, fallback_action=Action.SWAP)
+            >>> fits = plan.resolve(0, (8,), "float32", 32, resident_bytes=60)
+            >>> passes = plan.resolve(1, (8,), "float32", 32, resident_bytes=80)
+            >>> fits.action, passes.action
+            (<Action.KEEP: 'keep'>, <Action.SWAP: 'swap'>)
+        """
         if self.keeps_within_budget(decision, resident_bytes):
             return decision
         fallback = self.fallback_action
         assert fallback is not None
         held, expected = self._keep_facts(decision)
         drift = resident_bytes - expected if expected is not None else 0
-        action, why = constrained(fallback, decision.nbytes, decision.dtype, self.min_bytes)
+        # min_bytes binds nothing under a budget: a tensor below it is kept while the budget allows
+        # (the keep above), and moved when keeping it would pass the budget
+        action, why = constrained(fallback, decision.nbytes, decision.dtype, 0)
         if action is decision.action or (why is not None and not action.offloads):
-            return decision  # the rules leave nothing smaller (below min_bytes, or nothing to fall back to)
+            return decision  # the rules leave nothing smaller (no encoding, nothing to fall back to)
         launches = self.launches.launches(decision.dtype, decision.nbytes) if action.compresses and self.launches is not None else {}
         reason = (f"budget fallback: {resident_bytes:,d} B resident at pack ({drift:+,d} B over the plan), "
                   f"{decision.action.value} of {held:,d} B would pass the {self.budget_bytes:,d} B budget; {action.value} instead")

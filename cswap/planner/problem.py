@@ -13,7 +13,8 @@ An :class:`Option` is one action carried out one way: the bytes it holds over th
   waits for the copy (nothing stays; the whole copy is exposed: the stall the budget forces). In
   backward the copy back is issued ``d`` events before the unpack (``d`` in the prefetch
   distances; ``0``: on demand), so the stored bytes are held from there, and ``max(Size/BW_h2d -
-  Hidden_b, 0)`` is exposed with ``Hidden_b`` the compute of those ``d`` events. ``zvc-swap``
+  Hidden_b, 0)`` is exposed with ``Hidden_b`` the compute of those ``d`` events. Each copy also
+  costs the spec's ``copy_latency_s`` (its launch and DMA setup), each way. ``zvc-swap``
   adds ``Time_c + Time_dc`` and moves the compressed bytes. On the host, the copy (raw, or the
   compressed bytes) is held from the pack to the free point (:attr:`Option.host_holds`), whatever
   the variant: the host budget bounds these.
@@ -103,6 +104,10 @@ class TensorSpec:
         movable: ``False``: it may only be kept (below ``min_bytes``, or pinned).
         recompute_s: forward seconds of its producing op (what recomputing it costs), or ``None``
             when unknown: then it is never recomputed.
+        copy_latency_s: fixed seconds each copy of it over the link costs whatever its size, added
+            to the copy out and to the copy back, hidden or not (the runtime's problem under a
+            budget sets :data:`cswap.planner.costmodel.COPY_LATENCY_S` on tensors below
+            ``min_bytes``: moving many small tensors is not free).
     """
 
     key: int
@@ -117,10 +122,13 @@ class TensorSpec:
     movable: bool = True
     rebuilt_nbytes: int | None = None
     recompute_s: float | None = None
+    copy_latency_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.recompute_s is not None and not self.recompute_s >= 0:
             raise ValueError(f"tensor {self.key}: recompute_s must be >= 0 seconds or None, got {self.recompute_s}")
+        if not self.copy_latency_s >= 0:
+            raise ValueError(f"tensor {self.key}: copy_latency_s must be >= 0 seconds, got {self.copy_latency_s}")
 
     @property
     def unpacked_nbytes(self) -> int:
@@ -244,12 +252,14 @@ def _swap_options(
     before_in_s = spec.host_decompress_s if on_host else 0.0
     at_pack = _segment(life.pack, life.pack, raw + (stored if compressing else 0))
     out_s = _seconds(stored, link.d2h_gbps)
-    forward = [(True, [], out_s)]  # (waits, holds after the pack, exposed seconds)
+    # each copy's fixed latency is paid by the hook that issues it, whatever the compute hides
+    latency_s = spec.copy_latency_s
+    forward = [(True, [], out_s + latency_s)]  # (waits, holds after the pack, exposed seconds)
     if link.async_copies:
         done_at = times[life.pack] + out_s
         first_after = int(np.searchsorted(times, done_at, side="left"))
         first_after = max(first_after, life.pack + 1)
-        forward.append((False, [(life.pack + 1, first_after - 1)], max(out_s - spec.hidden_forward_s, 0.0)))
+        forward.append((False, [(life.pack + 1, first_after - 1)], max(out_s - spec.hidden_forward_s, 0.0) + latency_s))
     backward: list[tuple[int | None, list[tuple[int, int, int]], float, int, tuple[int, int, int] | None]] = []
     if life.unpack is None:
         backward.append((None, [], 0.0, events.event_count, None))
@@ -268,9 +278,8 @@ def _swap_options(
             issued_s = backward_start_s if distance > 0 and life.unpack - distance < events.forward_events else times[fetch]
             hidden_s = times[life.unpack] - issued_s if distance > 0 else 0.0
             ahead = _segment(fetch, life.unpack - 1, stored)
-            backward.append(
-                (life.unpack - fetch, ahead + at_unpack, max(in_s - hidden_s, 0.0), fetch, ahead[0] if ahead else None)
-            )
+            exposed_s = max(in_s - hidden_s, 0.0) + latency_s
+            backward.append((life.unpack - fetch, ahead + at_unpack, exposed_s, fetch, ahead[0] if ahead else None))
     # The host copy is written at the pack and dies with the saved tensor's handle, at its free
     # point (never at the unpack: unpack may run again): the lifetime the host pool lays out.
     host = tuple(_segment(life.pack, life.free, stored))

@@ -76,6 +76,7 @@ from cswap.planner.budgeted import (
     NO_CODEC,
     PASSIVE_ACTION,
     SPARSITY_MARGIN,
+    floor_note,
     host_budget_error,
     host_codec_model,
     profiled_device_peak,
@@ -88,6 +89,7 @@ from cswap.planner.plan import Action, Decision, LaunchCache, Plan
 from cswap.profile.regions import InputRecord, RegionProfile
 from cswap.profile.regions import nested_pair
 from cswap.profile.trace import Trace
+from cswap.stats import human_bytes
 
 __all__ = ["BASE_POLICIES", "GROW_WIDTH", "NO_CODEC", "TIME_TRIALS", "RegionPlan", "layer_regions", "plan_regions"]
 
@@ -125,7 +127,7 @@ class _Planning:
     """Problems and least budgets per set of enabled regions, each built once."""
 
     def __init__(self, trace: Trace, profile: RegionProfile, base: str, time_model: TimeModel, backend: str, min_bytes: int,
-                 host_budget_bytes: int | None = None, host_time_model: TimeModel | None = None) -> None:
+                 host_budget_bytes: int | None = None, host_time_model: TimeModel | None = None, budgeted: bool = False) -> None:
         self.trace = trace
         self.host_budget_bytes = host_budget_bytes
         # under a host budget, the host codec that prices host-zvc-swap for the rest (None: not offered)
@@ -135,6 +137,7 @@ class _Planning:
         self.time_model = time_model
         self.backend = backend
         self.min_bytes = min_bytes
+        self.budgeted = budgeted  # under a budget min_bytes binds nothing: small tensors move, their copies priced
         self._storages = {s.key: s.storage for s in profile.saves}
         self._memo: dict[tuple[str, ...], tuple[PlanningProblem, int]] = {}
 
@@ -194,7 +197,8 @@ class _Planning:
         if regions not in self._memo:
             freed = self.freed(regions)
             groups = [tuple(k for k in self.profile.regions[p].keys if k in freed) for p in regions]
-            problem = problem_from_trace(self.trace, self.time_model, self.backend, min_bytes=self.min_bytes,
+            problem = problem_from_trace(self.trace, self.time_model, self.backend, min_bytes=0 if self.budgeted else self.min_bytes,
+                                         copy_latency_below=self.min_bytes if self.budgeted else 0,
                                          sparsity_margin=SPARSITY_MARGIN, rebuilt_together=groups,
                                          rebuilt_from=[self._input_keys(p, freed) for p in regions], storage_of=self._storages,
                                          rebuilt_copies=[self._copy_bytes(p, freed) for p in regions],
@@ -415,6 +419,18 @@ def _rekeyed(plan: Plan, profile: RegionProfile, regions: tuple[str, ...], freed
     return rekeyed, region_keys
 
 
+def _floor_words(planning: _Planning, regions: tuple[str, ...], least: int, profiled_peak_bytes: int) -> str:
+    """What sets the least budget ``least`` of ``regions`` enabled, for a BudgetError: the floor of
+    the rest (:func:`cswap.planner.budgeted.floor_note`), beside the regions' inputs, or the
+    profiling iteration's peak where that is higher."""
+    problem, extra = planning.problem(regions)
+    words = floor_note(planning.trace, problem, planning.base, least - extra, extra)
+    if profiled_peak_bytes > least:
+        words += (f" The plans need {human_bytes(least)}, but a run at the budget profiles first, with no region and storing "
+                  f"every tensor as {PASSIVE_ACTION.value}, and that iteration reaches {human_bytes(profiled_peak_bytes)}.")
+    return words.strip()
+
+
 def plan_regions(
     trace: Trace,
     profile: RegionProfile,
@@ -440,7 +456,8 @@ def plan_regions(
         budget: the memory budget (a fraction resolves against policy ``none``'s peak), or ``None``.
         time_model: predicts codec seconds.
         backend: the codec backend.
-        min_bytes: tensors below this are only kept.
+        min_bytes: without a budget, tensors below this are only kept; under one it binds nothing
+            (the rest may move them, each copy priced with its latency).
         epoch: the epoch the plan is for.
         launches: the codec launch configs.
         profiled_peak_bytes: the resident peak of the profiling iteration (the least budget is at
@@ -460,7 +477,9 @@ def plan_regions(
     if policy not in BASE_POLICIES:
         raise ValueError(f"policy {policy!r} does not recompute: choose one of {', '.join(BASE_POLICIES)}")
     launches = launches if launches is not None else LaunchCache(backend, None)
-    planning = _Planning(trace, profile, BASE_POLICIES[policy], time_model, backend, min_bytes, host_budget_bytes, host_time_model)
+    # under a budget min_bytes binds nothing (cswap.planner.budgeted): the rest may move small tensors too
+    planning = _Planning(trace, profile, BASE_POLICIES[policy], time_model, backend, min_bytes, host_budget_bytes, host_time_model,
+                         budgeted=budget is not None)
     full, _ = planning.problem(())
     budget_bytes: int | None = None
     none_bytes = minimum_bytes(full, "none") if budget is not None else None
@@ -497,7 +516,9 @@ def plan_regions(
         plan = Plan(**rules, default_action=PASSIVE_ACTION, prefetch_bytes=0, default_reason=reason)
         none_peak = minimum_bytes(full, "none") or None
         if host_budget_bytes is None or budget_bytes is None:
-            error = BudgetError(least, policy, target, none_peak_bytes=none_peak)
+            # cswap has every action: the floor says what binds, and no other policy lowers it
+            why = _floor_words(planning, smallest, smallest_bytes, profiled_peak_bytes)
+            error = BudgetError(least, policy, target, why, none_peak_bytes=none_peak, advice="" if policy == "cswap" else None)
         else:
             least = max(least, target + 1) if target >= least else least  # no plan at the edge, or its profile passed
             alone = max(planning.least(smallest), profiled_peak_bytes)

@@ -161,24 +161,38 @@ def none_peak_bytes(problem: PlanningProblem) -> int:
     return minimum_bytes(problem, "none")
 
 
-def replay_plan(simulator: Simulator, problem: PlanningProblem, plan: BudgetPlan, policy: str, label: str) -> PolicyResult:
+def replay_plan(
+    simulator: Simulator,
+    problem: PlanningProblem,
+    plan: BudgetPlan,
+    policy: str,
+    label: str,
+    actions: Sequence[Action] | None = None,
+) -> PolicyResult:
     """The queue model's result of a planner's ``plan`` for ``problem`` (of ``simulator``'s trace),
-    with its budget enforced and its prefetch schedule, reported as ``policy`` with plan ``label``."""
+    with its budget enforced and its prefetch schedule, reported as ``policy`` with plan ``label``.
+
+    ``actions``: per record, what to carry out instead of what ``plan`` gives on this trace: the
+    actions a plan made on another trace of the same structure was carried out with there (its
+    prefetch distances and budget hold as planned; :func:`cswap.simulate.seqlens.serve_plan`).
+    """
     order = simulator.timeline.backward_order()
     position = {i: p for p, i in enumerate(order)}
     unpacked = [i for i in order if simulator.counted[i]]  # the record of each backward event
-    actions = [Action.KEEP] * len(simulator.costs)
+    if actions is not None and len(actions) != len(simulator.costs):
+        raise ValueError(f"need one action per trace record: {len(simulator.costs)} records, {len(actions)} actions")
+    carried = [Action.KEEP] * len(simulator.costs) if actions is None else [Action(a) for a in actions]
     fetch_after: list[int | None] = [None] * len(simulator.costs)
     for options, tensor in zip(problem.tensors, plan.tensors, strict=True):
-        # cpu-compress-swap's swaps compress on the host, where that shrinks them
-        actions[tensor.key] = on_host_if_shrinks(Action(carried_out(policy, tensor.action)), simulator.costs[tensor.key])
+        if actions is None:  # cpu-compress-swap's swaps compress on the host, where that shrinks them
+            carried[tensor.key] = on_host_if_shrinks(Action(carried_out(policy, tensor.action)), simulator.costs[tensor.key])
         lifetime = options.lifetime
         if not tensor.prefetch_distance or lifetime is None or lifetime.unpack is None:
             continue
         fetch = max(lifetime.unpack - tensor.prefetch_distance, problem.forward_events)
         fetch_after[tensor.key] = -1 if fetch == problem.forward_events else position[unpacked[fetch - problem.forward_events]]
     params = replace(simulator.params, budget_bytes=plan.budget_bytes)
-    return simulator.run_plan(actions, policy=policy, plan=label, params=params, fetch_after=fetch_after)
+    return simulator.run_plan(carried, policy=policy, plan=label, params=params, fetch_after=fetch_after)
 
 
 def run_budget(

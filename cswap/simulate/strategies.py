@@ -371,17 +371,37 @@ class Strategies:
     def result(self, name: str) -> PolicyResult:
         """Fixed strategy ``name`` simulated without a budget (its peak is the least budget it meets)."""
         if name not in self._results:
-            plan = self.plan(name)
-            sim = plan.simulator
-            params = (
-                sim.params
-                if plan.max_inflight_offloads is None
-                else replace(sim.params, max_inflight_offloads=plan.max_inflight_offloads)
-            )
-            self._results[name] = sim.run_plan(
-                plan.actions, policy=name, plan="fixed", params=params, fetch_after=plan.fetch_after, regions=plan.regions
-            )
+            self._results[name] = self.carry_out(name)
         return self._results[name]
+
+    def carry_out(
+        self, name: str, actions: Sequence[Action] | None = None, policy: str | None = None, label: str = "fixed"
+    ) -> PolicyResult:
+        """Fixed strategy ``name`` simulated on this trace (its regions, prefetch and copies in flight),
+        reported as ``policy`` (default ``name``) with plan ``label``.
+
+        ``actions``: per record of the strategy's trace (:attr:`StrategyPlan.simulator`), what to
+        carry out instead of the plan's own: the actions it took on another trace of the same
+        structure (:func:`cswap.simulate.seqlens.serve_plan`).
+
+        Raises:
+            ValueError: as :meth:`plan` raises, or ``actions`` of another length than the trace.
+        """
+        plan = self.plan(name)
+        sim = plan.simulator
+        if actions is not None and len(actions) != len(plan.actions):
+            raise ValueError(
+                f"strategy {name!r} saves {len(plan.actions)} tensors on this trace, but {len(actions)} actions were given"
+            )
+        params = sim.params if plan.max_inflight_offloads is None else replace(sim.params, max_inflight_offloads=plan.max_inflight_offloads)
+        return sim.run_plan(
+            plan.actions if actions is None else actions,
+            policy=policy or name,
+            plan=label,
+            params=params,
+            fetch_after=plan.fetch_after,
+            regions=plan.regions,
+        )
 
     # ------------------------------------------------------------------ under a budget
 

@@ -39,6 +39,13 @@ are ``skipped``, with the reason).
 Both search the same way (:func:`largest_fitting`): double the batch until it fails, then bisect
 between the last success and the first failure.
 
+Several sequence lengths (``served_seq_lens``, shorter than ``seq_len``): training with variable
+lengths is served by the plan for the longest (:mod:`cswap.simulate.seqlens`), and every tensor is
+no larger at a shorter length, so the longest length binds: the batch is searched at ``seq_len`` as
+for one length. Each name's plan at its largest batch (made within what the limit leaves there)
+is then carried out at every shorter length, and ``served_s`` gives its simulated iteration
+seconds per length (the longest's too); nothing else is reported per length.
+
 Example:
     >>> largest_fitting(lambda batch: batch <= 37, start=1, ceiling=1024)
     37
@@ -51,6 +58,9 @@ Example:
     >>> ac = planned_max_batch_transformer("gpt2", ("none", "ac-full"), 2 * 2**30, seq_len=64, num_layers=2, ceiling=64)
     >>> ac.batches["none"] <= ac.batches["ac-full"]
     True
+    >>> ranged = planned_max_batch_transformer("gpt2", ("swap",), 2 * 2**30, seq_len=64, num_layers=1, ceiling=8, served_seq_lens=(32,))
+    >>> sorted(ranged.served_s["swap"]), ranged.served_s["swap"][32] < ranged.served_s["swap"][64]
+    ([32, 64], True)
 """
 
 from __future__ import annotations
@@ -59,6 +69,7 @@ import gc
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -66,6 +77,11 @@ from torch import nn
 from cswap import models
 from cswap.profile.trace import Trace
 from cswap.runtime import Runtime
+
+if TYPE_CHECKING:
+    from cswap.planner import PlanningProblem
+    from cswap.simulate import Simulator
+    from cswap.simulate.strategies import Strategies
 
 __all__ = [
     "ALL",
@@ -214,8 +230,10 @@ class PlannedMaxBatch:
         method: ``"planned"`` (never run).
         minimum_bytes: policy -> batch -> the least activation budget its plan meets, for the batches tried.
         parameters: the model's parameter count (0 where not counted).
-        seq_len: tokens per sequence of a transformer, else None.
+        seq_len: tokens per sequence of a transformer, else None (with several lengths, the longest).
         skipped: strategies ``"all"`` left out because they cannot run on the model, and why.
+        served_s: with several sequence lengths, per name, per length, the simulated iteration
+            seconds of its plan for the longest length at its largest batch (``None``: no batch fits).
     """
 
     model: str
@@ -229,9 +247,11 @@ class PlannedMaxBatch:
     parameters: int = 0
     seq_len: int | None = None
     skipped: dict[str, str] = field(default_factory=dict)
+    served_s: dict[str, dict[int, float | None]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, object]:
-        """JSON-ready."""
+        """JSON-ready; with several sequence lengths, ``lengths``: per length (ascending),
+        ``seq_len`` and ``iteration_s`` per name (:attr:`served_s`)."""
         report: dict[str, object] = {
             "model": self.model,
             "memory_limit_bytes": self.memory_limit_bytes,
@@ -245,6 +265,11 @@ class PlannedMaxBatch:
             report.update(parameters=self.parameters, seq_len=self.seq_len)
         if self.skipped:
             report["skipped"] = dict(self.skipped)
+        if self.served_s:
+            tokens = sorted({n for per_length in self.served_s.values() for n in per_length})
+            report["lengths"] = [
+                {"seq_len": n, "iteration_s": {name: per_length.get(n) for name, per_length in self.served_s.items()}} for n in tokens
+            ]
         return report
 
 
@@ -347,12 +372,19 @@ def _check_settings(policies: Sequence[str], memory_limit_bytes: int, workspace_
 @dataclass(frozen=True)
 class _Searched:
     """What :func:`_search` found: per name the largest batch, the least budgets it computed, the
-    workspace allowance, and the strategies left out of ``all`` (name -> why)."""
+    workspace allowance, and the strategies left out of ``all`` (name -> why); and per batch, the
+    simulator, planning problem and strategies it used (built once) and what the limit leaves for
+    activations, with the solver's time limit."""
 
     batches: dict[str, int]
     minimums: dict[str, dict[int, int]]
     workspace_bytes: int
     skipped: dict[str, str]
+    simulator: Callable[[int], Simulator]
+    problem: Callable[[int], PlanningProblem]
+    strategies: Callable[[int], Strategies]
+    left_bytes: Callable[[int], int]
+    time_limit_s: float
 
 
 def _search(
@@ -378,7 +410,7 @@ def _search(
 
     workspace_bytes = int(workspace_fraction * memory_limit_bytes)
     simulators: dict[int, Simulator] = {}
-    problems: dict[int, object] = {}
+    problems: dict[int, PlanningProblem] = {}
     strategies: dict[int, Strategies] = {}
 
     def simulator(batch: int) -> Simulator:
@@ -390,6 +422,14 @@ def _search(
         if batch not in strategies:
             strategies[batch] = Strategies(simulator(batch), time_limit_s)
         return strategies[batch]
+
+    def problem(batch: int) -> PlanningProblem:
+        if batch not in problems:
+            problems[batch] = planning_problem(simulator(batch))[0]
+        return problems[batch]
+
+    def left_bytes(batch: int) -> int:
+        return memory_limit_bytes - fixed_bytes - workspace_bytes - input_bytes(batch)
 
     # Which strategies run depends on the model's layers, not on the batch: the first batch tells.
     skipped: dict[str, str] = {}
@@ -407,22 +447,20 @@ def _search(
     def least(policy: str, batch: int) -> int:
         if batch not in minimums[policy]:
             if policy in POLICY_ACTIONS:
-                if batch not in problems:
-                    problems[batch] = planning_problem(simulator(batch))[0]
-                minimums[policy][batch] = minimum_bytes(problems[batch], policy, time_limit_s)  # type: ignore[arg-type]
+                minimums[policy][batch] = minimum_bytes(problem(batch), policy, time_limit_s)
             else:
                 minimums[policy][batch] = strategies_at(batch).minimum_bytes(policy)
         return minimums[policy][batch]
 
     def fits(policy: str) -> Callable[[int], bool]:
         def check(batch: int) -> bool:
-            left = memory_limit_bytes - fixed_bytes - workspace_bytes - input_bytes(batch)
+            left = left_bytes(batch)
             return left > 0 and least(policy, batch) <= left
 
         return check
 
     batches = {policy: largest_fitting(fits(policy), ceiling=ceiling) for policy in names}
-    return _Searched(batches, minimums, workspace_bytes, skipped)
+    return _Searched(batches, minimums, workspace_bytes, skipped, simulator, problem, strategies_at, left_bytes, time_limit_s)
 
 
 def planned_max_batch_transformer(
@@ -438,6 +476,7 @@ def planned_max_batch_transformer(
     workspace_fraction: float = DEFAULT_WORKSPACE_FRACTION,
     ceiling: int = 4096,
     time_limit_s: float = 30.0,
+    served_seq_lens: Sequence[int] = (),
 ) -> PlannedMaxBatch:
     """The largest micro-batch of a transformer per policy whose plan fits ``memory_limit_bytes``.
 
@@ -455,10 +494,13 @@ def planned_max_batch_transformer(
         mixed_precision: also count float32 master weights (only with a 16-bit ``dtype``).
         hardware: the profile the trace's times come from.
         workspace_fraction, ceiling, time_limit_s: as :func:`planned_max_batch` takes them.
+        served_seq_lens: shorter lengths served by the plan for ``seq_len`` (module docstring):
+            :attr:`PlannedMaxBatch.served_s` gives each name's iteration seconds at each.
 
     Raises:
-        ValueError: a limit that is not positive, a bad fraction, an unknown policy or model, or a
-            strategy named that cannot run on the model.
+        ValueError: a limit that is not positive, a bad fraction, an unknown policy or model, a
+            strategy named that cannot run on the model, a served length not shorter than
+            ``seq_len``, or a model whose saved tensors change with the length.
     """
     from cswap.simulate.modeltrace import is_transformer_model, trace_model
 
@@ -490,6 +532,16 @@ def planned_max_batch_transformer(
         time_limit_s=time_limit_s,
     )
     name = str(first.meta["model"])
+    served: dict[str, dict[int, float | None]] = {}
+    if served_seq_lens:
+        longer = sorted({n for n in served_seq_lens if not 0 < n < tokens})
+        if longer:
+            raise ValueError(f"served lengths {longer} are not shorter than the {tokens} tokens the batch is searched at")
+
+        def trace_short(batch: int, length: int) -> Trace:
+            return trace_model(model, batch, hardware, dtype=dtype, seq_len=length, num_layers=num_layers, attention=attention)
+
+        served = _served_times(found, sorted(set(served_seq_lens)), tokens, trace_short)
     return PlannedMaxBatch(
         name,
         int(memory_limit_bytes),
@@ -501,4 +553,47 @@ def planned_max_batch_transformer(
         parameters=parameters,
         seq_len=tokens,
         skipped=found.skipped,
+        served_s=served,
     )
+
+
+def _served_times(
+    found: _Searched, shorter: Sequence[int], longest: int, trace_at: Callable[[int, int], Trace]
+) -> dict[str, dict[int, float | None]]:
+    """Per name, per length: the iteration seconds of its plan at its largest batch, made within what
+    the limit leaves there at the ``longest`` length, carried out at each ``shorter`` length
+    (:func:`cswap.simulate.seqlens.serve_plan`); ``None`` where no batch fits."""
+    from cswap.planner import POLICY_ACTIONS
+    from cswap.simulate import Simulator
+    from cswap.simulate.budgeted import run_budget
+    from cswap.simulate.seqlens import check_same_structure, serve_plan
+
+    from cswap.simulate.budgeted import planning_problem
+    from cswap.simulate.strategies import Strategies
+
+    simulators: dict[tuple[int, int], Simulator] = {}
+    problems: dict[tuple[int, int], PlanningProblem] = {}
+    strategies: dict[tuple[int, int], Strategies] = {}
+    times: dict[str, dict[int, float | None]] = {}
+    for name, batch in found.batches.items():
+        times[name] = {n: None for n in (*shorter, longest)}
+        if batch < 1:
+            continue
+        long_sim, left = found.simulator(batch), found.left_bytes(batch)
+        if name in POLICY_ACTIONS:
+            outcome = run_budget(long_sim, name, left, found.problem(batch))
+        else:
+            outcome = found.strategies(batch).run(name, left)
+        if outcome.result is None:  # the planner's tolerance at the edge of the least budget
+            continue
+        times[name][longest] = outcome.result.iteration_s
+        for length in shorter:
+            key = (batch, length)
+            if key not in simulators:
+                sim = Simulator(trace_at(batch, length), long_sim.hardware, long_sim.config)
+                check_same_structure(long_sim.trace, sim.trace, f"at {length} tokens")
+                simulators[key], strategies[key] = sim, Strategies(sim, found.time_limit_s)
+            if outcome.plan is not None and key not in problems:
+                problems[key] = planning_problem(simulators[key])[0]
+            times[name][length] = serve_plan(simulators[key], outcome, problems.get(key), strategies[key]).iteration_s
+    return times

@@ -226,3 +226,61 @@ def test_gradient_accumulation_keeps_the_budget_of_one_micro_batch(tmp_path: Pat
         assert budgets[policy, 2] == budgets[policy, 4] == budgets[policy, 1], budgets
     assert peaks["none", 2] == peaks["none", 4] == peaks["none", 1] == budgets["none", 1], peaks
     assert least[2] == least[4] == least[1], least
+
+
+class _Lengths(torch.utils.data.Dataset):
+    """Token sequences of 20 to 120 tokens, for a collator that pads each batch to its longest."""
+
+    def __init__(self, samples: int = 32) -> None:
+        g = torch.Generator().manual_seed(13)
+        lengths = torch.randint(20, 121, (samples,), generator=g).tolist()
+        self.ids = [torch.randint(1, GPT2_VOCAB, (n,), generator=g) for n in lengths]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[i]}
+
+
+def _pad_to_longest(features: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """What ``DataCollatorWithPadding`` does for a causal LM: right padding to the batch's longest,
+    the padding masked out of attention and of the loss."""
+    longest = max(len(f["input_ids"]) for f in features)
+    ids = torch.zeros(len(features), longest, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, f in enumerate(features):
+        ids[row, : len(f["input_ids"])] = f["input_ids"]
+        mask[row, : len(f["input_ids"])] = 1
+    return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+
+
+def _train_padded(tmp_path: Path, callback: CswapCallback | None) -> tuple[list[torch.Tensor], Any]:
+    config = transformers.GPT2Config(vocab_size=GPT2_VOCAB, n_positions=128, n_embd=32, n_layer=2, n_head=2)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=8,
+        learning_rate=1e-3, use_cpu=True, report_to=[], save_strategy="no", seed=0, data_seed=0, disable_tqdm=True,
+        dataloader_num_workers=0, logging_steps=1,
+    )
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=_Lengths(), data_collator=_pad_to_longest,
+                                   callbacks=[callback] if callback else None)
+    trainer.train()
+    return [p.detach().clone() for p in model.parameters()], trainer
+
+
+def test_a_collator_padding_to_the_longest_profiles_once_per_graph(tmp_path: Path) -> None:
+    """Each micro-batch padded to its own longest (20 to 120 tokens), accumulation 2, budget 0.6:
+    the weights are those of the Trainer without cswap, at most 3 of the 8 steps profile, the
+    budget holds and the Trainer's logs carry the profile counts."""
+    plain, _ = _train_padded(tmp_path / "plain", None)
+    callback = CswapCallback("cswap", memory_budget=0.6)
+    weights, trainer = _train_padded(tmp_path / "cswap", callback)
+    _assert_same_weights(plain, weights, "cswap under dynamic padding")
+    stats = callback.runtime.stats()
+    assert stats.iterations == 8 and stats.profiled_iterations <= 3, stats
+    assert stats.peak_resident_bytes <= stats.budget_bytes
+    logged = [entry for entry in trainer.state.log_history if "cswap/profiled_iterations" in entry]
+    assert logged and logged[-1]["cswap/profiled_iterations"] == stats.profiled_iterations
+    assert logged[-1]["cswap/unprofiled_plans"] == stats.unprofiled_plans

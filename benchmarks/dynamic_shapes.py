@@ -1,0 +1,194 @@
+"""What dynamic padding costs cswap: the same steps at a fixed length and padded to each batch's longest.
+
+Per model (GPT-2 and Llama from their ``transformers`` config classes, defaults but the sizes), in
+one process, each run in a fresh model from one seed: plain PyTorch and cswap (``--policy``,
+``--memory-budget``, default options otherwise) over ``--steps`` steps of ``--batch`` sequences,
+
+* **fixed**: every batch padded to ``--max-len`` tokens;
+* **dynamic**: each batch padded to its longest, the lengths drawn between ``--min-len`` and
+  ``--max-len`` (what ``DataCollatorWithPadding`` gives).
+
+Each runtime row reports its seconds, its ratio to plain PyTorch on the same batches, how many
+iterations profiled and how many plans it made without a profile, and the budget's bytes at the
+end; per model ``dynamic_over_fixed`` is the ratio of the two ratios (1.0: dynamic padding costs
+cswap nothing more than a fixed length). Timings are medians over ``--repeats`` runs, taken in
+alternation; the first run of each warms up and is dropped.
+
+``--replan`` times what a new size costs when it is planned rather than profiled, on a 32-layer
+Llama-3-8B traced on the meta device at ``--replan-from`` tokens: the runtime's steps at a larger
+size (:func:`cswap.profile.shapes.grown_shapes` from the shapes the packs show,
+:func:`cswap.profile.shapes.scaled_trace`, then the budget planner), against planning the trace
+of the larger size itself; and how many of the scaled shapes are the true ones when only every
+``k``-th tensor's shape is seen (the rest inferred, as inside recompute regions).
+
+Output: one JSON object per model, on its own line (``kind``: ``padding`` or ``replan``).
+
+Example:
+    $ python benchmarks/dynamic_shapes.py --steps 24 > benchmarks/results/cpu-$(date +%F)/dynamic-shapes.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import cswap
+
+__all__ = ["main", "measure"]
+
+
+def _build(name: str, max_len: int) -> torch.nn.Module:
+    import transformers
+
+    if name == "gpt2":
+        config = transformers.GPT2Config(vocab_size=1000, n_positions=max_len, n_embd=128, n_layer=4, n_head=4)
+        return transformers.GPT2LMHeadModel(config)
+    config = transformers.LlamaConfig(vocab_size=1000, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_len)
+    return transformers.LlamaForCausalLM(config)
+
+
+def _batches(lengths: list[list[int]], seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for row_lengths in lengths:
+        longest = max(row_lengths)
+        ids = torch.randint(1, 1000, (len(row_lengths), longest), generator=g)
+        mask = torch.zeros_like(ids)
+        for row, n in enumerate(row_lengths):
+            mask[row, :n] = 1
+        out.append((ids.masked_fill(mask == 0, 0), mask))
+    return out
+
+
+def _run(name: str, max_len: int, batches: list[tuple[torch.Tensor, torch.Tensor]], policy: str | None,
+         budget: float) -> tuple[float, cswap.Runtime | None]:
+    torch.manual_seed(0)
+    model = _build(name, max_len)
+    model.train()
+    rt = cswap.Runtime(policy, model=model, memory_budget=budget) if policy is not None else None
+    started = time.perf_counter()
+    for i, (ids, mask) in enumerate(batches):
+        torch.manual_seed(i)
+        labels = ids.masked_fill(mask == 0, -100)
+        if rt is None:
+            model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+        else:
+            with rt.iteration():
+                model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+        model.zero_grad(set_to_none=True)
+    return time.perf_counter() - started, rt
+
+
+def measure(name: str, steps: int, batch: int, min_len: int, max_len: int, policy: str, budget: float, repeats: int) -> dict[str, Any]:
+    """The row of model ``name``: plain and ``policy`` at a fixed length and under dynamic padding."""
+    rng = random.Random(0)
+    dynamic_lengths = [[rng.randint(min_len, max_len) for _ in range(batch)] for _ in range(steps)]
+    data = {"fixed": _batches([[max_len] * batch for _ in range(steps)], 1), "dynamic": _batches(dynamic_lengths, 1)}
+    seconds: dict[tuple[str, str], list[float]] = {}
+    last: dict[str, cswap.Runtime] = {}
+    for repeat in range(repeats + 1):
+        for shape, batches in data.items():
+            for who in ("plain", policy):
+                elapsed, rt = _run(name, max_len, batches, None if who == "plain" else policy, budget)
+                if repeat:
+                    seconds.setdefault((shape, who), []).append(elapsed)
+                if rt is not None:
+                    last[shape] = rt
+    row: dict[str, Any] = {"model": name, "policy": policy, "memory_budget": budget, "steps": steps, "batch": batch,
+                           "lengths": [min_len, max_len]}
+    for shape in data:
+        plain = statistics.median(seconds[shape, "plain"])
+        ours = statistics.median(seconds[shape, policy])
+        stats = last[shape].stats()
+        row[shape] = {"plain_s": plain, "cswap_s": ours, "over_plain": ours / plain,
+                      "profiled_iterations": stats.profiled_iterations, "unprofiled_plans": stats.unprofiled_plans,
+                      "structures": stats.structures, "budget_bytes": stats.budget_bytes,
+                      "peak_resident_bytes": stats.peak_resident_bytes}
+    row["dynamic_over_fixed"] = row["dynamic"]["over_plain"] / row["fixed"]["over_plain"]
+    return row
+
+
+def replan(layers_model: str, from_len: int, to_len: int, policy: str, fraction: float, repeats: int) -> dict[str, Any]:
+    """Seconds to plan ``layers_model`` at ``to_len`` tokens from its trace at ``from_len``, against
+    planning its own trace at ``to_len``; and the share of shapes inferred right from a subset."""
+    from cswap.budget import MemoryBudget
+    from cswap.planner.budgeted import NO_CODEC, budget_plan
+    from cswap.profile.shapes import grown_shapes, scaled_trace
+    from cswap.simulate.lmtrace import transformer_trace
+
+    small = transformer_trace(layers_model, batch_size=1, seq_len=from_len, hardware="h100-pcie5", dtype="bfloat16", attention="eager")
+    large = transformer_trace(layers_model, batch_size=1, seq_len=to_len, hardware="h100-pcie5", dtype="bfloat16", attention="eager")
+    seen = {r.key: r.shape for r in large.tensors}
+
+    def planned(trace: Any) -> Any:
+        return budget_plan(trace, policy, MemoryBudget(fraction=fraction), NO_CODEC, "cuda", 0, epoch=0)
+
+    def scaled_plan() -> Any:
+        return planned(scaled_trace(small, grown_shapes(small, seen)))
+
+    timings: dict[str, list[float]] = {"scaled": [], "own": [], "scale_only": []}
+    for _ in range(repeats):
+        started = time.perf_counter()
+        scaled_trace(small, grown_shapes(small, seen))
+        timings["scale_only"].append(time.perf_counter() - started)
+        started = time.perf_counter()
+        via_scaled = scaled_plan()
+        timings["scaled"].append(time.perf_counter() - started)
+        started = time.perf_counter()
+        own = planned(large)
+        timings["own"].append(time.perf_counter() - started)
+    truth = {r.key: r.shape for r in large.tensors}
+    inferred = {}
+    for every in (1, 4, 16):
+        partial = {key: shape for key, shape in seen.items() if key % every == 0}
+        guess = {**{r.key: r.shape for r in small.tensors}, **grown_shapes(small, partial)}
+        inferred[f"every_{every}"] = sum(guess[k] == truth[k] for k in truth) / len(truth)
+    return {"kind": "replan", "model": layers_model, "tensors": len(small.tensors), "from_len": from_len, "to_len": to_len,
+            "policy": policy, "memory_budget": fraction, "scale_s": statistics.median(timings["scale_only"]),
+            "plan_from_profile_s": statistics.median(timings["scaled"]), "plan_own_trace_s": statistics.median(timings["own"]),
+            "budget_bytes_scaled": via_scaled[1], "budget_bytes_own": own[1], "shapes_right": inferred}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="gpt2,llama", help="comma-separated; empty for none")
+    parser.add_argument("--steps", type=int, default=24)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--min-len", type=int, default=20)
+    parser.add_argument("--max-len", type=int, default=120)
+    parser.add_argument("--policy", default="cswap")
+    parser.add_argument("--memory-budget", type=float, default=0.6)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--replan", action="store_true", help="also time planning a 32-layer Llama at a new size")
+    parser.add_argument("--replan-from", type=int, default=512)
+    parser.add_argument("--replan-to", type=int, default=1024)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    warnings.simplefilter("ignore")
+    machine = {"machine": platform.processor() or platform.machine(), "cores": os.cpu_count(), "torch": torch.__version__,
+               "date": time.strftime("%Y-%m-%d")}
+    for name in filter(None, args.models.split(",")):
+        row = measure(name, args.steps, args.batch, args.min_len, args.max_len, args.policy, args.memory_budget, args.repeats)
+        print(json.dumps({"kind": "padding", **row, **machine}), flush=True)
+    if args.replan:
+        for policy in ("swap", "cswap"):
+            print(json.dumps({**replan("llama-3-8b", args.replan_from, args.replan_to, policy, 0.3, args.repeats), **machine}),
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()

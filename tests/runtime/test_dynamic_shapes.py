@@ -1,0 +1,223 @@
+"""Shapes that change every step, as transformers and CNNs are trained: batches padded to their
+longest sequence, bucketed lengths, micro-batches of different lengths, images at several
+resolutions and a last partial batch. One plan serves every size up to the one it was made for, a
+larger size of a profiled graph is planned from its profile (not profiled), the budget holds on
+every iteration, a fractional budget's bytes never go down, and gradients stay bit-identical to
+plain PyTorch."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import cswap
+from tests.runtime.helpers import assert_bit_equal
+
+transformers = pytest.importorskip("transformers")
+
+STEPS = 24
+
+
+def gpt2() -> nn.Module:
+    return transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=256, n_positions=128, n_embd=64, n_layer=2, n_head=2))
+
+
+def llama() -> nn.Module:
+    config = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    return transformers.LlamaForCausalLM(config)
+
+
+MODELS = {"gpt2": gpt2, "llama": llama}
+
+
+def padded_batch(lengths: list[int], seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids and attention mask of sequences of ``lengths``, right-padded to the longest (what
+    ``DataCollatorWithPadding`` gives)."""
+    g = torch.Generator().manual_seed(seed)
+    longest = max(lengths)
+    ids = torch.randint(1, 256, (len(lengths), longest), generator=g)
+    mask = torch.zeros(len(lengths), longest, dtype=torch.long)
+    for row, n in enumerate(lengths):
+        mask[row, :n] = 1
+    return ids.masked_fill(mask == 0, 0), mask
+
+
+def random_lengths(steps: int, batch: int = 4, low: int = 20, high: int = 120, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randint(low, high) for _ in range(batch)] for _ in range(steps)]
+
+
+def lm_run(build, steps: list[list[list[int]]], runtime: cswap.Runtime | None = None, make=None):
+    """Train a causal LM, one list of micro-batches (each a list of lengths) per step; returns every
+    step's gradients and, with a runtime, per step its peak, the budget in force and the profiles so far."""
+    torch.manual_seed(0)
+    model = build()
+    model.train()
+    rt = make(model) if make is not None else runtime
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    grads, seen = [], []
+    for i, micro_batches in enumerate(steps):
+        with torch.random.fork_rng():
+            torch.manual_seed(i)
+            ctx = rt.iteration() if rt is not None else _nothing()
+            with ctx:
+                for j, lengths in enumerate(micro_batches):
+                    ids, mask = padded_batch(lengths, seed=100 * i + j)
+                    loss = model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss
+                    (loss / len(micro_batches)).backward()
+        grads.append([p.grad.detach().clone() for p in model.parameters() if p.grad is not None])
+        optimizer.step()
+        optimizer.zero_grad()
+        if rt is not None:
+            stats = rt.stats()
+            seen.append((stats.iteration_peak_resident_bytes, stats.budget_bytes, stats.profiled_iterations))
+    return grads, seen, rt
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _flat(grads: list[list[torch.Tensor]]) -> list[torch.Tensor]:
+    return [g for step in grads for g in step]
+
+
+def _check(seen: list[tuple[int, int | None, int]], max_profiles: int) -> None:
+    budgets = [budget for _, budget, _ in seen]
+    assert all(b is not None for b in budgets)
+    for i, (peak, budget, _) in enumerate(seen):
+        assert peak <= budget, f"step {i}: peak {peak:,d} B over the budget in force {budget:,d} B"
+    assert all(a <= b for a, b in itertools.pairwise(budgets)), f"the budget's bytes went down: {budgets}"
+    assert seen[-1][2] <= max_profiles, f"{seen[-1][2]} profiling iterations"
+
+
+@pytest.fixture(scope="module")
+def plain_padded() -> dict[str, list[list[torch.Tensor]]]:
+    steps = [[lengths] for lengths in random_lengths(STEPS)]
+    return {name: lm_run(build, steps)[0] for name, build in MODELS.items()}
+
+
+@pytest.mark.parametrize("policy", ["cswap", "swap"])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_padded_to_the_longest_at_a_fraction(name: str, policy: str, plain_padded, caplog: pytest.LogCaptureFixture) -> None:
+    """Default options, budget 0.6 of none's peak: at most 3 profiles in 24 steps of random lengths,
+    the fraction's bytes never go down and each rise is logged, every step within the cap."""
+    steps = [[lengths] for lengths in random_lengths(STEPS)]
+    with caplog.at_level(logging.INFO, logger="cswap.runtime"):
+        grads, seen, rt = lm_run(MODELS[name], steps, make=lambda m: cswap.Runtime(policy, model=m, device="cpu", memory_budget=0.6))
+    _check(seen, max_profiles=3)
+    stats = rt.stats()
+    assert stats.unprofiled_plans >= 1 and stats.structures <= 2, stats
+    rises = [r.getMessage() for r in caplog.records if "rose from" in r.getMessage()]
+    distinct = sorted({budget for _, budget, _ in seen})
+    assert len(rises) == len(distinct) - 1, (rises, distinct)
+    assert all("grew from" in r or "largest saved tensor" in r for r in rises)
+    assert_bit_equal(_flat(plain_padded[name]), _flat(grads), "gradient")
+
+
+@pytest.mark.parametrize("policy", ["cswap", "swap"])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_micro_batches_of_different_lengths_under_one_cap_in_bytes(name: str, policy: str) -> None:
+    """Accumulation 2, each micro-batch padded to its own longest: a budget in bytes is one cap."""
+    lengths = random_lengths(2 * 12, seed=3)
+    steps = [[lengths[2 * i], lengths[2 * i + 1]] for i in range(12)]
+    plain, _, _ = lm_run(MODELS[name], steps)
+    longest = [[[120] * 4]]  # none's peak at the longest length the data can have
+    probe = lm_run(MODELS[name], longest, make=lambda m: cswap.Runtime("none", model=m, device="cpu", memory_budget=1.0))[2]
+    cap = int(probe.stats().budget_bytes * 0.5)
+    grads, seen, _ = lm_run(MODELS[name], steps, make=lambda m: cswap.Runtime(policy, model=m, device="cpu", memory_budget=cap))
+    _check(seen, max_profiles=3)
+    assert {budget for _, budget, _ in seen} == {cap}
+    assert_bit_equal(_flat(plain), _flat(grads), "gradient")
+
+
+def test_two_buckets_alternating_profile_at_most_twice() -> None:
+    steps = [[[96] * 4] if i % 2 == 0 else [[128] * 4] for i in range(20)]
+    plain, _, _ = lm_run(gpt2, steps)
+    grads, seen, rt = lm_run(gpt2, steps, make=lambda m: cswap.Runtime("cswap", model=m, device="cpu", memory_budget=0.6))
+    _check(seen, max_profiles=2)
+    assert rt.stats().graph_changes == 0
+    assert_bit_equal(_flat(plain), _flat(grads), "gradient")
+
+
+class SmallCNN(nn.Module):
+    """A ReLU CNN whose classifier pools globally, so any resolution runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
+            nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(),
+        )
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(F.adaptive_avg_pool2d(self.features(x), 1).flatten(1))
+
+
+def _cnn_schedule() -> list[tuple[int, int]]:
+    rng = random.Random(7)
+    schedule = [(8, rng.choice([24, 32, 40])) for _ in range(17)]
+    return [*schedule, (3, schedule[-1][1])]  # a last partial batch
+
+
+def _cnn_run(make=None):
+    torch.manual_seed(0)
+    model = SmallCNN()
+    rt = make(model) if make is not None else None
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(1)
+    grads, seen = [], []
+    for batch, size in _cnn_schedule():
+        x, y = torch.randn(batch, 3, size, size, generator=g), torch.randint(0, 10, (batch,), generator=g)
+        with rt.iteration() if rt is not None else _nothing():
+            F.cross_entropy(model(x), y).backward()
+        grads.append([p.grad.detach().clone() for p in model.parameters()])
+        optimizer.step()
+        optimizer.zero_grad()
+        if rt is not None:
+            stats = rt.stats()
+            seen.append((stats.iteration_peak_resident_bytes, stats.budget_bytes, stats.profiled_iterations))
+    return grads, seen
+
+
+@pytest.fixture(scope="module")
+def plain_cnn() -> list[list[torch.Tensor]]:
+    return _cnn_run()[0]
+
+
+@pytest.mark.parametrize("policy", ["swap", "compress-swap", "cswap", "capuchin"])
+def test_a_cnn_at_several_resolutions_with_a_last_partial_batch(policy: str, plain_cnn) -> None:
+    cap = 1_600_000  # bytes: about 0.44 of none's peak at 40 x 40
+    grads, seen = _cnn_run(lambda m: cswap.Runtime(policy, model=m, device="cpu", memory_budget=cap))
+    _check(seen, max_profiles=3)
+    assert_bit_equal(_flat(plain_cnn), _flat(grads), "gradient")
+
+
+@pytest.mark.parametrize("host_budget", [None, 64])
+def test_a_larger_batch_is_planned_again_under_a_host_budget_too(host_budget: int | None) -> None:
+    """Batch 8, then 32: the plan is made again for 32 from the profile, with or without a host budget
+    (under one, every swap falls back to a keep at pack, which once hid the larger batch)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
+    rt = cswap.Runtime("swap", model=model, device="cpu", min_bytes=0, memory_budget="1GiB", host_memory_budget=host_budget)
+    g = torch.Generator().manual_seed(0)
+    for batch in (8, 8, 32, 32, 8):
+        x, y = torch.randn(batch, 64, generator=g), torch.randint(0, 10, (batch,), generator=g)
+        with rt.iteration():
+            F.cross_entropy(model(x), y).backward()
+    stats = rt.stats()
+    assert stats.profiled_iterations == 1 and stats.unprofiled_plans == 1, stats
+    assert any(d.shape == (32, 256) for d in rt.plan().decisions.values())
