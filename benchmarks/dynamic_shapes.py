@@ -8,7 +8,8 @@ one process, each run in a fresh model from one seed: plain PyTorch and cswap (`
 * **dynamic**: each batch padded to its longest, the lengths drawn between ``--min-len`` and
   ``--max-len`` (what ``DataCollatorWithPadding`` gives).
 
-Each runtime row reports its seconds, its ratio to plain PyTorch on the same batches, how many
+Each runtime row reports its seconds, its ratio to plain PyTorch on the same batches (and the
+same without the seconds the last run spent planning, ``stats().planning_s``), how many
 iterations profiled and how many plans it made without a profile, and the budget's bytes at the
 end; per model ``dynamic_over_fixed`` is the ratio of the two ratios (1.0: dynamic padding costs
 cswap nothing more than a fixed length). Timings are medians over ``--repeats`` runs, taken in
@@ -114,11 +115,14 @@ def measure(name: str, steps: int, batch: int, min_len: int, max_len: int, polic
         plain = statistics.median(seconds[shape, "plain"])
         ours = statistics.median(seconds[shape, policy])
         stats = last[shape].stats()
-        row[shape] = {"plain_s": plain, "cswap_s": ours, "over_plain": ours / plain,
+        row[shape] = {"plain_s": plain, "cswap_s": ours, "over_plain": ours / plain, "planning_s": stats.planning_s,
+                      "over_plain_without_planning": (ours - stats.planning_s) / plain,
                       "profiled_iterations": stats.profiled_iterations, "unprofiled_plans": stats.unprofiled_plans,
                       "structures": stats.structures, "budget_bytes": stats.budget_bytes,
                       "peak_resident_bytes": stats.peak_resident_bytes}
     row["dynamic_over_fixed"] = row["dynamic"]["over_plain"] / row["fixed"]["over_plain"]
+    row["dynamic_over_fixed_without_planning"] = (row["dynamic"]["over_plain_without_planning"]
+                                                  / row["fixed"]["over_plain_without_planning"])
     return row
 
 
@@ -177,14 +181,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--replan-from", type=int, default=512)
     parser.add_argument("--replan-to", type=int, default=1024)
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)
     warnings.simplefilter("ignore")
     machine = {"machine": platform.processor() or platform.machine(), "cores": os.cpu_count(), "torch": torch.__version__,
                "date": time.strftime("%Y-%m-%d")}
-    for name in filter(None, args.models.split(",")):
+    models = [name for name in args.models.split(",") if name]
+    if models:
+        # The training runs on one thread, so that the ratios are not the scheduler's. Once torch is
+        # set to one thread HiGHS runs many times slower in this process, even set back
+        # (BENCHMARKS.md, "Dynamic shapes"): --replan is measured in a process of its own.
+        torch.set_num_threads(1)
+    for name in models:
         row = measure(name, args.steps, args.batch, args.min_len, args.max_len, args.policy, args.memory_budget, args.repeats)
         print(json.dumps({"kind": "padding", **row, **machine}), flush=True)
     if args.replan:
+        if models:
+            parser.error("--replan runs alone (--models ''): the training runs set torch to one thread, which slows HiGHS")
         for policy in ("swap", "cswap"):
             print(json.dumps({**replan("llama-3-8b", args.replan_from, args.replan_to, policy, 0.3, args.repeats), **machine}),
                   flush=True)

@@ -260,6 +260,7 @@ class Runtime:
         self._families: dict[Structure, _Family] = {}
         self._family: _Family | None = None
         self._unprofiled_plans = 0
+        self._planning_s = 0.0  # seconds spent making plans (inside the iterations that made them)
         # Per iteration of the last few, whether it profiled because the graph changed.
         self._changed_profiles: collections.deque[bool] = collections.deque(maxlen=_PROFILE_WINDOW)
         self._warned_profiling = False
@@ -602,6 +603,7 @@ class Runtime:
         """Plan ``family`` at its sizes and follow the plan from the next iteration: from its profile
         as it is, or, where the sizes are larger than profiled, from the profile scaled to them
         (:func:`cswap.profile.shapes.scaled_trace`). ``cause`` names what made the sizes grow."""
+        started = time.perf_counter()
         trace, profile = family.trace, family.regions
         grown = {r.key: shape for r, shape in zip(trace.tensors, family.shapes) if shape != r.shape}
         if grown:
@@ -639,6 +641,7 @@ class Runtime:
             family.plan_structure = (tuple((d.dtype, len(d.shape)) for _, d in sorted(decisions.items()))
                                      if decisions else family.structure)
             self._family = family
+            self._planning_s += time.perf_counter() - started
 
     def _planned(self, trace: Trace, profile: RegionProfile | None, profiled_peak: int | None,
                  profiled_host_peak: int) -> tuple[Plan, int | None, BudgetError | None, dict[str, tuple[int, ...]]]:
@@ -860,6 +863,7 @@ class Runtime:
                 host_budget_bytes=self._host_budget_bytes,
                 graph_changes=self._graph_changes,
                 unprofiled_plans=self._unprofiled_plans,
+                planning_s=self._planning_s,
                 structures=len(self._families),
                 history=(*self._history, self._epoch_stats(counters)),
             )

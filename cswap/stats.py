@@ -19,7 +19,7 @@ Example:
       peak         5.0 MiB resident (now 0 B)
       host         0 B peak (now 0 B)
       host arena   4.0 MiB (0 misses)
-      time         500.0 ms in iterations (250.0 ms each), pack hooks 1.0 ms, unpack hooks 2.0 ms
+      time         500.0 ms in iterations (250.0 ms each), pack hooks 1.0 ms, unpack hooks 2.0 ms, planning 0.000 s
 """
 
 from __future__ import annotations
@@ -137,6 +137,8 @@ class RuntimeStats:
         unprofiled_plans: plans made without a profiling iteration: for a larger size of a graph
             already profiled, from that profile with the sizes the packs showed and the times
             scaled (:mod:`cswap.profile.shapes`).
+        planning_s: wall seconds spent making plans, from profiles and without (part of
+            ``iteration_s``: a plan is made when the iteration that asks for it ends).
         structures: the distinct graphs profiled (saved tensors' order, dtypes and ranks); each has
             one plan, made for the largest sizes seen, which serves every smaller one.
         host_bytes: bytes of saved tensors' host copies held now: a ``swap``'s raw bytes, a
@@ -190,6 +192,7 @@ class RuntimeStats:
     host_budget_bytes: int | None = None
     outgrown_tensors: int = 0
     unprofiled_plans: int = 0
+    planning_s: float = 0.0
     structures: int = 0
     history: tuple[EpochStats, ...] = field(default_factory=tuple)
 
@@ -240,7 +243,7 @@ class RuntimeStats:
                      + f" (now {human_bytes(self.host_bytes)})"),
             ("host arena", f"{human_bytes(self.arena_bytes)} ({self.arena_misses} misses)"),
             ("time", f"{_seconds(self.iteration_s)} in iterations{mean}, pack hooks {_seconds(self.pack_s)}, "
-                     f"unpack hooks {_seconds(self.unpack_s)}"),
+                     f"unpack hooks {_seconds(self.unpack_s)}, planning {_seconds(self.planning_s)}"),
         ]
         planned = f", {self.unprofiled_plans} planned without a profile" if self.unprofiled_plans else ""
         title = (f"cswap stats: policy {self.policy}, epoch {self.epoch}, {self.iterations} iterations "

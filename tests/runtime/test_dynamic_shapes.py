@@ -119,6 +119,7 @@ def test_padded_to_the_longest_at_a_fraction(name: str, policy: str, plain_padde
     _check(seen, max_profiles=3)
     stats = rt.stats()
     assert stats.unprofiled_plans >= 1 and stats.structures <= 2, stats
+    assert 0 < stats.planning_s < stats.iteration_s
     rises = [r.getMessage() for r in caplog.records if "rose from" in r.getMessage()]
     distinct = sorted({budget for _, budget, _ in seen})
     assert len(rises) == len(distinct) - 1, (rises, distinct)
