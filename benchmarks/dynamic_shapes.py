@@ -18,8 +18,9 @@ alternation; the first run of each warms up and is dropped.
 ``--replan`` times what a new size costs when it is planned rather than profiled, on a 32-layer
 Llama-3-8B traced on the meta device at ``--replan-from`` tokens: the runtime's steps at a larger
 size (:func:`cswap.profile.shapes.grown_shapes` from the shapes the packs show,
-:func:`cswap.profile.shapes.scaled_trace`, then the budget planner), against planning the trace
-of the larger size itself; and how many of the scaled shapes are the true ones when only every
+:func:`cswap.profile.shapes.scaled_trace`, then the budget planner with the time limit of a plan
+made inside training, :data:`cswap.planner.solve.PROVING_TIME_LIMIT_S`), against planning the
+trace of the larger size itself as a profile's plan is made (the default limit); and how many of the scaled shapes are the true ones when only every
 ``k``-th tensor's shape is seen (the rest inferred, as inside recompute regions).
 
 Output: one JSON object per model, on its own line (``kind``: ``padding`` or ``replan``).
@@ -131,6 +132,7 @@ def replan(layers_model: str, from_len: int, to_len: int, policy: str, fraction:
     planning its own trace at ``to_len``; and the share of shapes inferred right from a subset."""
     from cswap.budget import MemoryBudget
     from cswap.planner.budgeted import NO_CODEC, budget_plan
+    from cswap.planner.solve import PROVING_TIME_LIMIT_S
     from cswap.profile.shapes import grown_shapes, scaled_trace
     from cswap.simulate.lmtrace import transformer_trace
 
@@ -138,11 +140,11 @@ def replan(layers_model: str, from_len: int, to_len: int, policy: str, fraction:
     large = transformer_trace(layers_model, batch_size=1, seq_len=to_len, hardware="h100-pcie5", dtype="bfloat16", attention="eager")
     seen = {r.key: r.shape for r in large.tensors}
 
-    def planned(trace: Any) -> Any:
-        return budget_plan(trace, policy, MemoryBudget(fraction=fraction), NO_CODEC, "cuda", 0, epoch=0)
+    def planned(trace: Any, time_limit_s: float = 30.0) -> Any:
+        return budget_plan(trace, policy, MemoryBudget(fraction=fraction), NO_CODEC, "cuda", 0, epoch=0, time_limit_s=time_limit_s)
 
-    def scaled_plan() -> Any:
-        return planned(scaled_trace(small, grown_shapes(small, seen)))
+    def scaled_plan() -> Any:  # as the runtime plans a larger size: the solver's limit for a plan needed now
+        return planned(scaled_trace(small, grown_shapes(small, seen)), PROVING_TIME_LIMIT_S)
 
     timings: dict[str, list[float]] = {"scaled": [], "own": [], "scale_only": []}
     for _ in range(repeats):
@@ -164,7 +166,10 @@ def replan(layers_model: str, from_len: int, to_len: int, policy: str, fraction:
     return {"kind": "replan", "model": layers_model, "tensors": len(small.tensors), "from_len": from_len, "to_len": to_len,
             "policy": policy, "memory_budget": fraction, "scale_s": statistics.median(timings["scale_only"]),
             "plan_from_profile_s": statistics.median(timings["scaled"]), "plan_own_trace_s": statistics.median(timings["own"]),
-            "budget_bytes_scaled": via_scaled[1], "budget_bytes_own": own[1], "shapes_right": inferred}
+            "budget_bytes_scaled": via_scaled[1], "budget_bytes_own": own[1], "shapes_right": inferred,
+            "predicted_s_scaled": via_scaled[0].planner.get("predicted_s"), "predicted_s_own": own[0].planner.get("predicted_s"),
+            "status_scaled": via_scaled[0].planner.get("status"), "status_own": own[0].planner.get("status"),
+            "time_limit_s_scaled": PROVING_TIME_LIMIT_S}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -53,6 +53,7 @@ from cswap.planner.advisor import Advisor
 from cswap.planner.budgeted import FALLBACK_ACTIONS, NO_CODEC, budget_plan, profile_action
 from cswap.planner.plan import DEFAULT_ACTIONS, POLICY_REASONS, Action, LaunchCache, Plan
 from cswap.planner.regions import plan_regions
+from cswap.planner.solve import PROVING_TIME_LIMIT_S
 from cswap.profile.profiler import Profiler
 from cswap.profile.regions import RegionProfile, RegionTracer
 from cswap.profile.shapes import SizeMap, Structure, grown_shapes, merged, scaled_trace, structure_of
@@ -63,6 +64,9 @@ __all__ = ["EpochStats", "Runtime", "RuntimeStats"]
 
 
 logger = logging.getLogger(__name__)
+
+#: The solver's time limit per solve for a plan made from a profile (the planners' default).
+_SOLVER_TIME_LIMIT_S = 30.0
 
 #: Iterations looked back over, and how many of them profiling because the graph changed, before
 #: the runtime warns that it keeps profiling.
@@ -599,10 +603,12 @@ class Runtime:
         self._plan_family(family, profiled_peak, profiled_host_peak)
 
     def _plan_family(self, family: _Family, profiled_peak: int | None = 0, profiled_host_peak: int = 0,
-                     cause: str = "") -> None:
+                     cause: str = "", profiled: bool = True) -> None:
         """Plan ``family`` at its sizes and follow the plan from the next iteration: from its profile
         as it is, or, where the sizes are larger than profiled, from the profile scaled to them
-        (:func:`cswap.profile.shapes.scaled_trace`). ``cause`` names what made the sizes grow."""
+        (:func:`cswap.profile.shapes.scaled_trace`). ``cause`` names what made the sizes grow. A plan
+        made without a profiling iteration (``profiled=False``) gives the solver
+        :data:`~cswap.planner.solve.PROVING_TIME_LIMIT_S` per solve: training waits for it."""
         started = time.perf_counter()
         trace, profile = family.trace, family.regions
         grown = {r.key: shape for r, shape in zip(trace.tensors, family.shapes) if shape != r.shape}
@@ -610,7 +616,8 @@ class Runtime:
             trace = scaled_trace(trace, grown)
             if profile is not None:
                 profile = profile.scaled(grown, SizeMap.learn((r.shape, shape) for r, shape in zip(family.trace.tensors, family.shapes)))
-        plan, budget_bytes, error, region_keys = self._planned(trace, profile, profiled_peak, profiled_host_peak)
+        time_limit_s = _SOLVER_TIME_LIMIT_S if profiled else PROVING_TIME_LIMIT_S
+        plan, budget_bytes, error, region_keys = self._planned(trace, profile, profiled_peak, profiled_host_peak, time_limit_s)
         budget = self._options.memory_budget
         if plan.host_pool is None:
             plan = plan.with_host_pool(trace)
@@ -643,21 +650,22 @@ class Runtime:
             self._family = family
             self._planning_s += time.perf_counter() - started
 
-    def _planned(self, trace: Trace, profile: RegionProfile | None, profiled_peak: int | None,
-                 profiled_host_peak: int) -> tuple[Plan, int | None, BudgetError | None, dict[str, tuple[int, ...]]]:
+    def _planned(self, trace: Trace, profile: RegionProfile | None, profiled_peak: int | None, profiled_host_peak: int,
+                 time_limit_s: float) -> tuple[Plan, int | None, BudgetError | None, dict[str, tuple[int, ...]]]:
         """The plan of ``trace`` (and ``profile``'s regions), the budget's bytes and the error when the
         policy cannot meet it. A fraction of ``none``'s peak never resolves below what it resolved to
         before: a smaller graph or shorter sequence keeps the cap a larger one set."""
         budget = self._options.memory_budget
         floor = self._budget_bytes if budget is not None and budget.relative else None
-        plan, budget_bytes, error, region_keys = self._planned_within(budget, trace, profile, profiled_peak, profiled_host_peak)
+        plan, budget_bytes, error, region_keys = self._planned_within(budget, trace, profile, profiled_peak, profiled_host_peak,
+                                                                      time_limit_s)
         if floor is not None and budget_bytes is not None and budget_bytes < floor:
             plan, budget_bytes, error, region_keys = self._planned_within(MemoryBudget(nbytes=floor), trace, profile, profiled_peak,
-                                                                          profiled_host_peak)
+                                                                          profiled_host_peak, time_limit_s)
         return plan, budget_bytes, error, region_keys
 
     def _planned_within(self, budget: MemoryBudget | None, trace: Trace, profile: RegionProfile | None, profiled_peak: int | None,
-                        profiled_host_peak: int) -> tuple[Plan, int | None, BudgetError | None, dict[str, tuple[int, ...]]]:
+                        profiled_host_peak: int, time_limit_s: float) -> tuple[Plan, int | None, BudgetError | None, dict[str, tuple[int, ...]]]:
         error = None
         budget_bytes = None
         region_keys: dict[str, tuple[int, ...]] = {}
@@ -667,7 +675,8 @@ class Runtime:
             time_model = self._codec_time_model() if self.policy == "cswap" else NO_CODEC
             chosen = plan_regions(trace, profile, self.policy, budget, time_model, self._backend, self._options.min_bytes,
                                   self._epoch, self._plan.launches, profiled_peak, host_budget_bytes=host_budget,
-                                  profiled_host_peak_bytes=profiled_host_peak, host_time_model=self._host_codec_time_model(host_budget))
+                                  profiled_host_peak_bytes=profiled_host_peak, host_time_model=self._host_codec_time_model(host_budget),
+                                  time_limit_s=time_limit_s)
             plan, error, region_keys = chosen.plan, chosen.error, dict(chosen.region_keys)
             budget_bytes = chosen.budget_bytes if budget is not None else None
         elif budget is None:
@@ -677,7 +686,7 @@ class Runtime:
             time_model = self._codec_time_model() if compresses else NO_CODEC
             plan, budget_bytes, error = budget_plan(trace, self.policy, budget, time_model, self._backend, self._options.min_bytes,
                                                     self._epoch, self._plan.launches, profiled_peak, host_budget,
-                                                    profiled_host_peak, self._host_codec_time_model(host_budget))
+                                                    profiled_host_peak, self._host_codec_time_model(host_budget), time_limit_s)
         return plan, budget_bytes, error, region_keys
 
     def _after_planned(self, it: IterationState, unknown: bool, peak_bytes: int, host_peak_bytes: int = 0) -> None:
@@ -703,14 +712,14 @@ class Runtime:
                     and self._grown(family, it) is None):
                 # made before a larger graph raised the cap: planned again within the cap in force
                 self._unprofiled_plans += 1
-                self._plan_family(family)
+                self._plan_family(family, profiled=False)
                 return
         grown = self._grown(family, it)
         if grown is not None:
             shapes, cause = grown
             family.shapes = shapes
             self._unprofiled_plans += 1
-            self._plan_family(family, cause=cause)
+            self._plan_family(family, cause=cause, profiled=False)
             return
         if shown is family:
             self._check_graph(False, peak_bytes, host_peak_bytes)

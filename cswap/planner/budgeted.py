@@ -623,6 +623,7 @@ def budget_plan(
     host_budget_bytes: int | None = None,
     profiled_host_peak_bytes: int = 0,
     host_time_model: TimeModel | None = None,
+    time_limit_s: float = 30.0,
 ) -> tuple[Plan, int, BudgetError | None]:
     """The plan of ``policy`` within ``budget`` from a profiling iteration's ``trace``.
 
@@ -651,6 +652,8 @@ def budget_plan(
         host_time_model: predicts the host codec's seconds (backend ``cpu``): under a host budget,
             a policy that may compress on the host is offered ``host-zvc-swap`` priced with it
             (default: ``time_model``, when ``backend`` is ``cpu``, else :data:`NO_CODEC`).
+        time_limit_s: the solver's time limit per solve (:data:`cswap.planner.solve.PROVING_TIME_LIMIT_S`
+            for a plan needed inside training).
 
     Returns:
         ``(plan, budget_bytes, error)``: ``error`` is the :class:`~cswap.budget.BudgetError` to
@@ -670,14 +673,14 @@ def budget_plan(
     unpacked = sorted((r for r in trace.tensors if r.unpack_order is not None), key=lambda r: r.unpack_order)
     unpack_order = tuple(r.key for r in unpacked)
     profiled_peak_bytes = profiled_device_peak(problem, policy, budget_bytes, host_budget_bytes, profiled_peak_bytes)
-    planned_least = minimum_bytes(problem, policy)
+    planned_least = minimum_bytes(problem, policy, time_limit_s)
     alone = max(planned_least, profiled_peak_bytes)
-    least = alone if host_budget_bytes is None else max(minimum_bytes(problem, policy, host_budget_bytes=host_budget_bytes),
+    least = alone if host_budget_bytes is None else max(minimum_bytes(problem, policy, time_limit_s, host_budget_bytes=host_budget_bytes),
                                                         profiled_peak_bytes)
     planned = None
     if budget_bytes >= least:
         try:
-            planned = plan_budget(problem, policy, budget_bytes, host_budget_bytes=host_budget_bytes)
+            planned = plan_budget(problem, policy, budget_bytes, time_limit_s, host_budget_bytes=host_budget_bytes)
         except BudgetError:
             if host_budget_bytes is None:
                 raise

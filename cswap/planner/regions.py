@@ -127,8 +127,10 @@ class _Planning:
     """Problems and least budgets per set of enabled regions, each built once."""
 
     def __init__(self, trace: Trace, profile: RegionProfile, base: str, time_model: TimeModel, backend: str, min_bytes: int,
-                 host_budget_bytes: int | None = None, host_time_model: TimeModel | None = None, budgeted: bool = False) -> None:
+                 host_budget_bytes: int | None = None, host_time_model: TimeModel | None = None, budgeted: bool = False,
+                 time_limit_s: float = 30.0) -> None:
         self.trace = trace
+        self.time_limit_s = time_limit_s
         self.host_budget_bytes = host_budget_bytes
         # under a host budget, the host codec that prices host-zvc-swap for the rest (None: not offered)
         self.host_codec = host_codec_model(base, host_budget_bytes, time_model, backend, host_time_model)
@@ -214,14 +216,15 @@ class _Planning:
         if self.base == "none":  # one option per tensor: the peak of keeping them all, no solver needed
             keeps = [next(o for o in t.options if o.action == "keep") for t in problem.tensors]
             return int(timeline_of(problem, keeps).max(initial=0)) + extra
-        return minimum_bytes(problem, self.base, host_budget_bytes=self.host_budget_bytes if host else None) + extra
+        return minimum_bytes(problem, self.base, self.time_limit_s, host_budget_bytes=self.host_budget_bytes if host else None) + extra
 
     def solve(self, regions: tuple[str, ...], budget_bytes: int) -> BudgetPlan | None:
         problem, extra = self.problem(regions)
         if budget_bytes - extra <= 0:
             return None
         try:
-            return plan_budget(problem, self.base, budget_bytes - extra, host_budget_bytes=self.host_budget_bytes, explain=False)
+            return plan_budget(problem, self.base, budget_bytes - extra, self.time_limit_s, host_budget_bytes=self.host_budget_bytes,
+                               explain=False)
         except BudgetError:
             return None
 
@@ -446,6 +449,7 @@ def plan_regions(
     host_budget_bytes: int | None = None,
     profiled_host_peak_bytes: int = 0,
     host_time_model: TimeModel | None = None,
+    time_limit_s: float = 30.0,
 ) -> RegionPlan:
     """The plan of recomputing ``policy`` from a profiling iteration (module docstring).
 
@@ -470,6 +474,8 @@ def plan_regions(
         profiled_host_peak_bytes: the host bytes the profiling iteration held (0: it ran before the budget was known).
         host_time_model: the host codec's time model: under a host budget ``cswap``'s rest is
             offered ``host-zvc-swap`` (:func:`cswap.planner.budgeted.host_codec_model`).
+        time_limit_s: the solver's time limit per solve (:data:`cswap.planner.solve.PROVING_TIME_LIMIT_S`
+            for a plan needed inside training).
 
     Raises:
         ValueError: ``policy`` does not recompute.
@@ -479,7 +485,7 @@ def plan_regions(
     launches = launches if launches is not None else LaunchCache(backend, None)
     # under a budget min_bytes binds nothing (cswap.planner.budgeted): the rest may move small tensors too
     planning = _Planning(trace, profile, BASE_POLICIES[policy], time_model, backend, min_bytes, host_budget_bytes, host_time_model,
-                         budgeted=budget is not None)
+                         budgeted=budget is not None, time_limit_s=time_limit_s)
     full, _ = planning.problem(())
     budget_bytes: int | None = None
     none_bytes = minimum_bytes(full, "none") if budget is not None else None

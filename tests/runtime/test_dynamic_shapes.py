@@ -222,3 +222,25 @@ def test_a_larger_batch_is_planned_again_under_a_host_budget_too(host_budget: in
     stats = rt.stats()
     assert stats.profiled_iterations == 1 and stats.unprofiled_plans == 1, stats
     assert any(d.shape == (32, 256) for d in rt.plan().decisions.values())
+
+
+def test_a_plan_made_without_a_profile_bounds_the_solver(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Training waits for a plan made at a larger size: its solves get the short limit, a profile's the default."""
+    import cswap.runtime
+    from cswap.planner.solve import PROVING_TIME_LIMIT_S
+
+    limits: list[float] = []
+    original = cswap.runtime.budget_plan
+
+    def spy(*args, **kwargs):
+        limits.append(args[-1] if len(args) > 12 else kwargs.get("time_limit_s", 30.0))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(cswap.runtime, "budget_plan", spy)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
+    rt = cswap.Runtime("swap", device="cpu", min_bytes=0, memory_budget="1GiB")
+    for batch in (8, 32):
+        with rt.iteration():
+            F.cross_entropy(model(torch.randn(batch, 64)), torch.zeros(batch, dtype=torch.long)).backward()
+    assert limits == [30.0, PROVING_TIME_LIMIT_S] and rt.stats().unprofiled_plans == 1
