@@ -95,9 +95,11 @@ def _run(name: str, max_len: int, batches: list[tuple[torch.Tensor, torch.Tensor
     return time.perf_counter() - started, rt
 
 
-def measure(name: str, steps: int, batch: int, min_len: int, max_len: int, policy: str, budget: float, repeats: int) -> dict[str, Any]:
-    """The row of model ``name``: plain and ``policy`` at a fixed length and under dynamic padding."""
-    rng = random.Random(0)
+def measure(name: str, steps: int, batch: int, min_len: int, max_len: int, policy: str, budget: float, repeats: int,
+            seed: int = 0) -> dict[str, Any]:
+    """The row of model ``name``: plain and ``policy`` at a fixed length and under dynamic padding
+    (lengths drawn from ``seed``)."""
+    rng = random.Random(seed)
     dynamic_lengths = [[rng.randint(min_len, max_len) for _ in range(batch)] for _ in range(steps)]
     data = {"fixed": _batches([[max_len] * batch for _ in range(steps)], 1), "dynamic": _batches(dynamic_lengths, 1)}
     seconds: dict[tuple[str, str], list[float]] = {}
@@ -111,7 +113,7 @@ def measure(name: str, steps: int, batch: int, min_len: int, max_len: int, polic
                 if rt is not None:
                     last[shape] = rt
     row: dict[str, Any] = {"model": name, "policy": policy, "memory_budget": budget, "steps": steps, "batch": batch,
-                           "lengths": [min_len, max_len]}
+                           "lengths": [min_len, max_len], "seed": seed, "first_length": max(dynamic_lengths[0])}
     for shape in data:
         plain = statistics.median(seconds[shape, "plain"])
         ours = statistics.median(seconds[shape, policy])
@@ -182,6 +184,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--policy", default="cswap")
     parser.add_argument("--memory-budget", type=float, default=0.6)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seeds", default="0", help="comma-separated seeds of the dynamic lengths, a row each")
     parser.add_argument("--replan", action="store_true", help="also time planning a 32-layer Llama at a new size")
     parser.add_argument("--replan-from", type=int, default=512)
     parser.add_argument("--replan-to", type=int, default=1024)
@@ -196,8 +199,10 @@ def main(argv: list[str] | None = None) -> None:
         # (BENCHMARKS.md, "Dynamic shapes"): --replan is measured in a process of its own.
         torch.set_num_threads(1)
     for name in models:
-        row = measure(name, args.steps, args.batch, args.min_len, args.max_len, args.policy, args.memory_budget, args.repeats)
-        print(json.dumps({"kind": "padding", **row, **machine}), flush=True)
+        for seed in (int(s) for s in args.seeds.split(",")):
+            row = measure(name, args.steps, args.batch, args.min_len, args.max_len, args.policy, args.memory_budget, args.repeats,
+                          seed)
+            print(json.dumps({"kind": "padding", **row, **machine}), flush=True)
     if args.replan:
         if models:
             parser.error("--replan runs alone (--models ''): the training runs set torch to one thread, which slows HiGHS")

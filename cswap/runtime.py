@@ -617,7 +617,11 @@ class Runtime:
             if profile is not None:
                 profile = profile.scaled(grown, SizeMap.learn((r.shape, shape) for r, shape in zip(family.trace.tensors, family.shapes)))
         time_limit_s = _SOLVER_TIME_LIMIT_S if profiled else PROVING_TIME_LIMIT_S
-        plan, budget_bytes, error, region_keys = self._planned(trace, profile, profiled_peak, profiled_host_peak, time_limit_s)
+        # Without a profile the regions chosen before stay where they still meet the budget, and only
+        # the rest is planned again: choosing regions tries several plans.
+        hint = family.plan.recompute_regions if not profiled and family.plan is not None else None
+        plan, budget_bytes, error, region_keys = self._planned(trace, profile, profiled_peak, profiled_host_peak, time_limit_s,
+                                                               hint)
         budget = self._options.memory_budget
         if plan.host_pool is None:
             plan = plan.with_host_pool(trace)
@@ -651,21 +655,23 @@ class Runtime:
             self._planning_s += time.perf_counter() - started
 
     def _planned(self, trace: Trace, profile: RegionProfile | None, profiled_peak: int | None, profiled_host_peak: int,
-                 time_limit_s: float) -> tuple[Plan, int | None, BudgetError | None, dict[str, tuple[int, ...]]]:
+                 time_limit_s: float, regions_hint: tuple[str, ...] | None = None,
+                 ) -> tuple[Plan, int | None, BudgetError | None, dict[str, tuple[int, ...]]]:
         """The plan of ``trace`` (and ``profile``'s regions), the budget's bytes and the error when the
         policy cannot meet it. A fraction of ``none``'s peak never resolves below what it resolved to
         before: a smaller graph or shorter sequence keeps the cap a larger one set."""
         budget = self._options.memory_budget
         floor = self._budget_bytes if budget is not None and budget.relative else None
         plan, budget_bytes, error, region_keys = self._planned_within(budget, trace, profile, profiled_peak, profiled_host_peak,
-                                                                      time_limit_s)
+                                                                      time_limit_s, regions_hint)
         if floor is not None and budget_bytes is not None and budget_bytes < floor:
             plan, budget_bytes, error, region_keys = self._planned_within(MemoryBudget(nbytes=floor), trace, profile, profiled_peak,
-                                                                          profiled_host_peak, time_limit_s)
+                                                                          profiled_host_peak, time_limit_s, regions_hint)
         return plan, budget_bytes, error, region_keys
 
     def _planned_within(self, budget: MemoryBudget | None, trace: Trace, profile: RegionProfile | None, profiled_peak: int | None,
-                        profiled_host_peak: int, time_limit_s: float) -> tuple[Plan, int | None, BudgetError | None, dict[str, tuple[int, ...]]]:
+                        profiled_host_peak: int, time_limit_s: float, regions_hint: tuple[str, ...] | None = None,
+                        ) -> tuple[Plan, int | None, BudgetError | None, dict[str, tuple[int, ...]]]:
         error = None
         budget_bytes = None
         region_keys: dict[str, tuple[int, ...]] = {}
@@ -676,7 +682,7 @@ class Runtime:
             chosen = plan_regions(trace, profile, self.policy, budget, time_model, self._backend, self._options.min_bytes,
                                   self._epoch, self._plan.launches, profiled_peak, host_budget_bytes=host_budget,
                                   profiled_host_peak_bytes=profiled_host_peak, host_time_model=self._host_codec_time_model(host_budget),
-                                  time_limit_s=time_limit_s)
+                                  time_limit_s=time_limit_s, regions_hint=regions_hint)
             plan, error, region_keys = chosen.plan, chosen.error, dict(chosen.region_keys)
             budget_bytes = chosen.budget_bytes if budget is not None else None
         elif budget is None:

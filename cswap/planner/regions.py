@@ -131,6 +131,7 @@ class _Planning:
                  time_limit_s: float = 30.0) -> None:
         self.trace = trace
         self.time_limit_s = time_limit_s
+        self._solved: dict[tuple[tuple[str, ...], int], BudgetPlan | None] = {}
         self.host_budget_bytes = host_budget_bytes
         # under a host budget, the host codec that prices host-zvc-swap for the rest (None: not offered)
         self.host_codec = host_codec_model(base, host_budget_bytes, time_model, backend, host_time_model)
@@ -219,6 +220,14 @@ class _Planning:
         return minimum_bytes(problem, self.base, self.time_limit_s, host_budget_bytes=self.host_budget_bytes if host else None) + extra
 
     def solve(self, regions: tuple[str, ...], budget_bytes: int) -> BudgetPlan | None:
+        """The rest's plan with ``regions`` enabled, within ``budget_bytes`` (``None``: none fits),
+        solved once per pair (the choice of regions tries the one it then plans)."""
+        memo_key = (regions, budget_bytes)
+        if memo_key not in self._solved:
+            self._solved[memo_key] = self._solve(regions, budget_bytes)
+        return self._solved[memo_key]
+
+    def _solve(self, regions: tuple[str, ...], budget_bytes: int) -> BudgetPlan | None:
         problem, extra = self.problem(regions)
         if budget_bytes - extra <= 0:
             return None
@@ -434,6 +443,12 @@ def _floor_words(planning: _Planning, regions: tuple[str, ...], least: int, prof
     return words.strip()
 
 
+def _still_fit(planning: _Planning, regions: tuple[str, ...], budget_bytes: int) -> bool:
+    """Whether ``regions`` can all be recomputed in this profile and the budget met with them."""
+    candidates = set(planning.profile.candidates)
+    return all(path in candidates for path in regions) and planning.least(regions, host=True) <= budget_bytes
+
+
 def plan_regions(
     trace: Trace,
     profile: RegionProfile,
@@ -450,6 +465,7 @@ def plan_regions(
     profiled_host_peak_bytes: int = 0,
     host_time_model: TimeModel | None = None,
     time_limit_s: float = 30.0,
+    regions_hint: tuple[str, ...] | None = None,
 ) -> RegionPlan:
     """The plan of recomputing ``policy`` from a profiling iteration (module docstring).
 
@@ -476,6 +492,9 @@ def plan_regions(
             offered ``host-zvc-swap`` (:func:`cswap.planner.budgeted.host_codec_model`).
         time_limit_s: the solver's time limit per solve (:data:`cswap.planner.solve.PROVING_TIME_LIMIT_S`
             for a plan needed inside training).
+        regions_hint: regions chosen before for this model (a plan at a smaller size of the same
+            graph): kept where they all ran and the budget can be met with them, so that only the
+            rest is planned again; else chosen anew.
 
     Raises:
         ValueError: ``policy`` does not recompute.
@@ -504,6 +523,8 @@ def plan_regions(
         regions, target = smallest, budget_bytes
     elif fixed:
         regions, target = smallest, budget_bytes
+    elif regions_hint is not None and _still_fit(planning, regions_hint, budget_bytes):
+        regions, target = regions_hint, budget_bytes
     else:
         regions, target = _choose(planning, budget_bytes, time_trials if policy != "recompute" else 0), budget_bytes
     planned = planning.solve(regions, target)

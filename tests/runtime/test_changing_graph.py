@@ -102,3 +102,22 @@ def test_a_policy_that_cannot_move_says_so_with_the_new_least_budget() -> None:
     with pytest.raises(cswap.BudgetError) as raised, rt.iteration():
         F.cross_entropy(model(x, deeper[0]), y).backward()  # profiled again: the new least budget
     assert raised.value.minimum_bytes > budget and rt.stats().graph_changes == 1
+
+
+def test_iterations_that_keep_profiling_warn_once_with_what_to_do() -> None:
+    """A graph of another kind every few steps (a depth never seen): the third profile it causes
+    within ten iterations warns once, saying what changes and what to do; sizes alone never do."""
+    torch.manual_seed(0)
+    model = DataDependentDepth()
+    rt = runtime_for("swap", memory_budget=0.5)(model)
+    g = torch.Generator().manual_seed(0)
+    caught = []
+    for depth in (1, 2, 3, 4, 5, 6, 6, 6):
+        x, y = torch.randn(16, 32, generator=g), torch.randint(0, 10, (16,), generator=g)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            with rt.iteration():
+                F.cross_entropy(model(x, depth), y).backward()
+        caught += [str(w.message) for w in seen if "iterations because the saved tensors changed" in str(w.message)]
+    assert len(caught) == 1, caught
+    assert "profiled 3 of the last" in caught[0] and "bucket" in caught[0] and "Sizes alone" in caught[0]

@@ -244,3 +244,28 @@ def test_a_plan_made_without_a_profile_bounds_the_solver(monkeypatch: pytest.Mon
         with rt.iteration():
             F.cross_entropy(model(torch.randn(batch, 64)), torch.zeros(batch, dtype=torch.long)).backward()
     assert limits == [30.0, PROVING_TIME_LIMIT_S] and rt.stats().unprofiled_plans == 1
+
+
+def gpt2_for_training() -> nn.Module:
+    """GPT-2 with the key/value cache off, as trainers set it: its layers can be recomputed."""
+    model = gpt2()
+    model.config.use_cache = False
+    return model
+
+
+def test_a_longer_sequence_keeps_the_recompute_regions_chosen() -> None:
+    """Planned without a profile at a longer length, the regions chosen at the profile stay where
+    they still meet the budget (only the rest is planned again), and the budget holds."""
+    steps = [[[40] * 4], [[40] * 4], [[80] * 4], [[80] * 4], [[60] * 4]]
+    plain, _, _ = lm_run(gpt2_for_training, steps)
+
+    def make(model: nn.Module) -> cswap.Runtime:
+        return cswap.Runtime("recompute", model=model, device="cpu", memory_budget=0.7)
+
+    chosen = lm_run(gpt2_for_training, steps[:2], make=make)[2].plan().recompute_regions
+    grads, seen, rt = lm_run(gpt2_for_training, steps, make=make)
+    _check(seen, max_profiles=1)
+    assert rt.stats().unprofiled_plans == 1
+    assert chosen and rt.plan().recompute_regions == chosen, (chosen, rt.plan().recompute_regions)
+    assert rt.stats().actions["recompute"] > 0
+    assert_bit_equal(_flat(plain), _flat(grads), "gradient")
