@@ -2,8 +2,8 @@
 
 The example is executed from the page itself on each model of the table; the figures are the least
 budgets (fractions of policy ``none``'s peak) that ``cswap.BudgetError`` states, rounded as the page
-rounds them. The runtime defaults come from a copy of ``configs/default.yaml`` with ``min_bytes: 0``
-(these models' tensors are all below the shipped 256 KiB, which would keep them all) and fixed
+rounds them. The runtime defaults are ``configs/default.yaml``'s as shipped (``min_bytes`` too:
+these models' tensors are all below it, and under a budget it binds nothing), on the CPU with fixed
 bandwidths, as the page says.
 """
 
@@ -35,7 +35,7 @@ ROWS = [(m[1], float(m[2]), m[3].strip()) for m in re.finditer(r"^\| `(\w+)` \| 
 @pytest.fixture(autouse=True)
 def _page_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     config = yaml.safe_load((shipped_configs_dir() / "default.yaml").read_text())
-    config["runtime"].update(min_bytes=0, device="cpu", d2h_gbps=10.0, h2d_gbps=10.0)
+    config["runtime"].update(device="cpu", d2h_gbps=10.0, h2d_gbps=10.0)
     path = tmp_path / "defaults.yaml"
     path.write_text(yaml.safe_dump(config))
     monkeypatch.setenv(DEFAULTS_ENV, str(path))
