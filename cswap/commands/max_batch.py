@@ -67,9 +67,10 @@ def register(app: typer.Typer) -> None:
         ),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:
-        """Binary-search the largest batch under each policy: measured on a GPU, planned without one (a
-        transformer is always planned, counting its weights, gradients and AdamW's two float32 moments,
-        plus float32 master weights with --mixed-precision).
+        """Binary-search the largest batch under each policy: measured on a GPU, planned without one.
+
+        A transformer is always planned, counting its weights, gradients and AdamW's two float32
+        moments, plus float32 master weights with --mixed-precision.
 
         With several --seq-len lengths the batch is searched at the longest (it binds: the plan for it
         serves every shorter length, where no tensor is larger), and "ms at N" is the simulated

@@ -52,3 +52,16 @@ def test_flags_show_no_value_type_and_options_do(command: str | None) -> None:
     assert "<bool>" not in result.output  # a flag takes no value
     if command == "train":
         assert "<int>" in result.output  # --epochs does
+
+
+def test_each_command_is_summed_up_in_whole_sentences() -> None:
+    """``cswap --help`` lists each command by the first paragraph of its help, line breaks kept:
+    a summary spread over several source lines shows cut at the first (``... planned without one (a``)."""
+    import inspect
+
+    import typer.main
+
+    group = typer.main.get_command(app)
+    for name, command in group.commands.items():  # type: ignore[attr-defined]
+        summary = inspect.cleandoc(command.help or "").split("\n\n")[0]
+        assert "\n" not in summary and summary.endswith("."), (name, summary)
