@@ -29,7 +29,8 @@ def _command_line_section() -> str:
     [
         ("calibrate", ["knees", "cost per byte steps up", "MAPE"]),
         ("simulate", ['"formula ms"', "prices each tensor alone", '"ranked N/M"',
-                      "cpu-compress-swap (vDNN++", "host CPU compresses"]),
+                      "cpu-compress-swap (vDNN++", "host CPU compresses", "128-1024", '"x own"']),
+        ("max-batch", ["128-1024", '"ms at N"']),
     ],
 )
 def test_help_explains_the_columns_and_policies(command: str, phrases: list[str]) -> None:
@@ -52,6 +53,13 @@ def test_flags_show_no_value_type_and_options_do(command: str | None) -> None:
     assert "<bool>" not in result.output  # a flag takes no value
     if command == "train":
         assert "<int>" in result.output  # --epochs does
+
+
+@pytest.mark.parametrize("command", ["train", "simulate", "max-batch", "calibrate", "tune", "configs", "demo", "serve"])
+def test_help_has_no_space_before_a_period(command: str) -> None:
+    """rich reads ``[default: ...]`` in a help text as markup and drops it, leaving "iteration ." behind."""
+    shown = _help(command).replace(" ...", "").replace(" .yaml", "")
+    assert " ." not in shown, shown[max(shown.find(" .") - 60, 0):shown.find(" .") + 20]
 
 
 def test_each_command_is_summed_up_in_whole_sentences() -> None:

@@ -77,10 +77,3 @@ def test_bad_lengths_are_refused(runner, args, message) -> None:
     result = runner.invoke(app, ["max-batch", *args, "--memory-limit", "2GiB"])
     assert result.exit_code == 2, result.output
     assert message in _flat(result.output)
-
-
-def test_help_explains_the_lengths(runner) -> None:
-    result = runner.invoke(app, ["max-batch", "--help"])
-    flat = _flat(result.output)
-    assert "128-1024" in flat and '"ms at N"' in flat
-    assert " ." not in flat.replace(" ...", "")
