@@ -704,31 +704,31 @@ class Runtime:
             self._check_graph(unknown, peak_bytes, host_peak_bytes)
             return
         shown = self._structure_shown(family, it)
-        if shown is not family:
-            if shown is None:
-                self._check_graph(True, peak_bytes, host_peak_bytes)
-                return
+        if shown is None:
+            self._check_graph(True, peak_bytes, host_peak_bytes)
+            return
+        switched = shown is not family
+        if switched:
             with self._lock:  # a structure profiled before: its plan, at no cost
                 self._family, self._plan, self._region_keys, self._trace = shown, shown.plan, shown.region_keys, shown.trace
                 shown.plan.resolved_table().clear()  # what was decided at run time when it last served is not this graph's
-            family = shown
-            budget = self._options.memory_budget
-            if (budget is not None and budget.relative and self._budget_bytes is not None and shown.plan is not None
-                    and shown.plan.budget_bytes is not None and shown.plan.budget_bytes < self._budget_bytes
-                    and self._grown(family, it) is None):
-                # made before a larger graph raised the cap: planned again within the cap in force
-                self._unprofiled_plans += 1
-                self._plan_family(family, profiled=False)
-                return
-        grown = self._grown(family, it)
+        grown = self._grown(shown, it)
         if grown is not None:
-            shapes, cause = grown
-            family.shapes = shapes
+            shown.shapes, cause = grown
             self._unprofiled_plans += 1
-            self._plan_family(family, cause=cause, profiled=False)
-            return
-        if shown is family:
+            self._plan_family(shown, cause=cause, profiled=False)
+        elif switched and self._below_the_cap(shown):
+            # made before a larger graph raised the cap: planned again within the cap in force
+            self._unprofiled_plans += 1
+            self._plan_family(shown, profiled=False)
+        elif not switched:
             self._check_graph(False, peak_bytes, host_peak_bytes)
+
+    def _below_the_cap(self, family: _Family) -> bool:
+        """Whether ``family``'s plan was made within fewer bytes than a fractional budget's cap in force."""
+        budget, plan = self._options.memory_budget, family.plan
+        return (budget is not None and budget.relative and self._budget_bytes is not None and plan is not None
+                and plan.budget_bytes is not None and plan.budget_bytes < self._budget_bytes)
 
     def _structure_shown(self, family: _Family, it: IterationState) -> _Family | None:
         """The family whose plan's packs have the dtypes and ranks ``it`` showed (``family`` when it
