@@ -395,12 +395,13 @@ class Executor:
             planned, shape, dtype, reason, action, keep_limit = step
             if tensor.dtype is not dtype:
                 return general(tensor)
-            if tensor.shape != shape:
+            size = tensor.shape
+            if size != shape:
                 # A smaller size of the planned tensor (a shorter sequence, a smaller batch) follows
                 # the plan; its own shape is what is stored.
-                shape = tensor.shape
-                if reason is not None or len(shape) != len(step[1]) or any(a > b for a, b in zip(shape, step[1])):
+                if reason is not None or len(size) != len(shape) or any(a > b for a, b in zip(size, shape)):
                     return general(tensor)
+                shape = size
             if reason is not None:
                 # A parameter or a view of one, kept as the plan says, for the reason _never_move
                 # gives it; a tensor on the storage of a parameter or buffer of the model is kept
