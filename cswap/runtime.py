@@ -106,7 +106,7 @@ _COUNTED_FIELDS = (
     "packed_tensors", "deduplicated_tensors", "never_moved_tensors", "unknown_keys", "kept_bytes", "offloaded_bytes",
     "transferred_bytes", "compressed_input_bytes", "compressed_bytes", "resident_bytes", "peak_resident_bytes", "pack_s",
     "unpack_s", "unpacks", "prefetches", "prefetch_hits", "budget_fallbacks", "budget_waits", "iteration_peak_resident_bytes",
-    "evicted_tensors", "budget_evictions", "outgrown_tensors",
+    "evicted_tensors", "budget_evictions", "outgrown_tensors", "recomputed_bytes",
 )
 
 
@@ -250,6 +250,8 @@ class Runtime:
         self._fingerprint: dict[str, Any] | None = None
         self._iterations = 0
         self._profiled = 0
+        self._profiled_actions: dict[str, int] = {}  # tensors stored per action in profiling iterations
+        self._profiled_offloaded_bytes = 0
         self._warned_unsaved = False
         self._graph_changes = 0
         self._iteration_s = 0.0
@@ -439,6 +441,8 @@ class Runtime:
                 tracer = RegionTracer(regions.model)
         it = executor.begin(plan, profiler, model)
         unknown_before = executor.counters.unknown_keys
+        # what a profiling iteration stores is told apart from what the plans store (stats())
+        profiled_from = (dict(executor.counters.actions), executor.counters.offloaded_bytes) if profiling else None
         if profiler is not None:
             it.on_backward_end.append(profiler.end)
         if tracer is not None:
@@ -464,6 +468,7 @@ class Runtime:
             enabled = regions.enabled if regions is not None else ()
             self._after_regions(tracer, regions, count=False)
             executor.end(it)
+            self._count_profiled(profiled_from)
             if enabled and isinstance(error, CheckpointError):
                 raise self._exclude_regions(enabled, error) from error
             raise
@@ -471,6 +476,7 @@ class Runtime:
             profiler.end()
         self._after_regions(tracer, regions, count=not profiling)
         executor.end(it)
+        self._count_profiled(profiled_from)
         if profiler is None:
             counters = executor.counters  # read as they stand: a snapshot would settle deferred sizes on a GPU
             self._after_planned(it, counters.unknown_keys > unknown_before, counters.iteration_peak_resident_bytes,
@@ -480,6 +486,19 @@ class Runtime:
             if passive is not None and passive.retries:
                 profiler.meta["out_of_memory_retries"] = passive.retries
             self._finish_profile(profiler, tracer)
+
+    def _count_profiled(self, start: tuple[dict[str, int], int] | None) -> None:
+        """Add what a profiling iteration stored, per action and offloaded bytes, to the profiling
+        iterations' share of the counters; ``start`` is what they held when it began (``None``: not
+        a profiling iteration)."""
+        if start is None:
+            return
+        actions, offloaded = start
+        counters = self._executor.counters
+        with self._lock:
+            for name, count in counters.actions.items():
+                self._profiled_actions[name] = self._profiled_actions.get(name, 0) + count - actions.get(name, 0)
+            self._profiled_offloaded_bytes += counters.offloaded_bytes - offloaded
 
     def _check_graph(self, unknown: bool, peak_bytes: int, host_peak_bytes: int = 0) -> None:
         """After a planned iteration: if it saved tensors its plan did not know, or passed the budget
@@ -541,7 +560,9 @@ class Runtime:
         self._executor.release_rebuilt()  # whatever still holds a rebuilt tensor now, it is not this backward
         recomputed = regions.take_recomputations()
         if count:
-            self._executor.count_recomputed(sum(len(self._region_keys.get(path, ())) for path in recomputed))
+            keys = [key for path in recomputed for key in self._region_keys.get(path, ())]
+            dropped = self._plan.recomputed
+            self._executor.count_recomputed(len(keys), sum(dropped[key].nbytes for key in keys if key in dropped))
 
     def _profile_mode(self) -> str:
         """``passive`` (swap all), ``keep-all``, ``budget`` (each policy's smallest footprint; for a
@@ -880,6 +901,8 @@ class Runtime:
                 unprofiled_plans=self._unprofiled_plans,
                 planning_s=self._planning_s,
                 structures=len(self._families),
+                profiled_actions=MappingProxyType({name: self._profiled_actions.get(name, 0) for name in counters.actions}),
+                profiled_offloaded_bytes=self._profiled_offloaded_bytes,
                 history=(*self._history, self._epoch_stats(counters)),
             )
 

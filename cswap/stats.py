@@ -92,8 +92,19 @@ class RuntimeStats:
         deduplicated_tensors: packs of a storage and view already stored (``x * x``), stored once.
         never_moved_tensors: packs of parameters, buffers and tensors the runtime cannot move.
         unknown_keys: packs whose key was not in the plan (a changed graph): they got the default.
-        actions: tensors stored per action (``keep``, ``swap``, ``zvc-swap``, ``zvc-keep``),
-            deduplicated and never-moved packs not included.
+        actions: tensors stored per action (``keep``, ``swap``, ``zvc-swap``, ``zvc-keep``), and
+            ``recompute``: tensors a recompute region dropped in forward and rebuilt in backward
+            (counted per iteration that recomputed them, never in a profiling iteration);
+            deduplicated and never-moved packs not included. Profiling iterations are counted too:
+            :attr:`profiled_actions` is their share.
+        profiled_actions: of ``actions``, the tensors stored in profiling iterations, which store
+            every tensor as the profiling mode says (under a budget, at the policy's smallest
+            footprint: a recomputing policy swaps every one), not as the plan does.
+        profiled_offloaded_bytes: of ``offloaded_bytes``, the profiling iterations' share.
+        recomputed_bytes: bytes of the tensors counted as ``recompute``: not held from forward to
+            backward, rebuilt there (at their planned sizes). While rebuilt they count as resident.
+        recompute_note: why the policy recomputes less than it could, when something kept modules
+            from being recomputed (``""``: nothing did).
         kept_bytes: bytes of activations kept as they are.
         offloaded_bytes: bytes of activations moved to host memory (``swap`` and ``zvc-swap``,
             before compression).
@@ -194,6 +205,10 @@ class RuntimeStats:
     unprofiled_plans: int = 0
     planning_s: float = 0.0
     structures: int = 0
+    profiled_actions: Mapping[str, int] = field(default_factory=dict)
+    profiled_offloaded_bytes: int = 0
+    recomputed_bytes: int = 0
+    recompute_note: str = ""
     history: tuple[EpochStats, ...] = field(default_factory=tuple)
 
     @property
@@ -211,6 +226,7 @@ class RuntimeStats:
         # asdict() would deep-copy the read-only action mappings, which cannot be copied.
         data = {f.name: getattr(self, f.name) for f in fields(self)}
         data["actions"] = dict(self.actions)
+        data["profiled_actions"] = dict(self.profiled_actions)
         data["history"] = [{**{f.name: getattr(e, f.name) for f in fields(e)}, "actions": dict(e.actions)} for e in self.history]
         data["compression_ratio"] = self.compression_ratio
         return data
@@ -219,16 +235,23 @@ class RuntimeStats:
         actions = self.actions
         offloaded = actions.get("swap", 0) + actions.get("zvc-swap", 0)
         mean = f" ({_seconds(self.mean_iteration_s)} each)" if self.iterations else ""
+        recomputed = actions.get("recompute", 0)
+        shows_recompute = bool(recomputed or self.recompute_note)
         rows = [
             ("tensors", f"kept {actions.get('keep', 0)}, offloaded {offloaded} (swap {actions.get('swap', 0)}, "
                         f"zvc-swap {actions.get('zvc-swap', 0)}), compressed and kept {actions.get('zvc-keep', 0)}, "
-                        f"never moved {self.never_moved_tensors}"
+                        + (f"recomputed {recomputed}, " if shows_recompute else "")
+                        + f"never moved {self.never_moved_tensors}"
                         + (f", stored once {self.deduplicated_tensors}" if self.deduplicated_tensors else "")
                         + (f", not in the plan {self.unknown_keys}" if self.unknown_keys else "")
                         + (f", larger than planned {self.outgrown_tensors}" if self.outgrown_tensors else "")
                         + (f", swapped when out of memory {self.evicted_tensors}" if self.evicted_tensors else "")),
+            *self._profiling_rows(),
             ("kept", human_bytes(self.kept_bytes)),
-            ("offloaded", f"{human_bytes(self.offloaded_bytes)}, transferred {human_bytes(self.transferred_bytes)}"),
+            ("offloaded", f"{human_bytes(self.offloaded_bytes)}"
+                          + (f" ({human_bytes(self.profiled_offloaded_bytes)} while profiling)" if self._mixes_profiling() else "")
+                          + f", transferred {human_bytes(self.transferred_bytes)}"),
+            *([("recomputed", self._recomputed_text())] if shows_recompute else []),
             ("compressed", f"{human_bytes(self.compressed_input_bytes)} -> {human_bytes(self.compressed_bytes)} "
                            f"(ratio {self.compression_ratio:.2f}x)"),
             ("peak", f"{human_bytes(self.peak_resident_bytes)} resident"
@@ -249,3 +272,23 @@ class RuntimeStats:
         title = (f"cswap stats: policy {self.policy}, epoch {self.epoch}, {self.iterations} iterations "
                  f"({self.profiled_iterations} profiled{planned})")
         return "\n".join([title, *(f"  {name:<12} {text}" for name, text in rows)])
+
+    def _mixes_profiling(self) -> bool:
+        """Whether the counts hold both profiling and planned iterations' tensors (when every
+        iteration profiled, the title says so)."""
+        return 0 < self.profiled_iterations < self.iterations and any(self.profiled_actions.values())
+
+    def _profiling_rows(self) -> list[tuple[str, str]]:
+        """The row saying which of the tensor counts come from profiling iterations, when mixed."""
+        if not self._mixes_profiling():
+            return []
+        names = {"keep": "kept", "zvc-keep": "compressed and kept"}
+        stored = ", ".join(f"{names.get(name, name)} {count}" for name, count in self.profiled_actions.items() if count)
+        n = self.profiled_iterations
+        return [("profiling", f"{n} profiling iteration{'s' if n > 1 else ''} stored {stored} of them "
+                              "(as profiling stores every tensor, not as planned)")]
+
+    def _recomputed_text(self) -> str:
+        text = (f"{human_bytes(self.recomputed_bytes)} not held from forward to backward, rebuilt there"
+                if self.actions.get("recompute", 0) else "nothing")
+        return text + (f"; {self.recompute_note}" if self.recompute_note else "")

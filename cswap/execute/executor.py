@@ -651,10 +651,12 @@ class Executor:
         self.counters.resident_bytes -= sum(ref.nbytes for ref in self._rebuilt.values())
         self._rebuilt.clear()  # deaths told later find their entry gone: nothing is taken twice
 
-    def count_recomputed(self, tensors: int) -> None:
-        """Count ``tensors`` saved tensors that recompute regions dropped and rebuilt (never packed here)."""
+    def count_recomputed(self, tensors: int, nbytes: int = 0) -> None:
+        """Count ``tensors`` saved tensors of ``nbytes`` in all that recompute regions dropped and
+        rebuilt (never packed here)."""
         with self._lock:
             self.counters.actions[Action.RECOMPUTE.value] += tensors
+            self.counters.recomputed_bytes += nbytes
 
     def evict_kept(self, it: IterationState) -> int:
         """Swap every tensor of ``it`` that is kept on the device and not yet unpacked to host memory.

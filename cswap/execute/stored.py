@@ -79,6 +79,7 @@ class Counters:
     evicted_tensors: int = 0
     budget_evictions: int = 0
     outgrown_tensors: int = 0
+    recomputed_bytes: int = 0
     host_bytes: int = 0
     peak_host_bytes: int = 0
     iteration_peak_host_bytes: int = 0

@@ -161,3 +161,45 @@ def test_human_bytes() -> None:
     from cswap.stats import human_bytes
 
     assert [human_bytes(n) for n in (0, 1023, 1024, 5 * 2**20 + 2**19, 2**40)] == ["0 B", "1023 B", "1.0 KiB", "5.5 MiB", "1.0 TiB"]
+
+
+def test_recomputed_tensors_and_the_profiling_share_are_in_the_stats_and_the_table() -> None:
+    from tests.execute.test_recompute import SmallCNN
+    from tests.runtime.helpers import assert_bit_equal, batches, runtime_for, train
+
+    data = batches(4, (4, 3, 8, 8), 10)
+    plain, _ = train(SmallCNN, data, 1)
+    first: list[cswap.RuntimeStats] = []
+
+    def runtime(model: torch.nn.Module) -> cswap.Runtime:
+        rt = runtime_for("recompute", memory_budget=0.7)(model)
+        original = rt.iteration
+
+        def iteration():  # the stats after the profiling iteration, before any planned one
+            if rt.stats().iterations == 1 and not first:
+                first.append(rt.stats())
+            return original()
+
+        rt.iteration = iteration  # type: ignore[method-assign]
+        return rt
+
+    grads, rt = train(SmallCNN, data, 1, runtime)
+    assert_bit_equal([g for it in plain for g in it], [g for it in grads for g in it], "gradient")
+    stats, plan = rt.stats(), rt.plan()
+    planned = stats.iterations - stats.profiled_iterations
+    assert planned == 3 and plan.recomputed
+    # every planned iteration dropped and rebuilt the tensors the plan recomputes, at their bytes
+    assert stats.actions["recompute"] == planned * len(plan.recomputed)
+    assert stats.recomputed_bytes == planned * sum(d.nbytes for d in plan.recomputed.values()) > 0
+    # the profiling iteration's share is what it alone stored: under a budget it swapped every tensor
+    profiled = {name: count for name, count in first[0].actions.items() if count}
+    assert {name: count for name, count in stats.profiled_actions.items() if count} == profiled
+    assert profiled == {"swap": first[0].actions["swap"]} and first[0].actions["swap"] > 0
+    assert stats.profiled_offloaded_bytes == first[0].offloaded_bytes > 0
+    table = {line[2:14].strip(): line[15:] for line in str(stats).splitlines()[1:]}
+    assert f"recomputed {stats.actions['recompute']}, " in table["tensors"]
+    assert table["profiling"] == (f"1 profiling iteration stored swap {profiled['swap']} of them "
+                                  "(as profiling stores every tensor, not as planned)")
+    assert table["recomputed"] == f"{cswap.stats.human_bytes(stats.recomputed_bytes)} not held from forward to backward, rebuilt there"
+    assert table["offloaded"].startswith(
+        f"{cswap.stats.human_bytes(stats.offloaded_bytes)} ({cswap.stats.human_bytes(stats.profiled_offloaded_bytes)} while profiling)")
