@@ -37,10 +37,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 
-import numba
 import numpy as np
 import torch
 from numba import njit, prange
@@ -50,6 +47,7 @@ from cswap.codecs.format import Packed, check_chunk_words, n_chunks_for, n_words
 from cswap.codecs.intrinsics import low_bit as _low_bit
 from cswap.codecs.intrinsics import nonzero_mask32 as _nonzero_mask32
 from cswap.codecs.intrinsics import popcount as _popcount
+from cswap.codecs.cpu_launch import check_launch, require_cpu, threads
 from cswap.codecs.launch import CpuLaunch
 
 __all__ = ["available", "check_launch", "compress_bits", "decompress_bits", "kernel_source_hash"]
@@ -58,23 +56,6 @@ __all__ = ["available", "check_launch", "compress_bits", "decompress_bits", "ker
 def available() -> bool:
     """Always: Numba's CPU JIT runs wherever cswap installs."""
     return True
-
-
-def check_launch(launch: object) -> CpuLaunch:
-    """The launch to use: ``CpuLaunch()`` for ``None``, the given :class:`CpuLaunch`, else ``ValueError``.
-
-    Example:
-        >>> check_launch(None)
-        CpuLaunch(threads=None, chunk_words=32)
-    """
-    if launch is None:
-        return CpuLaunch()
-    if isinstance(launch, CpuLaunch):
-        return launch
-    raise ValueError(
-        f"backend 'cpu' takes a CpuLaunch(threads=..., chunk_words=...), got {type(launch).__name__}: {launch!r}. "
-        "Pass a CpuLaunch, its dict, or None for the default."
-    )
 
 
 def kernel_source_hash() -> str:
@@ -240,28 +221,6 @@ def _decompress(bitmap: np.ndarray, offsets: np.ndarray, values: np.ndarray, out
 # --------------------------------------------------------------------------------------------
 
 
-@contextmanager
-def _threads(threads: int | None) -> Iterator[None]:
-    """Run Numba's parallel loops on ``threads`` workers (at most NUMBA_NUM_THREADS), then restore."""
-    if threads is None:
-        yield
-        return
-    previous = numba.get_num_threads()
-    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
-    try:
-        yield
-    finally:
-        numba.set_num_threads(previous)
-
-
-def _require_cpu(what: str, tensor: torch.Tensor) -> None:
-    if tensor.device.type != "cpu":
-        raise ValueError(
-            f"backend 'cpu' works on CPU tensors, but {what} is on {tensor.device}: "
-            "move it with .cpu() or use backend='cuda'"
-        )
-
-
 def compress_bits(
     flat_bits: torch.Tensor, chunk_words: int, launch: CpuLaunch | None, out: Packed | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -284,7 +243,7 @@ def compress_bits(
         [3]
     """
     launch = check_launch(launch)
-    _require_cpu("the tensor", flat_bits)
+    require_cpu("the tensor", flat_bits)
     numel = flat_bits.numel()
     n_words = n_words_for(numel)
     n_chunks = n_chunks_for(numel, chunk_words)
@@ -295,7 +254,7 @@ def compress_bits(
         bitmap = out_buffer("out.bitmap", out.bitmap, n_words, torch.int32, flat_bits.device)
         offsets = out_buffer("out.offsets", out.offsets, n_chunks + 1, torch.int64, flat_bits.device)
     x = flat_bits.numpy()
-    with _threads(launch.threads):
+    with threads(launch.threads):
         nnz = int(_bitmap_offsets(x, bitmap.numpy().view(np.uint32), offsets.numpy(), chunk_words))
         if out is None:
             values = torch.empty(nnz, dtype=flat_bits.dtype)
@@ -320,8 +279,8 @@ def decompress_bits(packed: Packed, out_bits: torch.Tensor, launch: CpuLaunch | 
     """
     launch = check_launch(launch)
     for name in ("bitmap", "offsets", "values"):
-        _require_cpu(f"packed.{name}", getattr(packed, name))
-    _require_cpu("out", out_bits)
+        require_cpu(f"packed.{name}", getattr(packed, name))
+    require_cpu("out", out_bits)
     chunk_problem = check_chunk_words(packed.chunk_words)
     if chunk_problem:
         raise ValueError(f"corrupt ZVC buffer: {chunk_problem}. Compress the tensor again.")
@@ -347,7 +306,7 @@ def decompress_bits(packed: Packed, out_bits: torch.Tensor, launch: CpuLaunch | 
     bitmap = packed.bitmap.contiguous().numpy().view(np.uint32)
     offsets = packed.offsets.contiguous().numpy()
     values = packed.values.contiguous().numpy()
-    with _threads(launch.threads):
+    with threads(launch.threads):
         bad = int(_decompress(bitmap, offsets, values, out_bits.numpy(), packed.chunk_words))
     if bad:
         raise ValueError(

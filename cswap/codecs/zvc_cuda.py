@@ -42,9 +42,6 @@ import functools
 import hashlib
 import inspect
 import sys
-import threading
-import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -54,6 +51,7 @@ from numba import cuda, int64, uint32
 
 from cswap.codecs import cuda_adapter
 from cswap.codecs.format import Packed, n_chunks_for, n_words_for, out_buffer
+from cswap.codecs.cuda_launch import check_launch, with_fallback
 from cswap.codecs.launch import CUDA_KERNELS, CudaLaunch, Launch
 
 __all__ = [
@@ -375,23 +373,6 @@ def uses_warp_intrinsics() -> bool:
     return not cuda_adapter.simulator_enabled()
 
 
-def check_launch(launch: Launch | None) -> CudaLaunch:
-    """The launch to use: :class:`CudaLaunch` defaults for ``None``, ``ValueError`` for other types.
-
-    Example:
-        >>> check_launch(None) == CudaLaunch()
-        True
-    """
-    if launch is None:
-        return CudaLaunch()
-    if not isinstance(launch, CudaLaunch):
-        raise ValueError(
-            f"backend 'cuda' takes a CudaLaunch (grid and block of each kernel), got {type(launch).__name__}: "
-            "pass CudaLaunch(...), its to_params() dict, or None for the default"
-        )
-    return launch
-
-
 @functools.cache
 def kernel_source_hash() -> str:
     """SHA-256 (hex) of this module's source: tuned launch configs keyed by it expire when kernels change.
@@ -433,7 +414,7 @@ def compress_bits(
     cuda_adapter.check_tensor(flat_bits, "tensor to compress")
     flat_bits = flat_bits.detach().reshape(-1).contiguous()
     warp_intrinsics = _variant(warp_intrinsics)
-    return _with_fallback(
+    return with_fallback(
         launch, chunk_words, lambda chosen: _compress(flat_bits, chunk_words, chosen, warp_intrinsics, out)
     )
 
@@ -452,7 +433,7 @@ def compress_bits_unsized(
     cuda_adapter.check_tensor(flat_bits, "tensor to compress")
     flat_bits = flat_bits.detach().reshape(-1).contiguous()
     warp_intrinsics = _variant(warp_intrinsics)
-    return _with_fallback(
+    return with_fallback(
         launch, chunk_words, lambda chosen: _compress(flat_bits, chunk_words, chosen, warp_intrinsics, None, exact=False)
     )
 
@@ -480,7 +461,7 @@ def decompress_bits(
             "move one of them (Packed.to(device)) so both are on the same GPU"
         )
     warp_intrinsics = _variant(warp_intrinsics)
-    _with_fallback(
+    with_fallback(
         launch, packed.chunk_words, lambda chosen: _decompress(packed, out_bits, chosen, warp_intrinsics)
     )
 
@@ -606,53 +587,3 @@ def _decompress(packed: Packed, out_bits: torch.Tensor, launch: CudaLaunch, warp
             cuda_adapter.as_array(out_bits),
         )
 
-
-# --- fallback when the device refuses a launch configuration --------------------------------------
-
-
-class _RefusedLaunches:
-    """Launch configs the device refused in this process; each is warned about once, then skipped."""
-
-    def __init__(self) -> None:
-        self._refused: set[CudaLaunch] = set()
-        self._lock = threading.Lock()
-
-    def __contains__(self, launch: CudaLaunch) -> bool:
-        with self._lock:
-            return launch in self._refused
-
-    def add(self, launch: CudaLaunch, fallback: CudaLaunch, error: BaseException) -> None:
-        with self._lock:
-            if launch in self._refused:
-                return
-            self._refused.add(launch)
-        warnings.warn(
-            f"the GPU refused CUDA launch config {launch.to_params()} ({type(error).__name__}: {error}); "
-            f"using the default config {fallback.to_params()} instead for the rest of this process. "
-            "Re-tune the kernels for this device (cswap tune) to replace the stored config.",
-            RuntimeWarning,
-            stacklevel=6,  # the caller of cswap.codecs.compress / decompress
-        )
-
-
-@functools.cache
-def _refused_launches() -> _RefusedLaunches:
-    return _RefusedLaunches()
-
-
-def _with_fallback(launch: CudaLaunch, chunk_words: int, run: Callable[[CudaLaunch], _T]) -> _T:
-    """``run(launch)``; if the device refuses it, ``run`` again with the defaults (same chunking).
-
-    Every kernel rewrites its whole output, so a rerun after a partial failure is still exact.
-    """
-    fallback = CudaLaunch(chunk_words=chunk_words)
-    refused = _refused_launches()
-    if launch == fallback:
-        return run(launch)
-    if launch in refused:
-        return run(fallback)
-    try:
-        return run(launch)
-    except cuda_adapter.launch_errors() as error:
-        refused.add(launch, fallback, error)
-        return run(fallback)

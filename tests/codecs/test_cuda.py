@@ -39,7 +39,7 @@ from cswap.codecs import (
     encode,
     encode_unsized,
 )
-from cswap.codecs import zvc_cuda, zvc_torch
+from cswap.codecs import cuda_launch, zvc_cuda, zvc_torch
 
 SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
 GPU = not SIMULATOR and torch.cuda.is_available()
@@ -405,9 +405,9 @@ def refuse_block_64(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str,
         return real_call(self, kernel, grid, block, *args)
 
     monkeypatch.setattr(cuda_adapter.Launcher, "__call__", call)
-    zvc_cuda._refused_launches.cache_clear()
+    cuda_launch._refused_launches.cache_clear()
     yield launched
-    zvc_cuda._refused_launches.cache_clear()
+    cuda_launch._refused_launches.cache_clear()
 
 
 @kernels_run_here
