@@ -253,6 +253,7 @@ class Runtime:
         self._profiled_actions: dict[str, int] = {}  # tensors stored per action in profiling iterations
         self._profiled_offloaded_bytes = 0
         self._warned_unsaved = False
+        self._warned_not_recomputed = False
         self._graph_changes = 0
         self._iteration_s = 0.0
         self._history: list[EpochStats] = []
@@ -659,6 +660,7 @@ class Runtime:
                 and budget_bytes > self._budget_bytes:
             logger.info("memory budget %s of policy none's peak rose from %s to %s: %s", budget.fraction,
                         format_bytes(self._budget_bytes), format_bytes(budget_bytes), cause or _largest(trace))
+        self._warn_not_recomputed(plan)
         decisions = plan.decisions
         with self._lock:
             if budget is not None:
@@ -674,6 +676,21 @@ class Runtime:
                                      if decisions else family.structure)
             self._family = family
             self._planning_s += time.perf_counter() - started
+
+    def _warn_not_recomputed(self, plan: Plan) -> None:
+        """Warn once, at the first plan that says so, that modules are left out of recomputation
+        whatever the policy chooses (:func:`cswap.planner.regions.not_recomputed`), and how to let
+        them in where cswap knows how: a Hugging Face model's key/value cache off for training."""
+        note = plan.planner.get("not_recomputed", "")
+        if not note or self._warned_not_recomputed:
+            return
+        self._warned_not_recomputed = True
+        fix = ""
+        if "use_cache" in note and _uses_cache(self._options.model):
+            fix = (" Set model.config.use_cache = False before training (what Hugging Face's gradient_checkpointing_enable() "
+                   "does) and the layers can be recomputed; set it back for generation.")
+        warnings.warn(f"policy {self.policy} cannot recompute some of the model's modules, whatever the budget: {note}.{fix} "
+                      "rt.plan().planner['not_recomputed'] and rt.stats().recompute_note keep this.", stacklevel=7)
 
     def _planned(self, trace: Trace, profile: RegionProfile | None, profiled_peak: int | None, profiled_host_peak: int,
                  time_limit_s: float, regions_hint: tuple[str, ...] | None = None,
@@ -901,10 +918,18 @@ class Runtime:
                 unprofiled_plans=self._unprofiled_plans,
                 planning_s=self._planning_s,
                 structures=len(self._families),
+                recompute_note=self._plan.planner.get("not_recomputed", ""),
                 profiled_actions=MappingProxyType({name: self._profiled_actions.get(name, 0) for name in counters.actions}),
                 profiled_offloaded_bytes=self._profiled_offloaded_bytes,
                 history=(*self._history, self._epoch_stats(counters)),
             )
+
+
+def _uses_cache(model: torch.nn.Module | None) -> bool:
+    """Whether ``model`` or a module of it has a Hugging Face config with the key/value cache on."""
+    if model is None:
+        return False
+    return any(getattr(getattr(m, "config", None), "use_cache", False) is True for m in model.modules())
 
 
 def _largest(trace: Trace) -> str:

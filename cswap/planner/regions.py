@@ -91,7 +91,7 @@ from cswap.profile.regions import nested_pair
 from cswap.profile.trace import Trace
 from cswap.stats import human_bytes
 
-__all__ = ["BASE_POLICIES", "GROW_WIDTH", "NO_CODEC", "TIME_TRIALS", "RegionPlan", "layer_regions", "plan_regions"]
+__all__ = ["BASE_POLICIES", "GROW_WIDTH", "NO_CODEC", "TIME_TRIALS", "RegionPlan", "layer_regions", "not_recomputed", "plan_regions"]
 
 #: Per recomputing policy, the policy whose actions plan the tensors no region frees.
 BASE_POLICIES: Mapping[str, str] = MappingProxyType(
@@ -365,6 +365,63 @@ def layer_regions(profile: RegionProfile) -> tuple[tuple[str, ...], str]:
     return chosen, note
 
 
+def not_recomputed(profile: RegionProfile) -> tuple[str, dict[int, str]]:
+    """What keeps modules that save tensors out of recomputation, whatever the policy chooses: the
+    modules of a ``torch.compile`` graph (they run in the compiled code, not through their hooks)
+    and the model's repeated layers that cannot be recomputed (a Hugging Face layer handed its
+    key/value cache). Returns it in words (``""``: nothing), as the plan's
+    ``planner["not_recomputed"]``, the runtime's warning and ``stats().recompute_note`` say it, and
+    per profiled key saved inside such a module, why it is not recomputed.
+
+    Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> from cswap.profile.regions import profile_regions
+        >>> block = lambda: nn.Sequential(nn.ReLU(inplace=True), nn.Linear(8, 8))  # modifies its input
+        >>> model = nn.Sequential(nn.Linear(4, 8), block(), block(), nn.Linear(8, 1))
+        >>> note, keys = not_recomputed(profile_regions(model, lambda: model(torch.randn(2, 4)).sum().backward()))
+        >>> note.startswith("2 of the model's 2 repeated layers cannot be recomputed: '1', '2' (its forward modifies an input")
+        True
+        >>> keys[2]
+        "not recomputed: saved inside layer '1', which cannot be recomputed (planner['not_recomputed'])"
+    """
+    notes: list[str] = []
+    keys: dict[int, str] = {}
+    paths_of_calls = [c.path for c in profile.calls]
+    for compiled in profile.compiled:
+        graph = "" if compiled == "_orig_mod" else compiled.removesuffix("._orig_mod")
+        name = repr(graph) if graph else "the model"
+        inside = [s.key for s in profile.saves
+                  if any(paths_of_calls[i] == graph or paths_of_calls[i].startswith(f"{graph}.") for i in s.calls)]
+        why = f"not recomputed: saved inside the torch.compile graph of {name}, whose modules run in the compiled code"
+        keys.update(dict.fromkeys(inside, why))
+        notes.append(f"the modules inside the torch.compile graph of {name} run in the compiled code, not through their hooks, so "
+                     f"none of them is recomputed ({len(inside)} saved tensors; only the compiled call as a whole can be)")
+    ran = {c.path for c in profile.calls if c.grad_enabled}
+    layers = [p for p in profile.layers if p in ran and profile.regions[p].keys]
+    refused: dict[str, list[str]] = {}
+    for path in layers:
+        why = profile.regions[path].ineligible
+        if why is not None:
+            refused.setdefault(why, []).append(path)
+    if refused:
+        count = sum(len(paths) for paths in refused.values())
+        grouped = "; ".join(f"{_listed(paths)} ({why})" for why, paths in refused.items())
+        notes.append(f"{count} of the model's {len(layers)} repeated layers cannot be recomputed: {grouped}")
+        for paths in refused.values():
+            for path in paths:
+                why = f"not recomputed: saved inside layer {path!r}, which cannot be recomputed (planner['not_recomputed'])"
+                keys.update({key: why for key in profile.regions[path].keys if key not in keys})
+    return "; ".join(notes), keys
+
+
+def _listed(paths: list[str]) -> str:
+    """Module paths in words, the first and last of a long run."""
+    if len(paths) <= 4:
+        return ", ".join(repr(p) for p in paths)
+    return f"{paths[0]!r}, {paths[1]!r}, ... {paths[-1]!r} ({len(paths)} layers)"
+
+
 def _compact_bytes(shape: tuple[int, ...], dtype: str) -> int:
     itemsize = getattr(torch, dtype).itemsize
     return math.prod(shape) * itemsize
@@ -514,6 +571,7 @@ def plan_regions(
         profiled_peak_bytes = profiled_device_peak(full, policy, budget_bytes, host_budget_bytes, profiled_peak_bytes)
     profiled_peak_bytes = profiled_peak_bytes or 0
     fixed = POLICY_TABLE[policy].checkpoints_layers
+    left_out, left_out_keys = not_recomputed(profile)
     smallest, layers_note = layer_regions(profile) if fixed else (_least_footprint(planning), "")
     smallest_bytes = max(planning.least(smallest, host=True), 1)
     least = max(smallest_bytes, profiled_peak_bytes)  # a run at a budget profiles first, within it
@@ -540,11 +598,14 @@ def plan_regions(
         reason = f"budget {target:,d} B below this policy's least {least:,d} B: {PASSIVE_ACTION.value} (passive)"
         if layers_note:
             reason += f" ({layers_note})"
-        plan = Plan(**rules, default_action=PASSIVE_ACTION, prefetch_bytes=0, default_reason=reason)
+        plan = Plan(**rules, default_action=PASSIVE_ACTION, prefetch_bytes=0, default_reason=reason,
+                    planner=MappingProxyType({"not_recomputed": left_out} if left_out else {}))
         none_peak = minimum_bytes(full, "none") or None
         if host_budget_bytes is None or budget_bytes is None:
             # cswap has every action: the floor says what binds, and no other policy lowers it
             why = _floor_words(planning, smallest, smallest_bytes, profiled_peak_bytes)
+            if left_out:
+                why += f" Not recomputed whatever the budget: {left_out}."
             error = BudgetError(least, policy, target, why, none_peak_bytes=none_peak, advice="" if policy == "cswap" else None)
         else:
             least = max(least, target + 1) if target >= least else least  # no plan at the edge, or its profile passed
@@ -559,6 +620,10 @@ def plan_regions(
         return RegionPlan(plan, target, error)
     plan = plan_from_budget(trace, problem, planned, rules, PASSIVE_ACTION if rules["fallback_action"] else Action.KEEP, least,
                             none_bytes)
+    if left_out:  # each tensor no region can rebuild says why (those recomputed say it when rekeyed)
+        plan = replace(plan, planner=MappingProxyType({**plan.planner, "not_recomputed": left_out}),
+                       decisions={k: replace(d, reason=f"{d.reason}; {left_out_keys[k]}") if k in left_out_keys else d
+                                  for k, d in plan.decisions.items()})
     if extra:
         plan = replace(plan, planner=MappingProxyType({**plan.planner, "region_input_bytes": extra}))
     if layers_note:

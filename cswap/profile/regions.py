@@ -264,12 +264,15 @@ class RegionProfile:
         calls: every module call, in order of entry.
         regions: per module path that ran, its :class:`RegionFacts`.
         layers: the model's repeated layers (:func:`repeated_layers`), whether or not they ran.
+        compiled: the paths whose module runs as a ``torch.compile`` graph
+            (:func:`cswap.profile.rerun.compiled_paths`): the modules under them are never recorded.
     """
 
     saves: tuple[SavedRecord, ...]
     calls: tuple[CallRecord, ...]
     regions: Mapping[str, RegionFacts]
     layers: tuple[str, ...] = ()
+    compiled: tuple[str, ...] = ()
 
     @property
     def candidates(self) -> tuple[str, ...]:
@@ -324,7 +327,7 @@ class RegionProfile:
             ratio = max((new.storage_bytes / max(old.storage_bytes, 1) for new, old in zip(inputs, call.inputs)), default=1.0)
             calls.append(replace(call, inputs=tuple(inputs), forward_s=call.forward_s * ratio))
         reasons = {path: facts.ineligible for path, facts in self.regions.items()}
-        return _with_facts(tuple(saves), tuple(calls), reasons, self.layers)
+        return _with_facts(tuple(saves), tuple(calls), reasons, self.layers, self.compiled)
 
     def _enabled(self, enabled: Iterable[str]) -> set[str]:
         """``enabled`` as a set, checked: regions that ran, none inside another."""
@@ -538,7 +541,7 @@ class RegionTracer:
         for call in calls:
             by_path.setdefault(call.path, []).append(call)
         reasons = {path: self._ineligible(path, mine) for path, mine in by_path.items()}
-        return _with_facts(saves, calls, reasons, self._layers)
+        return _with_facts(saves, calls, reasons, self._layers, self._compiled)
 
     def _ineligible(self, path: str, mine: list[CallRecord]) -> str | None:
         """Why the module at ``path``, called as ``mine``, cannot be recomputed, or ``None``."""
@@ -563,7 +566,7 @@ class RegionTracer:
 
 
 def _with_facts(saves: tuple[SavedRecord, ...], calls: tuple[CallRecord, ...], reasons: Mapping[str, str | None],
-                layers: tuple[str, ...]) -> RegionProfile:
+                layers: tuple[str, ...], compiled: tuple[str, ...] = ()) -> RegionProfile:
     """The :class:`RegionProfile` of ``saves`` and ``calls``, each region's facts worked out from
     them, with ``reasons`` (per path: why it cannot be recomputed, or ``None``)."""
     partial = RegionProfile(saves, calls, MappingProxyType({c.path: None for c in calls}))  # type: ignore[dict-item]
@@ -586,7 +589,7 @@ def _with_facts(saves: tuple[SavedRecord, ...], calls: tuple[CallRecord, ...], r
             calls=len(mine),
             ineligible=reason,
         )
-    return RegionProfile(saves, calls, MappingProxyType(regions), layers)
+    return RegionProfile(saves, calls, MappingProxyType(regions), layers, compiled)
 
 
 def profile_regions(model: nn.Module, step: Callable[[], Any], *, clock: Stamps | None = None) -> RegionProfile:

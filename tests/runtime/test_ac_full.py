@@ -152,3 +152,46 @@ def test_under_a_budget_its_own_peak_is_the_least_and_a_run_there_holds_it() -> 
     assert_bit_equal(plain, grads, what="llama ac-full gradient at its least budget")
     assert rt.plan().recompute_regions == LAYERS["llama"]
     assert rt.stats().iteration_peak_resident_bytes <= least
+
+
+def _shipped_llama() -> nn.Module:
+    """A Llama as its config class builds it (the key/value cache on), small."""
+    config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=172, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=SEQ_LEN)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config).train()
+
+
+def test_a_model_shipped_with_its_cache_on_warns_once_naming_the_layers_and_the_fix() -> None:
+    model = _shipped_llama()
+    assert model.config.use_cache is True
+    rt = cswap.Runtime("ac-full", device="cpu", model=model)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            with rt.iteration():
+                _lm_step(model)
+    mine = [str(w.message) for w in seen if "cannot recompute" in str(w.message)]
+    assert len(mine) == 1 and seen[[str(w.message) for w in seen].index(mine[0])].filename == __file__
+    assert mine[0].startswith("policy ac-full cannot recompute some of the model's modules, whatever the budget: 2 of the "
+                              "model's 2 repeated layers cannot be recomputed: 'model.layers.0', 'model.layers.1' (its input cache:")
+    assert "Set model.config.use_cache = False before training" in mine[0]
+    stats, plan = rt.stats(), rt.plan()
+    assert stats.actions["recompute"] == 0 and plan.recompute_regions == ()
+    assert stats.recompute_note == plan.planner["not_recomputed"] and stats.recompute_note in mine[0]
+    table = {line[2:14].strip(): line[15:] for line in str(stats).splitlines()[1:]}
+    assert table["recomputed"] == f"nothing; {stats.recompute_note}"
+    # with the cache off every layer is recomputed, with plain PyTorch's gradients, and nothing warns
+    cached_off = _shipped_llama()
+    cached_off.config.use_cache = False
+    plain, _ = _run(cached_off, _lm_step, None)
+    rt = cswap.Runtime("ac-full", device="cpu", model=cached_off)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            with rt.iteration():
+                grads = _lm_step(cached_off)
+    assert_bit_equal(plain, grads, what="llama (use_cache=False) ac-full gradient")
+    assert not [w for w in seen if "cannot recompute" in str(w.message)]
+    assert rt.plan().recompute_regions == ("model.layers.0", "model.layers.1") and rt.stats().actions["recompute"] > 0
+    assert rt.stats().recompute_note == "" and "not_recomputed" not in rt.plan().planner

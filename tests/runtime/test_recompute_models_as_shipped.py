@@ -152,3 +152,26 @@ def test_a_region_torch_refuses_is_excluded_and_the_next_iteration_trains() -> N
         model(x).sum().backward()
     assert "1" not in rt.plan().recompute_regions
     assert rt.stats().iterations == 3 and rt.stats().profiled_iterations == 2  # the refused step is not counted
+
+
+def test_a_compiled_model_says_in_its_plan_and_stats_that_its_modules_are_not_recomputed() -> None:
+    """Under a budget that recomputing the compiled call as a whole does not help, nothing is
+    recomputed: each row of a tensor saved in the compiled graph, the plan and the stats say why."""
+    plain, _ = _train("compiled-cnn", None)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        grads, rt = _train("compiled-cnn", {"policy": "recompute", "memory_budget": 1.0})
+    assert_bit_equal([g for it in plain for g in it], [g for it in grads for g in it], "gradient")
+    stats, plan = rt.stats(), rt.plan()
+    assert stats.actions["recompute"] == 0 and plan.recompute_regions == ()
+    note = ("the modules inside the torch.compile graph of the model run in the compiled code, not through their hooks, so "
+            "none of them is recomputed")
+    assert stats.recompute_note.startswith(note) and plan.planner["not_recomputed"] == stats.recompute_note
+    table = {line[2:14].strip(): line[15:] for line in str(stats).splitlines()[1:]}
+    assert table["recomputed"] == f"nothing; {stats.recompute_note}"
+    why = "not recomputed: saved inside the torch.compile graph of the model, whose modules run in the compiled code"
+    inside = [d for d in plan.rows().values() if d.reason.endswith(why)]
+    # every activation the compiled graph saved (the loss's and the labels' are outside it)
+    assert inside and all(d.action.value == "keep" for d in inside)
+    assert sum(d.nbytes for d in inside) > sum(d.nbytes for d in plan.rows().values() if why not in d.reason)
+    assert sum(note in str(w.message) for w in seen) == 1
