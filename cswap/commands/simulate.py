@@ -67,7 +67,10 @@ def run_simulate(
     (:mod:`cswap.simulate.strategies`; ``all`` names every policy and every strategy that can run
     on the trace, and ``skipped`` says why the others cannot): ``budget_bytes`` is the budget, and
     each has its figures with ``peak_bytes`` within it, or ``infeasible: true`` with
-    ``minimum_bytes``. A sweep has ``budgets``: one such report per budget. With
+    ``minimum_bytes``; ``none_iteration_s`` is policy ``none``'s iteration without a budget. A sweep
+    has ``budgets``: one such report per budget. ``compute_s`` is the iteration's compute, and each
+    policy's ``codec_s`` is all its extra work on the compute stream, ``recompute_s`` (recomputation)
+    included. With
     ``host_memory_budget`` as well (bytes, a unit string or ``auto``:
     :func:`cswap.budget.parse_host_budget`) every policy's plan holds it on the host at every event
     (``planned_host_peak_bytes``), or it is infeasible with ``binding`` (the budget that binds) and
@@ -139,6 +142,7 @@ def run_simulate(
         "resolution": trace.meta.get("resolution", resolution),
         "trace": str(trace_path) if trace_path is not None else None,
         "saved_bytes": sum(r.nbytes for r in trace.tensors if r.offloadable),
+        "compute_s": simulator.timeline.compute_s,
     }
     if trace.meta.get("seq_len"):  # a transformer's trace: what shaped it
         header.update({k: trace.meta.get(k) for k in ("seq_len", "num_layers", "attention", "dtype")})
@@ -156,7 +160,8 @@ def run_simulate(
             names = tuple(name for name in names if name not in skipped)
         sweep = budget_sweep(simulator, names, budgets, time_limit_s, host_budget=host_memory_budget)
         rows = sweep.rows()
-        report = {**header, "none_peak_bytes": sweep.none_peak_bytes}
+        # none without a budget: what "x none" compares with where none does not fit the budget
+        report = {**header, "none_peak_bytes": sweep.none_peak_bytes, "none_iteration_s": simulator.run("none").iteration_s}
         if host_memory_budget is not None:
             from cswap.budget import parse_host_budget
 
@@ -312,18 +317,23 @@ def _what(report: dict[str, Any]) -> str:
 
 
 def _table(report: dict[str, Any]) -> Table:
-    base = report["policies"].get("none", {}).get("iteration_s")
-    compute_s = next((row["compute_s"] for row in report["policies"].values() if "compute_s" in row), 0.0)
+    """The policies' figures; :func:`_notes` says what the table alone cannot (print them under it).
+
+    Under a budget "recomp ms" holds the recomputation, apart from the codec's "codec ms".
+    """
+    base, _ = _baseline(report)
     title = (
         f"{_what(report)} on {report['hardware']}: "
-        f"{compute_s * 1e3:.1f} ms compute, {report['saved_bytes'] / 1e9:.2f} GB saved activations"
+        f"{report['compute_s'] * 1e3:.1f} ms compute, {report['saved_bytes'] / 1e9:.2f} GB saved activations"
     )
     if "budget_bytes" in report:
         title += f", budget {report['budget_bytes'] / 1e9:.2f} GB"
     if report.get("host_budget_bytes"):
         title += f", host budget {report['host_budget_bytes'] / 1e9:.2f} GB"
+    budgeted = "budget_bytes" in report
     table = Table(title=title)
-    for column in ("policy", "iter ms", "x none", "xfer ms", "codec ms", "peak GB", "formula ms", "plan"):
+    columns = ("policy", "iter ms", "x none", "xfer ms", "codec ms", *(("recomp ms",) if budgeted else ()), "peak GB", "formula ms", "plan")
+    for column in columns:
         table.add_column(column, justify="left" if column in ("policy", "plan") else "right", no_wrap=column == "policy")
     for name, row in report["policies"].items():
         if row.get("infeasible"):
@@ -331,19 +341,101 @@ def _table(report: dict[str, Any]) -> Table:
             if row.get("binding"):  # under a host budget: which binds, and the host's least beside the device budget
                 host_least = row.get("host_minimum_bytes")
                 why += f" ({row['binding']} binds" + (f"; host needs {host_least / 1e9:.2f} GB" if host_least else "") + ")"
-            table.add_row(name, "-", "-", "-", "-", f"needs {row['minimum_bytes'] / 1e9:.2f}", "-", why)
+            table.add_row(name, *("-",) * (len(columns) - 4), f"needs {row['minimum_bytes'] / 1e9:.2f}", "-", why)
             continue
+        recompute_s = row.get("recompute_s", 0.0)
         table.add_row(
             name,
             f"{row['iteration_s'] * 1e3:.1f}",
             f"{row['iteration_s'] / base:.2f}" if base else "-",
             f"{row['exposed_transfer_s'] * 1e3:.1f}",
-            f"{row['codec_s'] * 1e3:.1f}",
+            f"{(row['codec_s'] - recompute_s) * 1e3:.1f}",
+            *((f"{recompute_s * 1e3:.1f}",) if budgeted else ()),
             f"{row['peak_bytes'] / 1e9:.2f}",
             f"{row['formula_iteration_s'] * 1e3:.1f}",
             row["plan"],
         )
     return table
+
+
+def _baseline(report: dict[str, Any]) -> tuple[float | None, str]:
+    """What "x none" divides by, and a note when it is not policy ``none``'s row: under a budget
+    ``none`` does not fit (or was not asked for), its time without a budget stands in."""
+    row = report["policies"].get("none")
+    if row is not None and not row.get("infeasible"):
+        return row["iteration_s"], ""
+    unbudgeted = report.get("none_iteration_s")
+    if not unbudgeted:
+        return None, ""
+    why = (
+        f"none needs {report['none_peak_bytes'] / 1e9:.2f} GB, over the budget"
+        if report.get("none_peak_bytes", 0) > report.get("budget_bytes", 0)
+        else "none was not asked for"
+    )
+    return unbudgeted, f'"x none" is over none without a budget, {unbudgeted * 1e3:.1f} ms ({why}).'
+
+
+#: What each label of the "plan" column means (the budget planner's statuses after "budget ").
+_PLAN_LABELS: dict[str, str] = {
+    "static": "the policy's fixed rule, nothing planned",
+    "cost-model": "cswap's per-tensor cost model: compress where T < T'",
+    "swap": "cswap's check in the queue model: swapping every moved tensor beat the cost model's plan",
+    "compress-swap": "cswap's check in the queue model: compressing every moved tensor beat the cost model's plan",
+    "ranked": "the N of the M compressible moved tensors that save the most link time per codec second are compressed, the rest swapped",
+    "budget optimal": "the planner's exact program (an action per tensor, the budget held at every event), solved to optimality",
+    "budget time-limit": "the exact program's best plan when the solver's --time-limit ran out",
+    "budget greedy": "the planner's greedy plan, which the solver did not beat in time",
+    "budget tied": "the exact program with the repeated layers tied (one decision per tensor position "
+    "for each block of identical layers), then refined layer by layer; the budget holds at every event",
+    "budget tied-time-limit": "as budget tied, the solver's best when the --time-limit ran out",
+    "budget tied-greedy": "as budget tied, from the greedy plan",
+    "budget capuchin": "Capuchin's own greedy planner",
+    "budget plan": "cswap carries out that policy's plan (made with fewer actions): it ran faster in the queue model than cswap's own",
+    "plan": "cswap carries out that strategy's plan: it fits the budget and ran faster in the queue model",
+    "fixed": "a strategy's own plan, the same at every budget (ac-full checkpoints every layer, ...): it fits when its peak does",
+    "knapsack": "recompute-knapsack's choice: a 0-1 knapsack of recomputation seconds against bytes kept",
+}
+
+
+def _plan_kind(label: str) -> tuple[str, str]:
+    """The key of :data:`_PLAN_LABELS` for a "plan" cell, and how the legend names it.
+
+    Example:
+        >>> _plan_kind("budget swap plan"), _plan_kind("ac-full plan"), _plan_kind("ranked 3/9")
+        (('budget plan', 'budget <policy> plan'), ('plan', '<strategy> plan'), ('ranked', 'ranked N/M'))
+    """
+    if label.startswith("budget ") and label.endswith(" plan"):
+        return "budget plan", "budget <policy> plan"
+    if label.endswith(" plan"):
+        return "plan", "<strategy> plan"
+    if label.startswith("ranked "):
+        return "ranked", "ranked N/M"
+    return label, label
+
+
+def _notes(report: dict[str, Any]) -> list[str]:
+    """Lines to print under :func:`_table`'s table: what "x none" is over when not none's row, that
+    nothing fits the budget, and a legend of the plan labels shown."""
+    notes = []
+    _, baseline_note = _baseline(report)
+    if baseline_note:
+        notes.append(baseline_note)
+    rows = report["policies"]
+    if "budget_bytes" in report and rows and all(row.get("infeasible") for row in rows.values()):
+        least = min(row["minimum_bytes"] for row in rows.values())
+        names = ", ".join(name for name, row in rows.items() if row["minimum_bytes"] == least)
+        notes.append(
+            f"Nothing fits in {report['budget_bytes'] / 1e9:.2f} GB: the least any needs is {least / 1e9:.2f} GB ({names})."
+        )
+    shown: dict[str, str] = {}
+    for row in rows.values():
+        if not row.get("infeasible"):
+            key, name = _plan_kind(row["plan"])
+            shown.setdefault(name, _PLAN_LABELS.get(key, ""))
+    legend = [f"  {name}: {meaning}" for name, meaning in shown.items() if meaning]
+    if legend:
+        notes += ["plan:", *legend]
+    return notes
 
 
 def _lengths_table(report: dict[str, Any]) -> Table:
@@ -376,6 +468,17 @@ def _lengths_table(report: dict[str, Any]) -> Table:
                 end_section=position == len(report["lengths"]) - 1,
             )
     return table
+
+
+def _print_notes(console: Console, report: dict[str, Any]) -> None:
+    """Print :func:`_notes` as plain lines (a label is never read as rich markup), a legend line
+    wrapped under its own text."""
+    import textwrap
+
+    for line in _notes(report):
+        indent = " " * (len(line) - len(line.lstrip()) + 2)
+        for part in textwrap.wrap(line, width=max(console.width - 1, 40), subsequent_indent=indent):
+            console.print(part, markup=False, highlight=False, soft_wrap=True)
 
 
 def _print_skipped(console: Console, report: dict[str, Any]) -> None:
@@ -441,14 +544,20 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Simulate one training iteration under each policy on a hardware profile (no GPU needed).
 
-        Columns: "iter ms" is the iteration in the queue model (copies and codec calls wait for the
-        link and each other); "x none" is that over policy none's; "xfer ms" and "codec ms" are the
-        exposed copy and (de)compression time in it. "formula ms" is the same iteration by the
-        per-tensor cost formula, which prices each tensor alone, so copies piling up on the link are
-        not seen: the gap to "iter ms" is time lost to queuing. "plan" says how the actions
-        were chosen: static, cost-model, or for cswap the plan that beat the cost model's in the queue
-        model, where "ranked N/M" means the N of the M compressible moved tensors that save the most
-        link time per codec second are compressed and the rest swapped.
+        Columns: "iter ms" is the iteration in the queue model (copies and codec calls wait for the link
+        and each other); "x none" is that over policy none's (where none does not fit the budget, over
+        none's without one, as a note under the table says); "xfer ms" is the copy time compute waits
+        for in it, "codec ms" the (de)compression and, under a budget, "recomp ms" the forward work run
+        again to rebuild recomputed tensors. "formula ms" is the same iteration by the paper's per-
+        tensor formula, which prices each tensor alone: each copy must hide in its own window (out:
+        until the next moved tensor is produced; back: from the use of the moved tensor before it), and
+        what does not is charged as if compute waited for it. So the gap to "iter ms" goes both ways:
+        copies piling up on the link lengthen "iter ms", while copies that run on into later compute
+        (swap-outs hold compute back only with --max-inflight) or that a budget plan fetches further
+        ahead shorten it; without a budget and with --max-inflight 1, swap's two are equal. "plan" says
+        how the actions were chosen ("ranked N/M": the N of the M compressible moved tensors that save
+        the most link time per codec second compressed, the rest swapped); a legend under the table
+        explains each label shown.
 
         With several --seq-len lengths a second table follows: per policy and length, the iteration
         and peak of the longest length's plan carried out at that length, the same of a plan made
@@ -492,6 +601,7 @@ def register(app: typer.Typer) -> None:
                 console = Console() if Console().is_terminal else Console(width=120)
                 for row in report["budgets"]:
                     console.print(_table({**report, **row}))
+                    _print_notes(console, {**report, **row})
                 _print_skipped(console, report)
                 if plot is not None:
                     console.print(f"wrote {plot}")
@@ -508,6 +618,7 @@ def register(app: typer.Typer) -> None:
             if not console.is_terminal:  # piped: rich would squeeze the table into 80 columns
                 console = Console(width=120)
             console.print(_table(report))
+            _print_notes(console, report)
             if "lengths" in report:
                 console.print(_lengths_table(report))
             _print_skipped(console, report)

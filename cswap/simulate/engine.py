@@ -94,6 +94,8 @@ class Breakdown:
     """Where an iteration's time goes: ``iteration_s = compute_s + exposed_transfer_s + codec_s + overhead_s``.
 
     ``overhead_s`` is the runtime's own hook work that compute waits for (CPU profiles; 0 on GPUs).
+    ``codec_s`` is all the extra work on the compute stream: (de)compression and recomputation;
+    ``recompute_s`` is the recomputation's part of it.
     """
 
     iteration_s: float
@@ -101,6 +103,7 @@ class Breakdown:
     exposed_transfer_s: float
     codec_s: float
     overhead_s: float = 0.0
+    recompute_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -150,6 +153,7 @@ class PolicyResult:
             "compute_s": self.queue.compute_s,
             "exposed_transfer_s": self.queue.exposed_transfer_s,
             "codec_s": self.queue.codec_s,
+            "recompute_s": self.queue.recompute_s,
             "overhead_s": self.queue.overhead_s,
             "peak_bytes": self.peak_bytes,
             "formula_iteration_s": self.formula.iteration_s,
@@ -329,7 +333,9 @@ class Simulator:
         )
         return PolicyResult(
             policy=policy,
-            queue=Breakdown(outcome.iteration_s, outcome.compute_s, outcome.exposed_transfer_s, outcome.codec_s, outcome.overhead_s),
+            queue=Breakdown(
+                outcome.iteration_s, outcome.compute_s, outcome.exposed_transfer_s, outcome.codec_s, outcome.overhead_s, outcome.recompute_s
+            ),
             formula=Breakdown(compute + exposed + codec + outcome.overhead_s, compute, exposed, codec, outcome.overhead_s),
             peak_bytes=outcome.peak_bytes,
             host_codec_s=outcome.host_codec_s,

@@ -124,6 +124,8 @@ class QueueOutcome:
         host_codec_s: busy time of the host codec (not on the compute stream; hurts only through waits).
         peak_bytes: peak device bytes of saved activations (resident, compressed, or being copied).
         forward_end_s: when forward compute ended.
+        recompute_s: the part of ``codec_s`` that is recomputation, so a report can show the codec's
+            seconds and the recomputation's apart.
     """
 
     iteration_s: float
@@ -134,6 +136,7 @@ class QueueOutcome:
     host_codec_s: float
     peak_bytes: int
     forward_end_s: float
+    recompute_s: float = 0.0
 
 
 def _seconds(nbytes: float, gbps: float) -> float:
@@ -427,4 +430,5 @@ def run_queues(
         host_codec_s=host_codec,
         peak_bytes=_peak(events),
         forward_end_s=forward_end,
+        recompute_s=recompute,
     )
