@@ -191,7 +191,9 @@ def register(app: typer.Typer) -> None:
                 f"; at each length, each policy's plan for {picked['served_by']} tokens at its batch"  # type: ignore[index]
                 + (f"; lengths from {picked['given']}: {picked['picked']}" if picked["picked"] != "given" else "")  # type: ignore[index]
             )
-        table = Table(title=f"Largest {what}" + (f" in {memory_limit}" if memory_limit else "") + f" ({how})")
+        # A line of its own above the table: as the table's title it would wrap to the table's few columns.
+        title = f"Largest {what}" + (f" in {memory_limit}" if memory_limit else "") + f" ({how})"
+        table = Table()
         for column in ("policy or strategy", "max batch", "vs none", *(f"ms at {n}" for n in served)):
             table.add_column(column, justify="right")
         for policy, batch in result.items():
@@ -202,6 +204,7 @@ def register(app: typer.Typer) -> None:
                 f"{batch / baseline:.2f}x" if baseline else "-",
                 *("-" if t is None else f"{t * 1e3:.1f}" for t in times),
             )
+        console.print(title, markup=False, highlight=False)
         console.print(table)
         for name, why in dict(extra.get("skipped") or {}).items():  # type: ignore[call-overload]
             console.print(f"skipped {name}: {why}", markup=False, highlight=False)
