@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 
 from cswap.commands import fail, warnings_as_lines
-from cswap.training.config import TrainConfig
+from cswap.training.defaults import TRAIN_DEFAULTS
 
 __all__ = ["register", "train_command"]
 
@@ -32,14 +32,16 @@ _UNSET_DEFAULTS: dict[str, str] = {
 
 
 def _default(name: str) -> str:
-    """The value ``--help`` shows for option ``name``: :class:`TrainConfig`'s default, the one used when neither
-    the flag nor a recipe sets it (the flag itself defaults to ``None`` so that a recipe's value can win).
+    """The value ``--help`` shows for option ``name``: the run's default (:data:`cswap.training.defaults.TRAIN_DEFAULTS`,
+    :class:`~cswap.training.config.TrainConfig`'s), the one used when neither the flag nor a recipe sets it (the
+    flag itself defaults to ``None`` so that a recipe's value can win). Read from the plain table, not the
+    config, so that printing the help imports no pydantic.
 
     Example:
         >>> _default("model"), _default("epochs"), _default("plots")
         ('vgg16', '2', 'beside the report')
     """
-    value = TrainConfig.model_fields[name].default
+    value = TRAIN_DEFAULTS[name]
     return _UNSET_DEFAULTS[name] if value is None else str(value)
 
 

@@ -1,9 +1,9 @@
 """What one ``cswap train`` run does: a validated, frozen configuration, from defaults, a recipe and flags.
 
-Precedence: the defaults below, then a recipe (``--config configs/recipes/NAME.yaml``, or just
-``--config NAME`` for a shipped one), then the flags given on the command line. A recipe is YAML
-whose keys are field names of :class:`TrainConfig`; an unknown key or a bad value is an error
-naming the key and the file.
+Precedence: the defaults (:data:`cswap.training.defaults.TRAIN_DEFAULTS`), then a recipe
+(``--config configs/recipes/NAME.yaml``, or just ``--config NAME`` for a shipped one), then the
+flags given on the command line. A recipe is YAML whose keys are field names of
+:class:`TrainConfig`; an unknown key or a bad value is an error naming the key and the file.
 
 Example:
     >>> cfg = TrainConfig(model="vgg11", epochs=1)
@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from cswap.budget import parse_budget, parse_host_budget
 from cswap.paths import shipped_configs_dir
 from cswap.planner.actions import RUNTIME_POLICIES
+from cswap.training.defaults import TRAIN_DEFAULTS as _DEFAULTS
 
 __all__ = ["RecipeError", "TrainConfig", "check_service_url", "load_config", "recipe_path", "shipped_recipes"]
 
@@ -103,29 +104,29 @@ class TrainConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    model: str = "vgg16"
-    dataset: str = "digits"
-    epochs: int = Field(2, ge=1)
-    batch_size: int = Field(32, ge=1)
-    lr: float = Field(0.02, gt=0)
-    momentum: float = Field(0.9, ge=0, lt=1)
-    weight_decay: float = Field(5e-4, ge=0)
-    policy: Policy = "cswap"
-    tune: TuneMode = "off"
-    tune_budget: int = Field(12, ge=1)
-    tuner_url: str | None = None
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    amp: Literal["off", "fp16", "bf16"] = "off"
-    image_size: int = Field(32, ge=8)
-    width_mult: float = Field(1.0, gt=0)
-    train_samples: int | None = Field(None, ge=1)
-    min_bytes: int | None = Field(None, ge=0)
-    memory_budget: int | float | str | None = None
-    host_memory_budget: int | str | None = None
-    report: Path | None = None
-    plots: Path | None = None
-    seed: int = 0
-    save_model: Path | None = None
+    model: str = _DEFAULTS["model"]
+    dataset: str = _DEFAULTS["dataset"]
+    epochs: int = Field(_DEFAULTS["epochs"], ge=1)
+    batch_size: int = Field(_DEFAULTS["batch_size"], ge=1)
+    lr: float = Field(_DEFAULTS["lr"], gt=0)
+    momentum: float = Field(_DEFAULTS["momentum"], ge=0, lt=1)
+    weight_decay: float = Field(_DEFAULTS["weight_decay"], ge=0)
+    policy: Policy = _DEFAULTS["policy"]
+    tune: TuneMode = _DEFAULTS["tune"]
+    tune_budget: int = Field(_DEFAULTS["tune_budget"], ge=1)
+    tuner_url: str | None = _DEFAULTS["tuner_url"]
+    device: Literal["auto", "cpu", "cuda"] = _DEFAULTS["device"]
+    amp: Literal["off", "fp16", "bf16"] = _DEFAULTS["amp"]
+    image_size: int = Field(_DEFAULTS["image_size"], ge=8)
+    width_mult: float = Field(_DEFAULTS["width_mult"], gt=0)
+    train_samples: int | None = Field(_DEFAULTS["train_samples"], ge=1)
+    min_bytes: int | None = Field(_DEFAULTS["min_bytes"], ge=0)
+    memory_budget: int | float | str | None = _DEFAULTS["memory_budget"]
+    host_memory_budget: int | str | None = _DEFAULTS["host_memory_budget"]
+    report: Path | None = _DEFAULTS["report"]
+    plots: Path | None = _DEFAULTS["plots"]
+    seed: int = _DEFAULTS["seed"]
+    save_model: Path | None = _DEFAULTS["save_model"]
 
     @field_validator("policy", mode="before")
     @classmethod
