@@ -4,9 +4,12 @@ Pass it in ``callbacks=[...]``. Each optimizer step, with all the micro-batches 
 accumulation window, runs inside one ``rt.iteration()`` (opened at ``on_step_begin``, before the
 first micro-batch's forward, and closed at ``on_pre_optimizer_step``, after the last backward);
 each epoch begins with ``rt.new_epoch()``, so its first step re-profiles. The runtime is made when
-training begins, for the Trainer's model and on its device (``callback.runtime``), and its stats
-are added to every log record (``cswap/offloaded_bytes``, ``cswap/compressed_bytes``,
-``cswap/peak_resident_bytes``, ... see :func:`cswap.integrations.log_values`).
+training begins, for the Trainer's model and on its device (``callback.runtime``), and a few of its
+stats, in MiB, are added to every log record (``cswap/peak_resident_mib``, ``cswap/budget_mib``,
+``cswap/offloaded_mib``, ``cswap/profiled_iterations``, ``cswap/unprofiled_plans``: see
+:func:`cswap.integrations.log_values`). The budget in force is said once, when the first step has
+resolved it (and again if it rises), on the Trainer's own logger at the level it shows without any
+logging set up (``transformers.logging.set_verbosity_error()`` hides it).
 
 The Trainer has no callback event for an exception: a step that raises leaves its iteration open
 until the next ``train()`` (whose ``on_train_begin`` closes it) or until :meth:`CswapCallback.close`.
@@ -37,6 +40,9 @@ import torch
 from cswap.integrations.scope import RuntimeHolder, log_values, make_runtime, require
 
 _transformers = require("transformers", "hf", __name__)
+#: The Trainer's own logger: transformers gives it a handler, so its warnings show with no logging
+#: configured (its infos do not, unless the Trainer's log_level asks for them).
+_trainer_logger = _transformers.utils.logging.get_logger("transformers.trainer")
 
 __all__ = ["CswapCallback"]
 
@@ -49,8 +55,8 @@ class CswapCallback(RuntimeHolder, _transformers.TrainerCallback):
     """Runs the Hugging Face ``Trainer``'s optimizer steps under a :class:`cswap.Runtime`.
 
     Args:
-        policy: ``none``, ``swap``, ``compress-swap``, ``cswap`` or ``compress-keep`` (default from
-            ``configs/default.yaml``).
+        policy: any of :data:`cswap.options.POLICIES` (``none``, ``swap``, ``cswap``, ``recompute``,
+            ``ac-full``, ...; default from ``configs/default.yaml``).
         memory_budget: passed to the runtime when it is not ``None`` (bytes, ``"2GiB"``, or a
             fraction of policy ``none``'s activation peak).
         host_memory_budget: passed to the runtime when it is not ``None``: the most bytes of saved
@@ -103,6 +109,10 @@ class CswapCallback(RuntimeHolder, _transformers.TrainerCallback):
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._scope.close()
+        line = self._budget_news()
+        if line is not None and state.is_world_process_zero:
+            # a warning only by level: the one the Trainer's logger shows to a user who set up no logging
+            _trainer_logger.warning(line)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._scope.close()

@@ -5,10 +5,11 @@ the batches of its ``accumulate_grad_batches`` window, runs inside one ``rt.iter
 at the window's first ``on_train_batch_start`` and closed at ``on_before_optimizer_step``, after
 the last backward); with manual optimization each training batch is one iteration. Each training
 epoch begins with ``rt.new_epoch()``. The runtime is made when fitting begins, for the
-LightningModule and on its device (``callback.runtime``); after each optimizer step its stats are
-logged through ``pl_module.log`` (``cswap/offloaded_bytes``, ``cswap/compressed_bytes``,
-``cswap/peak_resident_bytes``, ... see :func:`cswap.integrations.log_values`). An exception
-closes the open iteration (``on_exception``).
+LightningModule and on its device (``callback.runtime``); after each optimizer step a few of its
+stats, in MiB, are logged through ``pl_module.log`` (``cswap/peak_resident_mib``,
+``cswap/budget_mib``, ``cswap/offloaded_mib``, ... see :func:`cswap.integrations.log_values`), and
+the budget in force is said once, when the first step has resolved it (and again if it rises),
+through Lightning's own ``rank_zero_info``. An exception closes the open iteration (``on_exception``).
 
 Needs the ``lightning`` extra: ``pip install 'cswap[lightning]'``.
 
@@ -20,12 +21,13 @@ Example:
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
-
 
 from cswap.integrations.scope import RuntimeHolder, log_values, make_runtime, require
 
 _pl = require("lightning.pytorch", "lightning", __name__)
+_rank_zero_info = importlib.import_module("lightning.pytorch.utilities").rank_zero_info
 
 __all__ = ["CswapCallback"]
 
@@ -34,13 +36,13 @@ class CswapCallback(RuntimeHolder, _pl.Callback):
     """Runs a Lightning ``Trainer``'s optimizer steps under a :class:`cswap.Runtime`.
 
     Args:
-        policy: ``none``, ``swap``, ``compress-swap``, ``cswap`` or ``compress-keep`` (default from
-            ``configs/default.yaml``).
+        policy: any of :data:`cswap.options.POLICIES` (``none``, ``swap``, ``cswap``, ``recompute``,
+            ``ac-full``, ...; default from ``configs/default.yaml``).
         memory_budget: passed to the runtime when it is not ``None`` (bytes, ``"2GiB"``, or a
             fraction of policy ``none``'s activation peak).
         host_memory_budget: passed to the runtime when it is not ``None``: the most bytes of saved
             activations' host copies held at once (bytes, ``"8GiB"``, or ``"auto"``).
-        log_stats: log the runtime's stats after each optimizer step.
+        log_stats: log the runtime's stats after each optimizer step, and say the budget in force.
         **options: any other :class:`cswap.Runtime` option (``min_bytes``, ``backend``, ...).
             ``model`` defaults to the LightningModule and ``device`` to where it runs.
 
@@ -90,6 +92,9 @@ class CswapCallback(RuntimeHolder, _pl.Callback):
             to_logger = bool(trainer.loggers)  # without one the values still reach trainer.callback_metrics
             for name, value in log_values(self.runtime).items():
                 pl_module.log(name, value, on_step=True, on_epoch=False, prog_bar=False, logger=to_logger)
+            line = self._budget_news()
+            if line is not None:
+                _rank_zero_info(line)
 
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         self._scope.close()

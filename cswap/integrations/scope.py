@@ -14,14 +14,15 @@ Example:
     >>> scope.open(rt)                  # e.g. at the first micro-batch of an optimizer step
     >>> x.exp().sum().backward()        # the framework's forward and backward, in between
     >>> scope.close()                   # e.g. before the optimizer step
-    >>> rt.stats().iterations, log_values(rt)["cswap/offloaded_bytes"]
-    (1, 64.0)
+    >>> rt.stats().iterations, log_values(rt)["cswap/offloaded_mib"]   # 64 bytes
+    (1, 6.1e-05)
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import math
 import threading
 from contextlib import ExitStack
 from types import ModuleType
@@ -33,7 +34,7 @@ from cswap.budget import parse_budget
 from cswap.options import load_options
 from cswap.runtime import Runtime
 
-__all__ = ["IterationScope", "RuntimeHolder", "log_values", "make_runtime", "require", "runtime_options"]
+__all__ = ["IterationScope", "RuntimeHolder", "budget_line", "log_values", "make_runtime", "mib", "require", "runtime_options"]
 
 
 def require(module: str, extra: str, needed_by: str) -> ModuleType:
@@ -95,37 +96,77 @@ def make_runtime(kwargs: dict[str, Any], model: torch.nn.Module | None) -> Runti
     return Runtime(**kwargs)
 
 
-def log_values(rt: Runtime) -> dict[str, float]:
-    """The runtime's stats as the flat ``{name: number}`` a trainer logs.
+def mib(nbytes: float) -> float:
+    """``nbytes`` in MiB, to 0.01 MiB, or to three significant digits below 1 MiB (a log line of a
+    small model still shows its figures).
 
-    Cumulative bytes offloaded, transferred and compressed, the compression ratio, the peak of
-    resident activation bytes, and, when the runtime plans to a memory budget, the budget and the
-    peak's share of it; the host copies' peak, and under a host budget the budget and its share;
-    the iterations that profiled and the plans made without a profile.
+    Example:
+        >>> mib(94_180_000), mib(5 << 20), mib(5000), mib(0)
+        (89.82, 5.0, 0.00477, 0.0)
+    """
+    value = nbytes / (1 << 20)
+    if value == 0:
+        return 0.0
+    return round(value, max(2, 2 - math.floor(math.log10(abs(value)))))
+
+
+def log_values(rt: Runtime) -> dict[str, float]:
+    """The few figures of the runtime's stats a trainer logs at every step, in MiB.
+
+    ``cswap/peak_resident_mib`` (the most activation bytes resident on the device at once),
+    ``cswap/budget_mib`` when the runtime plans to a memory budget, ``cswap/offloaded_mib`` (moved
+    to the host so far), ``cswap/host_peak_mib`` and ``cswap/host_budget_mib`` under a host memory
+    budget, and the counts ``cswap/profiled_iterations`` and ``cswap/unprofiled_plans`` (what
+    dynamic padding costs). ``rt.stats()`` has the rest.
+
+    Example:
+        >>> import cswap
+        >>> sorted(log_values(cswap.Runtime("swap", device="cpu", memory_budget="64MiB")).items())  # doctest: +NORMALIZE_WHITESPACE
+        [('cswap/budget_mib', 64.0), ('cswap/offloaded_mib', 0.0), ('cswap/peak_resident_mib', 0.0),
+         ('cswap/profiled_iterations', 0), ('cswap/unprofiled_plans', 0)]
     """
     stats = rt.stats()
-    values = {
-        "cswap/offloaded_bytes": float(stats.offloaded_bytes),
-        "cswap/transferred_bytes": float(stats.transferred_bytes),
-        "cswap/compressed_input_bytes": float(stats.compressed_input_bytes),
-        "cswap/compressed_bytes": float(stats.compressed_bytes),
-        "cswap/compression_ratio": float(stats.compression_ratio),
-        "cswap/peak_resident_bytes": float(stats.peak_resident_bytes),
-    }
+    values: dict[str, float] = {"cswap/peak_resident_mib": mib(stats.peak_resident_bytes)}
     budget_bytes = getattr(stats, "budget_bytes", None)  # reported by runtimes that plan to a budget
     if budget_bytes:
-        values["cswap/budget_bytes"] = float(budget_bytes)
-        values["cswap/peak_to_budget"] = stats.peak_resident_bytes / budget_bytes
-    values["cswap/host_peak_bytes"] = float(getattr(stats, "host_peak_bytes", 0))
-    # Iterations that profiled, and plans made without one (a larger size of a graph profiled
-    # before): what dynamic padding costs, in the trainer's own logs.
-    values["cswap/profiled_iterations"] = float(getattr(stats, "profiled_iterations", 0))
-    values["cswap/unprofiled_plans"] = float(getattr(stats, "unprofiled_plans", 0))
+        values["cswap/budget_mib"] = mib(budget_bytes)
+    values["cswap/offloaded_mib"] = mib(stats.offloaded_bytes)
     host_budget_bytes = getattr(stats, "host_budget_bytes", None)
     if host_budget_bytes:
-        values["cswap/host_budget_bytes"] = float(host_budget_bytes)
-        values["cswap/host_peak_to_budget"] = stats.host_peak_bytes / host_budget_bytes
+        values["cswap/host_peak_mib"] = mib(getattr(stats, "host_peak_bytes", 0))
+        values["cswap/host_budget_mib"] = mib(host_budget_bytes)
+    # Iterations that profiled, and plans made without one (a larger size of a graph profiled
+    # before): what dynamic padding costs, in the trainer's own logs.
+    values["cswap/profiled_iterations"] = int(getattr(stats, "profiled_iterations", 0))
+    values["cswap/unprofiled_plans"] = int(getattr(stats, "unprofiled_plans", 0))
     return values
+
+
+def budget_line(policy: str, given: Any, budget_bytes: int | None, host_given: Any = None, host_budget_bytes: int | None = None) -> str:
+    """The line a callback prints when the budgets in force are known, or change.
+
+    Args:
+        policy: the runtime's policy.
+        given, host_given: the ``memory_budget`` and ``host_memory_budget`` the callback was given.
+        budget_bytes, host_budget_bytes: what they resolved to (``None``: no such budget, or not
+            resolved yet).
+
+    Example:
+        >>> budget_line("cswap", 0.5, 94_180_000)
+        "cswap: policy cswap keeps saved activations within 89.82 MiB on the device (memory_budget=0.5: that fraction of policy none's peak, as profiled)"
+        >>> budget_line("swap", "2GiB", 2 << 30, "auto", 8 << 30)
+        "cswap: policy swap keeps saved activations within 2048.0 MiB on the device (memory_budget='2GiB'), their host copies within 8192.0 MiB (host_memory_budget='auto')"
+    """
+    parts = []
+    if budget_bytes:
+        how = f"memory_budget={given!r}"
+        if parse_budget(given) is not None and parse_budget(given).relative:  # type: ignore[union-attr]
+            how += ": that fraction of policy none's peak, as profiled"
+        parts.append(f"saved activations within {mib(budget_bytes)} MiB on the device ({how})")
+    if host_budget_bytes:
+        whose = "their host copies" if parts else "the host copies of saved activations"
+        parts.append(f"{whose} within {mib(host_budget_bytes)} MiB (host_memory_budget={host_given!r})")
+    return f"cswap: policy {policy} keeps " + ", ".join(parts)
 
 
 class IterationScope:
@@ -213,6 +254,19 @@ class RuntimeHolder:
         self._runtime: Runtime | None = None
         self._model: torch.nn.Module | None = None
         self._scope = IterationScope()
+        self._said_budgets: tuple[int | None, int | None] = (None, None)
+
+    def _budget_news(self) -> str | None:
+        """:func:`budget_line` when the budgets in force differ from those last said (the first
+        step shows them; a fraction of none's peak rises with a longer sequence), else ``None``."""
+        if self._runtime is None:
+            return None
+        stats = self._runtime.stats()
+        now = (getattr(stats, "budget_bytes", None), getattr(stats, "host_budget_bytes", None))
+        if now == self._said_budgets:
+            return None
+        self._said_budgets = now
+        return budget_line(self.policy, self._kwargs.get("memory_budget"), now[0], self._kwargs.get("host_memory_budget"), now[1])
 
     @property
     def policy(self) -> str:

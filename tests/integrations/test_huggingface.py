@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import cswap
+from cswap.integrations.scope import mib
 from cswap.options import POLICIES
 from tests.integrations.conftest import acted, offload_everything
 
@@ -84,9 +85,8 @@ def test_trainer_weights_bit_identical(plain, tmp_path: Path, policy: str) -> No
     assert acted(stats, policy)
     logged = [record for record in trainer.state.log_history if "loss" in record]
     assert len(logged) == STEPS
-    assert logged[-1]["cswap/offloaded_bytes"] == stats.offloaded_bytes
-    assert logged[-1]["cswap/compressed_bytes"] == stats.compressed_bytes
-    assert logged[-1]["cswap/peak_resident_bytes"] == stats.peak_resident_bytes
+    assert logged[-1]["cswap/offloaded_mib"] == mib(stats.offloaded_bytes)
+    assert logged[-1]["cswap/peak_resident_mib"] == mib(stats.peak_resident_bytes)
 
 
 def test_an_iteration_spans_every_micro_batch_of_a_step(tmp_path: Path) -> None:

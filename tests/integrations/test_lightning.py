@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+from cswap.integrations.scope import mib
 from cswap.options import POLICIES
 from tests.integrations.conftest import acted, offload_everything
 
@@ -88,9 +89,8 @@ def test_lightning_weights_bit_identical(plain, tmp_path: Path, policy: str) -> 
     assert stats.packed_tensors > 0 and stats.resident_bytes == 0
     assert acted(stats, policy)
     logged = trainer.callback_metrics
-    assert float(logged["cswap/offloaded_bytes"]) == pytest.approx(stats.offloaded_bytes, rel=1e-6)
-    assert float(logged["cswap/compressed_bytes"]) == pytest.approx(stats.compressed_bytes, rel=1e-6)
-    assert float(logged["cswap/peak_resident_bytes"]) == pytest.approx(stats.peak_resident_bytes, rel=1e-6)
+    assert float(logged["cswap/offloaded_mib"]) == pytest.approx(mib(stats.offloaded_bytes), rel=1e-6)
+    assert float(logged["cswap/peak_resident_mib"]) == pytest.approx(mib(stats.peak_resident_bytes), rel=1e-6)
 
 
 def test_manual_optimization_runs_one_iteration_per_batch(tmp_path: Path) -> None:
