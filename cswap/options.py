@@ -89,7 +89,11 @@ class RuntimeOptions:
         policy: one of :data:`POLICIES`.
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``: where training runs.
         backend: ZVC codec backend, one of :data:`BACKENDS`.
-        min_bytes: saved tensors smaller than this stay where they are (``0`` offloads everything).
+        min_bytes: without a memory budget, saved tensors smaller than this stay where they are
+            (``0`` offloads everything). Under a budget it binds nothing: every tensor may move when
+            the budget needs it, each copy of one below it priced with a fixed latency each way
+            (:data:`cswap.planner.costmodel.COPY_LATENCY_S`), so the plan keeps small tensors where
+            the budget allows.
         prefetch_bytes: bytes of offloaded tensors that backward may fetch ahead of need.
         decider: ``cost-model`` (compress iff T < T') or ``logistic`` (``logistic_model`` decides).
         paper_size: cost compressed transfers as ``Size*(1-Sparsity)`` (the paper) instead of exactly.

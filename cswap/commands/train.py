@@ -60,7 +60,7 @@ def train_command(
     image_size: Optional[int] = typer.Option(None, show_default=_default("image_size"), help="Input resolution."),
     width_mult: Optional[float] = typer.Option(None, show_default=_default("width_mult"), help="Channel multiplier of the model."),
     train_samples: Optional[int] = typer.Option(None, show_default=_default("train_samples"), help="Use only this many training images."),
-    min_bytes: Optional[int] = typer.Option(None, show_default=_default("min_bytes"), help="Saved tensors below this many bytes stay on the device."),
+    min_bytes: Optional[int] = typer.Option(None, show_default=_default("min_bytes"), help="Without --memory-budget, saved tensors below this many bytes stay on the device; under a budget it binds nothing: any tensor may move when the budget needs it, a small one's copies priced with a fixed latency each way (cswap.planner.costmodel.COPY_LATENCY_S)."),
     memory_budget: Optional[str] = typer.Option(None, show_default=_default("memory_budget"), help="Most bytes of saved activations on the device: 512MiB, 2GiB, bytes, or a fraction of policy none's peak (0.5)."),
     host_memory_budget: Optional[str] = typer.Option(None, show_default=_default("host_memory_budget"), help="Most bytes of saved activations' host copies held at once: 8GiB, bytes, or auto (half the cgroup limit, else of the available RAM)."),
     report: Optional[Path] = typer.Option(None, show_default=_default("report"), help="JSON report path."),

@@ -91,7 +91,9 @@ class TrainConfig(BaseModel):
         image_size: input resolution the dataset is resized to.
         width_mult: channel multiplier of the model (1.0 is the published architecture).
         train_samples: cap on training images (``None``: all).
-        min_bytes: tensors below it stay on the device.
+        min_bytes: without a memory budget, tensors below it stay on the device; under one it binds
+            nothing (every tensor may move when the budget needs it, a small one's copies priced with
+            a fixed latency, :data:`cswap.planner.costmodel.COPY_LATENCY_S`).
         memory_budget: the most bytes of saved activations on the device: bytes, ``"512MiB"``, or a
             fraction in (0, 1] of policy ``none``'s peak (:func:`cswap.budget.parse_budget`); ``None``: no budget.
         host_memory_budget: the most bytes of saved activations' host copies held at once: bytes,
