@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 from collections.abc import Mapping
 
@@ -65,9 +66,12 @@ def compress(
         True
     """
     backend = backend or default_backend(t.device)
+    chosen = CODECS.get(codec)
     if out is None:
-        return CODECS.get(codec).compress(t, backend, _launch(backend, launch))
-    return CODECS.get(codec).compress(t, backend, _launch(backend, launch), out=out)
+        return chosen.compress(t, backend, _launch(backend, launch))
+    if "out" not in inspect.signature(chosen.compress).parameters:
+        raise ValueError(f"codec {codec!r} writes its own buffers: call compress() without out=")
+    return chosen.compress(t, backend, _launch(backend, launch), out=out)
 
 
 def decompress(

@@ -7,7 +7,7 @@ registered as import paths so that importing :mod:`cswap.codecs` does not load N
 Example:
     >>> from cswap.codecs.registry import CODECS
     >>> CODECS.names()
-    ('zvc',)
+    ('zvc', 'bitpack', 'exponent')
 """
 
 from __future__ import annotations
@@ -79,6 +79,8 @@ class CodecRegistry:
 
 CODECS = CodecRegistry()
 CODECS.register("zvc", "cswap.codecs.zvc:ZVC")
+CODECS.register("bitpack", "cswap.codecs.bitpack:BITPACK")
+CODECS.register("exponent", "cswap.codecs.exponent:EXPONENT")
 
 
 def check_backend(codec: Any, backend: str) -> None:

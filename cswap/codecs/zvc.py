@@ -30,6 +30,7 @@ from types import ModuleType
 import torch
 
 from cswap.codecs.format import DEFAULT_CHUNK_WORDS, Packed, bits_dtype, check_dtype, out_buffer
+from cswap.codecs.encoded import output_tensor
 from cswap.codecs.launch import Launch
 from cswap.codecs.registry import check_backend
 
@@ -103,13 +104,7 @@ class ZvcCodec:
         launch = module.check_launch(launch)
         if validate:
             packed.validate()
-        if out is None:
-            out = torch.empty(packed.shape, dtype=packed.dtype, device=packed.device)
-        elif tuple(out.shape) != tuple(packed.shape) or out.dtype != packed.dtype or not out.is_contiguous():
-            raise ValueError(
-                f"out must be a contiguous {packed.dtype} tensor of shape {packed.shape}, "
-                f"got {out.dtype} {tuple(out.shape)} (contiguous={out.is_contiguous()})"
-            )
+        out = output_tensor(packed.shape, packed.dtype, packed.device, out)
         if out.numel():
             module.decompress_bits(packed, out.view(-1).view(bits_dtype(packed.dtype)), launch)
         return out

@@ -1,0 +1,74 @@
+"""Bit-packing on the CPU with Numba: one 32-lane vector compare per word, parallel over words.
+
+Example:
+    >>> import torch
+    >>> pack(torch.tensor([1, 0, 1, 1], dtype=torch.uint8), None).tolist()
+    [13]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from numba import njit, prange
+
+from cswap.codecs.format import n_words_for
+from cswap.codecs.intrinsics import nonzero_mask32 as _nonzero_mask32
+from cswap.codecs.cpu_launch import check_launch, require_cpu, threads
+from cswap.codecs.launch import CpuLaunch
+
+__all__ = ["available", "check_launch", "pack", "unpack"]
+
+#: Words per parallel task: small tasks would cost more to schedule than to pack.
+_WORDS_PER_TASK = 4096
+
+
+def available() -> bool:
+    """Always: Numba's CPU JIT runs wherever cswap installs."""
+    return True
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _pack(x: np.ndarray, words: np.ndarray) -> None:
+    numel = x.size
+    full = numel // 32
+    n_tasks = (words.size + _WORDS_PER_TASK - 1) // _WORDS_PER_TASK
+    for task in prange(n_tasks):
+        w0 = task * _WORDS_PER_TASK
+        for w in range(w0, min(w0 + _WORDS_PER_TASK, full)):
+            words[w] = _nonzero_mask32(x, w * 32)
+    if full < words.size:  # the partial last word
+        word = np.uint32(0)
+        for j in range(numel - full * 32):
+            word |= np.uint32(x[full * 32 + j] != 0) << np.uint32(j)
+        words[full] = word
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _unpack(words: np.ndarray, out: np.ndarray) -> None:
+    numel = out.size
+    n_tasks = (words.size + _WORDS_PER_TASK - 1) // _WORDS_PER_TASK
+    for task in prange(n_tasks):
+        w0 = task * _WORDS_PER_TASK
+        for w in range(w0, min(w0 + _WORDS_PER_TASK, words.size)):
+            word = words[w]
+            base = w * 32
+            for j in range(min(32, numel - base)):
+                out[base + j] = (word >> np.uint32(j)) & np.uint32(1)
+
+
+def pack(flat: torch.Tensor, launch: CpuLaunch | None) -> torch.Tensor:
+    """The words of a flat uint8 tensor: bit ``i % 32`` of word ``i // 32`` set when element ``i`` is nonzero."""
+    require_cpu("the tensor", flat)
+    words = torch.empty(n_words_for(flat.numel()), dtype=torch.int32)
+    with threads(check_launch(launch).threads):
+        _pack(flat.numpy(), words.numpy().view(np.uint32))
+    return words
+
+
+def unpack(words: torch.Tensor, out: torch.Tensor, launch: CpuLaunch | None) -> None:
+    """Write 0 or 1 per element of ``words`` into the flat uint8 tensor ``out``."""
+    require_cpu("the words", words)
+    with threads(check_launch(launch).threads):
+        _unpack(words.contiguous().numpy().view(np.uint32), out.numpy())
+

@@ -1,0 +1,299 @@
+"""Exponent coding on the GPU: Numba CUDA kernels writing the bytes of :mod:`cswap.codecs.exponent_torch`.
+
+One block per chunk (grid-stride over chunks), with the grid and block of ``compress`` and
+``decompress`` in :class:`~cswap.codecs.launch.CudaLaunch`:
+
+* ``plan``: the chunk's exponent histogram and shared trailing zero bits by shared-memory
+  atomics; each bin's place in the table order by counting the bins before it; then the code
+  width of fewest words, the escape count, the table and the chunk's size;
+* between the kernels, torch's ``cumsum`` turns sizes into ``offsets`` on the same stream, and the
+  host reads the total (one small copy, the only synchronisation of a compress) to size ``words``;
+* ``write``: each thread takes a run of the chunk's elements and ORs its code, rest and escape
+  fields into the zeroed words (global atomics: fields never overlap, so the result is the same
+  in any order); an escape's rank comes from a block-wide scan of the runs' escape counts;
+* ``decompress``: the same scan over escape codes, then each element reads its fields.
+
+No warp intrinsics: the same kernels run under Numba's CUDA simulator. Reads past ``words`` give
+zeros, so a corrupt buffer decoded with ``validate=False`` decodes wrong but reads nothing out of
+bounds. A launch the device refuses falls back to the defaults with one warning.
+
+Example:
+    >>> import torch
+    >>> from cswap.codecs import compress
+    >>> p = compress(torch.randn(1 << 20, device="cuda", dtype=torch.bfloat16), codec="exponent")  # doctest: +SKIP
+    >>> p.ratio > 1.3  # doctest: +SKIP
+    True
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+import torch
+from numba import cuda, int64, uint32, uint64
+
+from cswap.codecs import cuda_adapter
+from cswap.codecs.cuda_launch import check_launch, with_fallback
+from cswap.codecs.exponent_format import FLOAT_LAYOUTS, HEADER_WORDS, TABLE_ENTRY_BITS, ExponentPacked, FloatLayout
+from cswap.codecs.launch import CudaLaunch
+
+__all__ = ["available", "check_launch", "compress_bits", "decompress_bits"]
+
+#: Shared scratch is sized for the largest block CudaLaunch allows and the widest exponent.
+_MAX_BLOCK = 1024
+_MAX_EXPONENTS = 256
+
+
+def available() -> bool:
+    """True where torch and Numba both see a GPU, or under ``NUMBA_ENABLE_CUDASIM=1``."""
+    return cuda_adapter.simulator_enabled() or cuda_adapter.gpu_available()
+
+
+@functools.cache
+def _kernels() -> tuple[Any, Any, Any]:
+    @cuda.jit(device=True)
+    def words_for(fields, width):  # type: ignore[no-untyped-def]
+        return (fields * width + 31) // 32
+
+    @cuda.jit(device=True)
+    def put(words, bit, field, width):  # type: ignore[no-untyped-def]
+        w = bit >> 5
+        shift = bit & 31
+        cuda.atomic.or_(words, w, uint32((uint64(field) << uint64(shift)) & uint64(0xFFFFFFFF)))
+        if shift + width > 32:
+            cuda.atomic.or_(words, w + 1, uint32(uint64(field) >> uint64(32 - shift)))
+
+    @cuda.jit(device=True)
+    def get(words, bit, width):  # type: ignore[no-untyped-def]
+        w = bit >> 5
+        low = uint64(words[w]) if w < words.size else uint64(0)
+        high = uint64(words[w + 1]) if w + 1 < words.size else uint64(0)
+        return int64(((low | (high << uint64(32))) >> uint64(bit & 31)) & uint64((1 << width) - 1))
+
+    @cuda.jit(device=True)
+    def exclusive_scan(value, tid, nthreads, scratch):  # type: ignore[no-untyped-def]
+        """Sum of ``value`` over threads below ``tid`` (block-uniform call: it holds barriers)."""
+        scratch[tid] = value
+        cuda.syncthreads()
+        step = 1
+        while step < nthreads:
+            before = scratch[tid - step] if tid >= step else 0
+            cuda.syncthreads()
+            scratch[tid] += before
+            cuda.syncthreads()
+            step *= 2
+        total = scratch[tid] - value
+        cuda.syncthreads()
+        return total
+
+    @cuda.jit
+    def plan(x, n, width, exp_bits, man_bits, chunk, ks, ts, n_escs, tables, sizes):  # type: ignore[no-untyped-def]
+        counts = cuda.shared.array(_MAX_EXPONENTS, dtype=np.int32)
+        order = cuda.shared.array(_MAX_EXPONENTS, dtype=np.int32)
+        t_shared = cuda.shared.array(1, dtype=np.int32)
+        tid = cuda.threadIdx.x
+        nthreads = cuda.blockDim.x
+        n_exp = 1 << exp_bits
+        n_chunks = sizes.size
+        for c in range(cuda.blockIdx.x, n_chunks, cuda.gridDim.x):
+            lo = c * chunk
+            m = min(chunk, n - lo)
+            for b in range(tid, n_exp, nthreads):
+                counts[b] = 0
+            if tid == 0:
+                t_shared[0] = man_bits
+            cuda.syncthreads()
+            t_mine = man_bits
+            for i in range(lo + tid, lo + m, nthreads):
+                u = int64(x[i]) & ((1 << width) - 1)
+                cuda.atomic.add(counts, (u >> man_bits) & (n_exp - 1), 1)
+                v = (u & ((1 << man_bits) - 1)) | (1 << man_bits)
+                tz = 0
+                while (v >> tz) & 1 == 0:
+                    tz += 1
+                t_mine = min(t_mine, tz)
+            cuda.atomic.min(t_shared, 0, t_mine)
+            cuda.syncthreads()
+            for b in range(tid, n_exp, nthreads):
+                place = 0
+                for j in range(n_exp):
+                    if counts[j] > counts[b] or (counts[j] == counts[b] and j < b):
+                        place += 1
+                order[place] = b
+            cuda.syncthreads()
+            if tid == 0:
+                best_k = 0
+                best = words_for(m, exp_bits)
+                covered = 0
+                best_covered = 0
+                for k in range(1, exp_bits):
+                    for j in range((1 << (k - 1)) - 1, (1 << k) - 1):
+                        covered += counts[order[j]]
+                    cost = words_for((1 << k) - 1, TABLE_ENTRY_BITS) + words_for(m, k) + words_for(m - covered, exp_bits)
+                    if cost < best:
+                        best = cost
+                        best_k = k
+                        best_covered = covered
+                for j in range((1 << best_k) - 1):
+                    tables[c, j] = order[j]
+                t = t_shared[0]
+                ks[c] = best_k
+                ts[c] = t
+                n_escs[c] = m - best_covered
+                sizes[c] = (
+                    HEADER_WORDS + words_for((1 << best_k) - 1, TABLE_ENTRY_BITS) + words_for(m, best_k)
+                    + words_for(m, man_bits + 1 - t) + words_for(m - best_covered, exp_bits)
+                )
+            cuda.syncthreads()
+
+    @cuda.jit
+    def write(x, n, width, exp_bits, man_bits, chunk, ks, ts, n_escs, tables, offsets, words):  # type: ignore[no-untyped-def]
+        code_of = cuda.shared.array(_MAX_EXPONENTS, dtype=np.int32)
+        scratch = cuda.shared.array(_MAX_BLOCK, dtype=np.int64)
+        tid = cuda.threadIdx.x
+        nthreads = cuda.blockDim.x
+        n_exp = 1 << exp_bits
+        for c in range(cuda.blockIdx.x, offsets.size - 1, cuda.gridDim.x):
+            lo = c * chunk
+            m = min(chunk, n - lo)
+            k = ks[c]
+            t = ts[c]
+            n_table = (1 << k) - 1
+            start = offsets[c]
+            for b in range(tid, n_exp, nthreads):
+                code_of[b] = n_table
+            cuda.syncthreads()
+            for j in range(tid, n_table, nthreads):
+                code_of[tables[c, j]] = j
+                put(words, (start + HEADER_WORDS) * 32 + j * TABLE_ENTRY_BITS, tables[c, j], TABLE_ENTRY_BITS)
+            if tid == 0:
+                words[start] = uint32(k | (t << 8))
+                words[start + 1] = uint32(n_escs[c])
+            cuda.syncthreads()
+            codes = start + HEADER_WORDS + words_for(n_table, TABLE_ENTRY_BITS)
+            rests = codes + words_for(m, k)
+            escapes = rests + words_for(m, man_bits + 1 - t)
+            run = (m + nthreads - 1) // nthreads
+            first = tid * run
+            last = min(first + run, m)
+            mine = 0
+            for j in range(first, last):
+                e = ((int64(x[lo + j]) & ((1 << width) - 1)) >> man_bits) & (n_exp - 1)
+                if code_of[e] == n_table:
+                    mine += 1
+            rank = exclusive_scan(mine, tid, nthreads, scratch)
+            rest_bits = man_bits + 1 - t
+            for j in range(first, last):
+                u = int64(x[lo + j]) & ((1 << width) - 1)
+                e = (u >> man_bits) & (n_exp - 1)
+                code = code_of[e]
+                if k:
+                    put(words, codes * 32 + j * k, code, k)
+                rest = ((u >> (width - 1)) << (man_bits - t)) | ((u & ((1 << man_bits) - 1)) >> t)
+                put(words, rests * 32 + j * rest_bits, rest, rest_bits)
+                if code == n_table:
+                    put(words, escapes * 32 + rank * exp_bits, e, exp_bits)
+                    rank += 1
+            cuda.syncthreads()
+
+    @cuda.jit
+    def decompress(words, offsets, n, width, exp_bits, man_bits, chunk, out):  # type: ignore[no-untyped-def]
+        table = cuda.shared.array(_MAX_EXPONENTS, dtype=np.int32)
+        scratch = cuda.shared.array(_MAX_BLOCK, dtype=np.int64)
+        tid = cuda.threadIdx.x
+        nthreads = cuda.blockDim.x
+        n_exp = 1 << exp_bits
+        for c in range(cuda.blockIdx.x, offsets.size - 1, cuda.gridDim.x):
+            lo = c * chunk
+            m = min(chunk, n - lo)
+            start = offsets[c]
+            header = get(words, start * 32, 32)
+            k = min(header & 0xFF, exp_bits - 1)
+            t = min((header >> 8) & 0xFF, man_bits)
+            n_table = (1 << k) - 1
+            for j in range(tid, n_table, nthreads):
+                table[j] = get(words, (start + HEADER_WORDS) * 32 + j * TABLE_ENTRY_BITS, TABLE_ENTRY_BITS) & (n_exp - 1)
+            cuda.syncthreads()
+            codes = start + HEADER_WORDS + words_for(n_table, TABLE_ENTRY_BITS)
+            rests = codes + words_for(m, k)
+            escapes = rests + words_for(m, man_bits + 1 - t)
+            run = (m + nthreads - 1) // nthreads
+            first = tid * run
+            last = min(first + run, m)
+            mine = 0
+            for j in range(first, last):
+                if get(words, codes * 32 + j * k, k) == n_table:
+                    mine += 1
+            rank = exclusive_scan(mine, tid, nthreads, scratch)
+            rest_bits = man_bits + 1 - t
+            for j in range(first, last):
+                code = get(words, codes * 32 + j * k, k)
+                if code == n_table:
+                    e = get(words, escapes * 32 + rank * exp_bits, exp_bits)
+                    rank += 1
+                else:
+                    e = int64(table[code])
+                rest = get(words, rests * 32 + j * rest_bits, rest_bits) << t
+                u = ((rest >> man_bits) << (width - 1)) | (e << man_bits) | (rest & ((1 << man_bits) - 1))
+                if u >= (1 << (width - 1)):
+                    u -= 1 << width
+                out[lo + j] = u
+            cuda.syncthreads()
+
+    return plan, write, decompress
+
+
+def compress_bits(
+    flat_bits: torch.Tensor, layout: FloatLayout, chunk_words: int, launch: CudaLaunch | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(words, offsets)`` of a flat tensor of float bits on its GPU (on the CPU under the simulator)."""
+    launch = check_launch(launch)
+    cuda_adapter.check_tensor(flat_bits, "tensor to compress")
+    device = flat_bits.device
+    chunk = 32 * chunk_words
+    n = flat_bits.numel()
+    n_chunks = -(-n // chunk)
+    fields = (n, layout.width, layout.exponent_bits, layout.mantissa_bits, chunk)
+
+    def run(chosen: CudaLaunch) -> tuple[torch.Tensor, torch.Tensor]:
+        per_chunk = [torch.empty(n_chunks, dtype=torch.int64, device=device) for _ in range(4)]
+        tables = torch.empty(n_chunks, (1 << (layout.exponent_bits - 1)) - 1, dtype=torch.int64, device=device)
+        offsets = torch.zeros(n_chunks + 1, dtype=torch.int64, device=device)
+        if not n_chunks:
+            return torch.empty(0, dtype=torch.int32, device=device), offsets
+        plan, write, _ = _kernels()
+        ks, ts, n_escs, sizes = (cuda_adapter.as_array(a) for a in per_chunk)
+        chunk_fields = (ks, ts, n_escs, cuda_adapter.as_array(tables))
+        with cuda_adapter.launcher(device) as launcher:
+            launcher(plan, chosen.compress_grid, chosen.compress_block, cuda_adapter.as_array(flat_bits), *fields, *chunk_fields, sizes)
+        torch.cumsum(per_chunk[3], 0, out=offsets[1:])
+        words = torch.zeros(int(offsets[-1]), dtype=torch.int32, device=device)
+        with cuda_adapter.launcher(device) as launcher:
+            launcher(
+                write, chosen.scatter_grid, chosen.scatter_block, cuda_adapter.as_array(flat_bits), *fields,
+                *chunk_fields, cuda_adapter.as_array(offsets), cuda_adapter.as_array(words, np.uint32),
+            )
+        return words, offsets
+
+    return with_fallback(launch, launch.chunk_words, run)
+
+
+def decompress_bits(packed: ExponentPacked, out_bits: torch.Tensor, launch: CudaLaunch | None) -> None:
+    """Write the element bits of ``packed`` into the flat int16 or int32 tensor ``out_bits`` on the same device."""
+    launch = check_launch(launch)
+    for name, tensor in (("packed words", packed.words), ("packed offsets", packed.offsets), ("output", out_bits)):
+        cuda_adapter.check_tensor(tensor, name)
+    layout = FLOAT_LAYOUTS[packed.dtype]
+
+    def run(chosen: CudaLaunch) -> None:
+        with cuda_adapter.launcher(out_bits.device) as launcher:
+            launcher(
+                _kernels()[2], chosen.decompress_grid, chosen.decompress_block,
+                cuda_adapter.as_array(packed.words.contiguous(), np.uint32), cuda_adapter.as_array(packed.offsets.contiguous()),
+                out_bits.numel(), layout.width, layout.exponent_bits, layout.mantissa_bits, packed.chunk_elements,
+                cuda_adapter.as_array(out_bits),
+            )
+
+    with_fallback(launch, launch.chunk_words, run)
