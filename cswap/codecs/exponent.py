@@ -21,7 +21,8 @@ from __future__ import annotations
 import torch
 
 from cswap.codecs.encoded import BackendModules, check_codec_dtype, output_tensor
-from cswap.codecs.exponent_format import EXPONENT_DTYPES, FLOAT_LAYOUTS, ExponentPacked
+from cswap.codecs.exponent_format import ExponentPacked
+from cswap.codecs.exponent_layout import EXPONENT_DTYPES, FLOAT_LAYOUTS
 from cswap.codecs.launch import DEFAULT_CHUNK_WORDS, Launch
 
 __all__ = ["EXPONENT", "ExponentCodec"]

@@ -15,7 +15,7 @@ raises ``ValueError`` instead of reading out of bounds.
 
 Example:
     >>> import torch
-    >>> from cswap.codecs.exponent_format import FLOAT_LAYOUTS
+    >>> from cswap.codecs.exponent_layout import FLOAT_LAYOUTS
     >>> x = torch.tensor([1.0, 2.0, 1.0, -1.0], dtype=torch.bfloat16).view(torch.int16)
     >>> words, offsets = compress_bits(x, FLOAT_LAYOUTS[torch.bfloat16], 32, None)
     >>> offsets.tolist()
@@ -29,7 +29,8 @@ import torch
 from numba import njit, prange
 
 from cswap.codecs.cpu_launch import check_launch, require_cpu, threads
-from cswap.codecs.exponent_format import FLOAT_LAYOUTS, HEADER_WORDS, TABLE_ENTRY_BITS, ExponentPacked, FloatLayout
+from cswap.codecs.exponent_format import ExponentPacked
+from cswap.codecs.exponent_layout import FLOAT_LAYOUTS, HEADER_WORDS, TABLE_ENTRY_BITS, FloatLayout
 from cswap.codecs.intrinsics import low_bit as _low_bit
 from cswap.codecs.launch import CpuLaunch
 

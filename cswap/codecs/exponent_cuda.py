@@ -36,7 +36,8 @@ from numba import cuda, int64, uint32, uint64
 
 from cswap.codecs import cuda_adapter
 from cswap.codecs.cuda_launch import check_launch, with_fallback
-from cswap.codecs.exponent_format import FLOAT_LAYOUTS, HEADER_WORDS, TABLE_ENTRY_BITS, ExponentPacked, FloatLayout
+from cswap.codecs.exponent_format import ExponentPacked
+from cswap.codecs.exponent_layout import FLOAT_LAYOUTS, HEADER_WORDS, TABLE_ENTRY_BITS, FloatLayout
 from cswap.codecs.launch import CudaLaunch
 
 __all__ = ["available", "check_launch", "compress_bits", "decompress_bits"]

@@ -42,65 +42,15 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, NamedTuple
+from typing import ClassVar
 
 import torch
 
 from cswap.codecs.encoded import Encoded
+from cswap.codecs.exponent_layout import EXPONENT_DTYPES, FLOAT_LAYOUTS, FloatLayout, exponent_chunk_words, section_words
 from cswap.codecs.launch import DEFAULT_CHUNK_WORDS, check_chunk_words
 
-__all__ = [
-    "EXPONENT_DTYPES",
-    "FLOAT_LAYOUTS",
-    "ExponentPacked",
-    "FloatLayout",
-    "exponent_chunk_words",
-    "section_words",
-]
-
-
-class FloatLayout(NamedTuple):
-    """The bit fields of a float format: total width, exponent bits, mantissa bits, and its integer view."""
-
-    width: int
-    exponent_bits: int
-    mantissa_bits: int
-    bits_dtype: torch.dtype
-
-
-#: The floats exponent coding takes, and their fields.
-FLOAT_LAYOUTS: dict[torch.dtype, FloatLayout] = {
-    torch.bfloat16: FloatLayout(16, 8, 7, torch.int16),
-    torch.float16: FloatLayout(16, 5, 10, torch.int16),
-    torch.float32: FloatLayout(32, 8, 23, torch.int32),
-}
-
-EXPONENT_DTYPES: tuple[torch.dtype, ...] = tuple(FLOAT_LAYOUTS)
-
-#: Bits per table entry: one byte, whatever ``E``.
-TABLE_ENTRY_BITS = 8
-HEADER_WORDS = 2
-
-
-def section_words(fields: int, width: int) -> int:
-    """Words of a section of ``fields`` fields of ``width`` bits.
-
-    Example:
-        >>> section_words(1024, 3), section_words(7, 8), section_words(5, 0)
-        (96, 2, 0)
-    """
-    return (fields * width + 31) // 32
-
-
-def exponent_chunk_words(numel: int, k: int, t: int, n_esc: int, layout: FloatLayout) -> int:
-    """Words of one chunk of ``numel`` elements with code width ``k``, ``t`` dropped bits and ``n_esc`` escapes."""
-    return (
-        HEADER_WORDS
-        + section_words((1 << k) - 1, TABLE_ENTRY_BITS)
-        + section_words(numel, k)
-        + section_words(numel, layout.mantissa_bits + 1 - t)
-        + section_words(n_esc, layout.exponent_bits)
-    )
+__all__ = ["EXPONENT_DTYPES", "FLOAT_LAYOUTS", "ExponentPacked", "FloatLayout", "exponent_chunk_words", "section_words"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -148,4 +98,4 @@ class ExponentPacked(Encoded):
         # Imported here: the checks decode with the reference backend, which imports this module.
         from cswap.codecs.exponent_torch import chunk_problems
 
-        self._raise_if(chunk_problems(self))
+        self._raise_if(chunk_problems(self.words, self.offsets, self.numel, self.chunk_elements, self.dtype))

@@ -6,7 +6,7 @@ speed here (:mod:`cswap.codecs.exponent_cpu` is the fast CPU path).
 
 Example:
     >>> import torch
-    >>> from cswap.codecs.exponent_format import FLOAT_LAYOUTS
+    >>> from cswap.codecs.exponent_layout import FLOAT_LAYOUTS
     >>> x = torch.tensor([1.0, 2.0, 1.0, -1.0], dtype=torch.bfloat16).view(torch.int16)
     >>> words, offsets = compress_bits(x, FLOAT_LAYOUTS[torch.bfloat16], 32, None)
     >>> offsets.tolist()
@@ -15,22 +15,25 @@ Example:
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 
-from cswap.codecs.exponent_format import (
-    HEADER_WORDS,
-    TABLE_ENTRY_BITS,
-    ExponentPacked,
-    FloatLayout,
-    FLOAT_LAYOUTS,
-)
+from cswap.codecs.exponent_layout import FLOAT_LAYOUTS, HEADER_WORDS, TABLE_ENTRY_BITS, FloatLayout
 from cswap.codecs.launch import Launch
 
 __all__ = ["available", "check_launch", "chunk_problems", "compress_bits", "decompress_bits"]
 
 _WORD_MASK = 0xFFFFFFFF
+
+
+class _Coded(Protocol):
+    """What decoding reads of an :class:`~cswap.codecs.exponent_format.ExponentPacked`."""
+
+    words: torch.Tensor
+    offsets: torch.Tensor
+    dtype: torch.dtype
+    chunk_elements: int
 
 
 def available() -> bool:
@@ -125,7 +128,7 @@ def compress_bits(
 
     Args:
         flat_bits: contiguous 1-d int16 or int32 tensor, the element bits.
-        layout: the float format's fields (:data:`~cswap.codecs.exponent_format.FLOAT_LAYOUTS`).
+        layout: the float format's fields (:data:`~cswap.codecs.exponent_layout.FLOAT_LAYOUTS`).
         chunk_words: chunk size in units of 32 elements.
         launch: ignored.
     """
@@ -184,20 +187,20 @@ def compress_bits(
     return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32), offsets
 
 
-def _headers(packed: ExponentPacked) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    start = packed.offsets[:-1]
-    header = packed.words.long()[start] & _WORD_MASK
-    n_esc = packed.words.long()[start + 1] & _WORD_MASK
+def _headers(words: torch.Tensor, offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    start = offsets[:-1]
+    header = words.long()[start] & _WORD_MASK
+    n_esc = words.long()[start + 1] & _WORD_MASK
     return header & 0xFF, (header >> 8) & 0xFF, n_esc
 
 
-def decompress_bits(packed: ExponentPacked, out_bits: torch.Tensor, launch: Launch | None) -> None:
+def decompress_bits(packed: _Coded, out_bits: torch.Tensor, launch: Launch | None) -> None:
     """Write the element bits of ``packed`` into the flat int16 or int32 tensor ``out_bits`` (buffers already valid)."""
     layout = FLOAT_LAYOUTS[packed.dtype]
     exp_bits, man_bits = layout.exponent_bits, layout.mantissa_bits
     device = packed.words.device
     chunk, local, sizes = _chunks(out_bits.numel(), packed.chunk_elements, device)
-    k, t, n_esc = _headers(packed)
+    k, t, n_esc = _headers(packed.words, packed.offsets)
     at = _sections(packed.offsets[:-1], k, t, n_esc, sizes, layout)
     words = _padded(packed.words)
 
@@ -214,42 +217,43 @@ def decompress_bits(packed: ExponentPacked, out_bits: torch.Tensor, launch: Laun
     out_bits.copy_(torch.where(u >= 1 << (layout.width - 1), u - (1 << layout.width), u))
 
 
-def chunk_problems(packed: ExponentPacked) -> list[str]:
-    """What is wrong with the offsets, headers, tables and escape counts of ``packed`` (empty when valid)."""
-    packed = packed.to("cpu")
-    offsets, words = packed.offsets, packed.words
-    if packed.n_chunks == 0:
+def chunk_problems(
+    words: torch.Tensor, offsets: torch.Tensor, numel: int, chunk_elements: int, dtype: torch.dtype
+) -> list[str]:
+    """What is wrong with the offsets, headers, tables and escape counts of a coded tensor (empty when valid).
+
+    Args:
+        words, offsets: the buffers, of the right dtypes and ranks.
+        numel: elements of the original tensor.
+        chunk_elements: elements per chunk.
+        dtype: the original dtype.
+    """
+    words, offsets = words.cpu(), offsets.cpu()
+    n_chunks = -(-numel // chunk_elements)
+    if n_chunks == 0:
         return [] if words.numel() == 0 else [f"an empty tensor has {words.numel()} words"]
-    if int(offsets[0]) != 0 or bool((offsets.diff() < 2).any()) or int(offsets[-1]) != words.numel():
-        return [f"offsets must rise from 0 by at least 2 per chunk to the {words.numel()} words"]
-    layout = FLOAT_LAYOUTS[packed.dtype]
-    k, t, n_esc = _headers(packed)
-    _, _, sizes = _chunks(packed.numel, packed.chunk_elements, offsets.device)
+    if int(offsets[0]) != 0 or bool((offsets.diff() < HEADER_WORDS).any()) or int(offsets[-1]) != words.numel():
+        return [f"offsets must rise from 0 by at least {HEADER_WORDS} per chunk to the {words.numel()} words"]
+    layout = FLOAT_LAYOUTS[dtype]
+    k, t, n_esc = _headers(words, offsets)
+    chunk, local, sizes = _chunks(numel, chunk_elements, offsets.device)
     bad = (k >= layout.exponent_bits) | (t > layout.mantissa_bits) | (n_esc > sizes)
     if bool(bad.any()):
         c = int(bad.nonzero()[0, 0])
         return [f"chunk {c} has header k={int(k[c])}, t={int(t[c])}, n_esc={int(n_esc[c])} out of range"]
-    expected = _sections(offsets[:-1], k, t, n_esc, sizes, layout).total
-    wrong = expected != offsets.diff()
+    at = _sections(offsets[:-1], k, t, n_esc, sizes, layout)
+    wrong = at.total != offsets.diff()
     if bool(wrong.any()):
         c = int(wrong.nonzero()[0, 0])
-        return [f"chunk {c} spans {int(offsets.diff()[c])} words but its header needs {int(expected[c])}"]
-    return _table_and_escape_problems(packed, k, n_esc, sizes, layout)
-
-
-def _table_and_escape_problems(
-    packed: ExponentPacked, k: torch.Tensor, n_esc: torch.Tensor, sizes: torch.Tensor, layout: FloatLayout
-) -> list[str]:
-    words = _padded(packed.words)
-    at = _sections(packed.offsets[:-1], k, torch.zeros_like(k), n_esc, sizes, layout)
+        return [f"chunk {c} spans {int(offsets.diff()[c])} words but its header needs {int(at.total[c])}"]
+    padded = _padded(words)
     n_table = (1 << k) - 1
     slot = torch.arange(1 << (layout.exponent_bits - 1), dtype=torch.int64)
     in_table = slot[None, :] < n_table[:, None]
-    entries = _read(words, (at.table[:, None] * 32 + slot[None, :] * TABLE_ENTRY_BITS)[in_table], TABLE_ENTRY_BITS)
+    entries = _read(padded, (at.table[:, None] * 32 + slot[None, :] * TABLE_ENTRY_BITS)[in_table], TABLE_ENTRY_BITS)
     if bool((entries >> layout.exponent_bits).any()):
-        return [f"a table entry exceeds the {layout.exponent_bits} exponent bits of {packed.dtype}"]
-    chunk, local, _ = _chunks(packed.numel, packed.chunk_elements, words.device)
-    code = _read(words, at.codes[chunk] * 32 + local * k[chunk], k[chunk])
+        return [f"a table entry exceeds the {layout.exponent_bits} exponent bits of {dtype}"]
+    code = _read(padded, at.codes[chunk] * 32 + local * k[chunk], k[chunk])
     counted = torch.zeros_like(n_esc).index_add_(0, chunk, (code == n_table[chunk]).long())
     wrong = counted != n_esc
     if bool(wrong.any()):

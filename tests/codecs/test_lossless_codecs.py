@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 
 from cswap.codecs import CODECS, CpuLaunch, CudaLaunch, compress, decompress
 from cswap.codecs.bitpack import BitPacked
-from cswap.codecs.exponent_format import FLOAT_LAYOUTS, ExponentPacked
+from cswap.codecs.exponent_format import ExponentPacked
+from cswap.codecs.exponent_layout import FLOAT_LAYOUTS
 from tests.codecs.zvc_cases import SPECIAL_BITS, as_bytes, tensor_from_bits
 
 SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
