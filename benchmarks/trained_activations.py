@@ -12,7 +12,8 @@ are left out: they are parameters, not activations) and sorted into float tensor
 Each is compressed by every registered codec that takes its dtype, on the ``cpu`` backend; the
 best codec per tensor must round-trip bit for bit (checked). Per class and dtype the JSON gives
 the bytes, each codec's ratio over the class (its size where it takes the tensor), the ratio of
-the best codec per tensor, and the ``cpu`` backend's compress and decompress throughput against a
+the best codec per tensor, for floats the ratio an ideal entropy coder of each chunk's exponents
+would reach (``entropy_coded_exponent_ratio``: the bound of the design not taken), and the ``cpu`` backend's compress and decompress throughput against a
 ``Tensor.copy_`` of the same bytes into a preallocated tensor, the two interleaved over
 ``--repeats`` rounds (medians), in the same run.
 
@@ -116,6 +117,22 @@ def _median_s(fn, repeats: int) -> float:  # type: ignore[no-untyped-def]
     return statistics.median(times)
 
 
+def entropy_bound_nbytes(t: torch.Tensor, chunk: int = 1024) -> float:
+    """Bytes of ``t`` with each chunk's exponents entropy-coded at their empirical entropy (an ideal
+    coder with a free table) and sign and mantissa stored raw: what exponent coding could reach."""
+    from cswap.codecs.exponent_layout import FLOAT_LAYOUTS
+
+    layout = FLOAT_LAYOUTS[t.dtype]
+    u = t.contiguous().view(-1).view(layout.bits_dtype).long() & ((1 << layout.width) - 1)
+    e = (u >> layout.mantissa_bits) & ((1 << layout.exponent_bits) - 1)
+    bits = 0.0
+    for start in range(0, e.numel(), chunk):
+        counts = torch.bincount(e[start : start + chunk]).double()
+        p = counts[counts > 0] / counts.sum()
+        bits += float(-(p * p.log2()).sum()) * min(chunk, e.numel() - start)
+    return (bits + e.numel() * (layout.mantissa_bits + 1)) / 8
+
+
 def measure(tensors: list[torch.Tensor], repeats: int) -> dict[str, object]:
     """Sizes by codec and best codec, and the cpu backend's speed against a copy, for one class of tensors."""
     nbytes = sum(t.numel() * t.element_size() for t in tensors)
@@ -123,6 +140,8 @@ def measure(tensors: list[torch.Tensor], repeats: int) -> dict[str, object]:
     best_total = 0
     best_names: dict[str, int] = {}
     rounds: list[tuple[float, float, float]] = []
+    floats = all(t.dtype in (torch.bfloat16, torch.float16, torch.float32) for t in tensors)
+    bound = sum(entropy_bound_nbytes(t) for t in tensors) if floats else 0.0
     for t in tensors:
         sizes = {}
         for name in CODECS.names():
@@ -151,6 +170,7 @@ def measure(tensors: list[torch.Tensor], repeats: int) -> dict[str, object]:
         "ratio_by_codec": {name: round(nbytes / size, 3) for name, size in by_codec.items() if size},
         "best_ratio": round(nbytes / best_total, 3),
         "best_codec_counts": best_names,
+        **({"entropy_coded_exponent_ratio": round(nbytes / bound, 3)} if floats else {}),
         "cpu_compress_gbps": round(nbytes / compress_s / 1e9, 3),
         "cpu_decompress_gbps": round(nbytes / decompress_s / 1e9, 3),
         "copy_gbps": round(nbytes / copy_s / 1e9, 3),
