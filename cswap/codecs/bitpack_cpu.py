@@ -14,7 +14,7 @@ from numba import njit, prange
 
 from cswap.codecs.format import n_words_for
 from cswap.codecs.intrinsics import nonzero_mask32 as _nonzero_mask32
-from cswap.codecs.cpu_launch import check_launch, require_cpu, threads
+from cswap.codecs.cpu_launch import check_launch, require_cpu, threads, threads_for
 from cswap.codecs.launch import CpuLaunch
 
 __all__ = ["available", "check_launch", "pack", "unpack"]
@@ -61,7 +61,7 @@ def pack(flat: torch.Tensor, launch: CpuLaunch | None) -> torch.Tensor:
     """The words of a flat uint8 tensor: bit ``i % 32`` of word ``i // 32`` set when element ``i`` is nonzero."""
     require_cpu("the tensor", flat)
     words = torch.empty(n_words_for(flat.numel()), dtype=torch.int32)
-    with threads(check_launch(launch).threads):
+    with threads(threads_for(check_launch(launch), flat.numel())):
         _pack(flat.numpy(), words.numpy().view(np.uint32))
     return words
 
@@ -69,6 +69,6 @@ def pack(flat: torch.Tensor, launch: CpuLaunch | None) -> torch.Tensor:
 def unpack(words: torch.Tensor, out: torch.Tensor, launch: CpuLaunch | None) -> None:
     """Write 0 or 1 per element of ``words`` into the flat uint8 tensor ``out``."""
     require_cpu("the words", words)
-    with threads(check_launch(launch).threads):
+    with threads(threads_for(check_launch(launch), out.numel())):
         _unpack(words.contiguous().numpy().view(np.uint32), out.numpy())
 

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from numba import njit, prange
 
-from cswap.codecs.cpu_launch import check_launch, require_cpu, threads
+from cswap.codecs.cpu_launch import check_launch, require_cpu, threads, threads_for
 from cswap.codecs.exponent_format import ExponentPacked
 from cswap.codecs.exponent_layout import FLOAT_LAYOUTS, HEADER_WORDS, TABLE_ENTRY_BITS, FloatLayout
 from cswap.codecs.intrinsics import low_bit as _low_bit
@@ -249,7 +249,7 @@ def compress_bits(
     tables = np.empty((n_chunks, (1 << (layout.exponent_bits - 1)) - 1), np.int64)
     sizes = np.empty(n_chunks, np.int64)
     offsets = torch.zeros(n_chunks + 1, dtype=torch.int64)
-    with threads(launch.threads):
+    with threads(threads_for(launch, x.nbytes)):
         fields = (layout.width, layout.exponent_bits, layout.mantissa_bits, chunk)
         _plan_chunks(x, *fields, ks, ts, n_escs, tables, sizes)
         np.cumsum(sizes, out=offsets.numpy()[1:])
@@ -264,7 +264,7 @@ def decompress_bits(packed: ExponentPacked, out_bits: torch.Tensor, launch: CpuL
         require_cpu(name, tensor)
     launch = check_launch(launch)
     layout = FLOAT_LAYOUTS[packed.dtype]
-    with threads(launch.threads):
+    with threads(threads_for(launch, out_bits.numel() * out_bits.element_size())):
         bad = _decompress(
             packed.words.contiguous().numpy().view(np.uint32), packed.offsets.contiguous().numpy(),
             layout.width, layout.exponent_bits, layout.mantissa_bits, packed.chunk_elements, out_bits.numpy(),

@@ -47,7 +47,7 @@ from cswap.codecs.format import Packed, check_chunk_words, n_chunks_for, n_words
 from cswap.codecs.intrinsics import low_bit as _low_bit
 from cswap.codecs.intrinsics import nonzero_mask32 as _nonzero_mask32
 from cswap.codecs.intrinsics import popcount as _popcount
-from cswap.codecs.cpu_launch import check_launch, require_cpu, threads
+from cswap.codecs.cpu_launch import check_launch, require_cpu, threads, threads_for
 from cswap.codecs.launch import CpuLaunch
 
 __all__ = ["available", "check_launch", "compress_bits", "decompress_bits", "kernel_source_hash"]
@@ -254,7 +254,7 @@ def compress_bits(
         bitmap = out_buffer("out.bitmap", out.bitmap, n_words, torch.int32, flat_bits.device)
         offsets = out_buffer("out.offsets", out.offsets, n_chunks + 1, torch.int64, flat_bits.device)
     x = flat_bits.numpy()
-    with threads(launch.threads):
+    with threads(threads_for(launch, x.nbytes)):
         nnz = int(_bitmap_offsets(x, bitmap.numpy().view(np.uint32), offsets.numpy(), chunk_words))
         if out is None:
             values = torch.empty(nnz, dtype=flat_bits.dtype)
@@ -306,7 +306,7 @@ def decompress_bits(packed: Packed, out_bits: torch.Tensor, launch: CpuLaunch | 
     bitmap = packed.bitmap.contiguous().numpy().view(np.uint32)
     offsets = packed.offsets.contiguous().numpy()
     values = packed.values.contiguous().numpy()
-    with threads(launch.threads):
+    with threads(threads_for(launch, out_bits.numel() * out_bits.element_size())):
         bad = int(_decompress(bitmap, offsets, values, out_bits.numpy(), packed.chunk_words))
     if bad:
         raise ValueError(
