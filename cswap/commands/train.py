@@ -51,7 +51,7 @@ def train_command(
     epochs: Optional[int] = typer.Option(None, show_default=_default("epochs"), help="Passes over the training set."),
     batch_size: Optional[int] = typer.Option(None, show_default=_default("batch_size"), help="Global batch size (split across torchrun ranks)."),
     lr: Optional[float] = typer.Option(None, show_default=_default("lr"), help="Peak learning rate (SGD, momentum, cosine schedule)."),
-    policy: Optional[str] = typer.Option(None, show_default=_default("policy"), help="none | swap | compress-swap | cswap | compress-keep | recompute | capuchin."),
+    policy: Optional[str] = typer.Option(None, show_default=_default("policy"), help="none | swap | compress-swap | cpu-compress-swap | cswap | compress-keep | recompute | capuchin | ac-full."),
     tune: Optional[str] = typer.Option(None, show_default=_default("tune"), help="off | cached | bo | grid | random (cached when only --tuner-url is given)."),
     tune_budget: Optional[int] = typer.Option(None, show_default=_default("tune_budget"), help="Evaluations per tuned kernel (bo, random)."),
     tuner_url: Optional[str] = typer.Option(None, show_default=_default("tuner_url"), help="A running `cswap serve` (http://HOST:PORT) to read configs from and publish to; implies --tune cached."),

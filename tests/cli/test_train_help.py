@@ -30,3 +30,12 @@ def test_train_help_shows_the_config_defaults_that_apply() -> None:
         default = TrainConfig.model_fields[name].default
         assert f"[default: ({default})]" in text, name
     assert "[default: (beside the report)]" in text and "[default: (all)]" in text
+
+
+def test_train_help_lists_every_runtime_policy() -> None:
+    from cswap.planner.actions import RUNTIME_POLICIES
+
+    command = typer.main.get_command(app).commands["train"]
+    policy = next(p for p in command.params if p.name == "policy")
+    listed = policy.help.rstrip(".").split(" | ")
+    assert sorted(listed) == sorted(RUNTIME_POLICIES)
