@@ -21,11 +21,12 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import ClassVar
 
 import torch
 
-from cswap.codecs.encoded import BackendModules, Encoded, check_codec_dtype, output_tensor
+from cswap.codecs.encoded import BackendCodec, Encoded
 from cswap.codecs.format import n_words_for
 from cswap.codecs.launch import Launch
 
@@ -71,28 +72,19 @@ class BitPacked(Encoded):
         self._raise_if(problems)
 
 
-class BitpackCodec:
+class BitpackCodec(BackendCodec):
     """Bit-packing with ``torch``, ``cpu`` (Numba) and ``cuda`` (Numba CUDA) backends writing identical words."""
 
     name = "bitpack"
     dtypes = BITPACK_DTYPES
-
-    def __init__(self) -> None:
-        self._modules = BackendModules(
-            self.name,
-            {"torch": "cswap.codecs.bitpack_torch", "cpu": "cswap.codecs.bitpack_cpu", "cuda": "cswap.codecs.bitpack_cuda"},
-        )
-        self.backends = self._modules.backends
-
-    def available_backends(self) -> tuple[str, ...]:
-        """Backends that can run on this machine."""
-        return self._modules.available()
+    container = BitPacked
+    backend_modules = MappingProxyType(
+        {"torch": "cswap.codecs.bitpack_torch", "cpu": "cswap.codecs.bitpack_cpu", "cuda": "cswap.codecs.bitpack_cuda"}
+    )
 
     def compress(self, t: torch.Tensor, backend: str, launch: Launch | None) -> BitPacked:
         """Pack ``t`` (any shape or view, read as its contiguous copy) one bit per element."""
-        check_codec_dtype(self.name, t.dtype, self.dtypes)
-        module = self._modules.module(backend)
-        launch = module.check_launch(launch)
+        module, launch = self._start(t, backend, launch)
         flat = t.detach().contiguous().view(-1).view(torch.uint8)
         if t.dtype == torch.uint8 and flat.numel() and int(flat.max()) > 1:
             raise ValueError(
@@ -105,13 +97,7 @@ class BitpackCodec:
         self, packed: BitPacked, backend: str, out: torch.Tensor | None, launch: Launch | None, validate: bool
     ) -> torch.Tensor:
         """Rebuild the tensor of ``packed``, into ``out`` when given (same shape and dtype, contiguous)."""
-        if not isinstance(packed, BitPacked):
-            raise ValueError(f"codec 'bitpack' decodes a BitPacked, got {type(packed).__name__}")
-        module = self._modules.module(backend)
-        launch = module.check_launch(launch)
-        if validate:
-            packed.validate()
-        out = output_tensor(packed.shape, packed.dtype, packed.device, out)
+        module, launch, out = self._start_decoding(packed, backend, out, launch, validate)
         if out.numel():
             module.unpack(packed.words, out.view(-1).view(torch.uint8), launch)
         return out

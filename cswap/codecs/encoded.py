@@ -20,13 +20,13 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from types import ModuleType
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
 from cswap.codecs.registry import check_backend
 
-__all__ = ["BackendModules", "Encoded", "check_codec_dtype", "output_tensor"]
+__all__ = ["BackendCodec", "BackendModules", "Encoded", "check_codec_dtype", "output_tensor"]
 
 
 @dataclass(frozen=True)
@@ -150,3 +150,42 @@ def output_tensor(shape: tuple[int, ...], dtype: torch.dtype, device: torch.devi
             f"got {out.dtype} {tuple(out.shape)} (contiguous={out.is_contiguous()})"
         )
     return out
+
+
+class BackendCodec:
+    """Base of a codec whose backends are modules: its id, dtypes, container and the checks around a call.
+
+    Subclasses set ``name``, ``dtypes``, ``container`` and ``backend_modules`` (backend -> module
+    path), and implement ``compress`` and ``decompress`` with :meth:`_start` and :meth:`_start_decoding`.
+    """
+
+    name: ClassVar[str]
+    dtypes: ClassVar[tuple[torch.dtype, ...]]
+    container: ClassVar[type[Encoded]]
+    backend_modules: ClassVar[Mapping[str, str]]
+
+    def __init__(self) -> None:
+        self._modules = BackendModules(self.name, self.backend_modules)
+        self.backends = self._modules.backends
+
+    def available_backends(self) -> tuple[str, ...]:
+        """Backends that can run on this machine."""
+        return self._modules.available()
+
+    def _start(self, t: torch.Tensor, backend: str, launch: Any) -> tuple[ModuleType, Any]:
+        """The backend module and checked launch for compressing ``t``; ``ValueError`` for a dtype not taken."""
+        check_codec_dtype(self.name, t.dtype, self.dtypes)
+        module = self._modules.module(backend)
+        return module, module.check_launch(launch)
+
+    def _start_decoding(
+        self, packed: Encoded, backend: str, out: torch.Tensor | None, launch: Any, validate: bool
+    ) -> tuple[ModuleType, Any, torch.Tensor]:
+        """The backend module, checked launch and output tensor for decoding ``packed`` (validated first if asked)."""
+        if not isinstance(packed, self.container):
+            raise ValueError(f"codec {self.name!r} decodes a {self.container.__name__}, got {type(packed).__name__}")
+        module = self._modules.module(backend)
+        launch = module.check_launch(launch)
+        if validate:
+            packed.validate()  # type: ignore[attr-defined]
+        return module, launch, output_tensor(packed.shape, packed.dtype, packed.device, out)

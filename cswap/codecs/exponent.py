@@ -18,9 +18,11 @@ Example:
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import torch
 
-from cswap.codecs.encoded import BackendModules, check_codec_dtype, output_tensor
+from cswap.codecs.encoded import BackendCodec
 from cswap.codecs.exponent_format import ExponentPacked
 from cswap.codecs.exponent_layout import EXPONENT_DTYPES, FLOAT_LAYOUTS
 from cswap.codecs.launch import DEFAULT_CHUNK_WORDS, Launch
@@ -28,32 +30,19 @@ from cswap.codecs.launch import DEFAULT_CHUNK_WORDS, Launch
 __all__ = ["EXPONENT", "ExponentCodec"]
 
 
-class ExponentCodec:
+class ExponentCodec(BackendCodec):
     """Exponent coding of bf16, fp16 and fp32 with ``torch``, ``cpu`` (Numba) and ``cuda`` (Numba CUDA) backends."""
 
     name = "exponent"
     dtypes = EXPONENT_DTYPES
-
-    def __init__(self) -> None:
-        self._modules = BackendModules(
-            self.name,
-            {
-                "torch": "cswap.codecs.exponent_torch",
-                "cpu": "cswap.codecs.exponent_cpu",
-                "cuda": "cswap.codecs.exponent_cuda",
-            },
-        )
-        self.backends = self._modules.backends
-
-    def available_backends(self) -> tuple[str, ...]:
-        """Backends that can run on this machine."""
-        return self._modules.available()
+    container = ExponentPacked
+    backend_modules = MappingProxyType(
+        {"torch": "cswap.codecs.exponent_torch", "cpu": "cswap.codecs.exponent_cpu", "cuda": "cswap.codecs.exponent_cuda"}
+    )
 
     def compress(self, t: torch.Tensor, backend: str, launch: Launch | None) -> ExponentPacked:
         """Code ``t`` (any shape or view, read as its contiguous copy); chunks of ``launch.chunk_words * 32`` elements."""
-        check_codec_dtype(self.name, t.dtype, self.dtypes)
-        module = self._modules.module(backend)
-        launch = module.check_launch(launch)
+        module, launch = self._start(t, backend, launch)
         chunk_words = getattr(launch, "chunk_words", DEFAULT_CHUNK_WORDS)
         layout = FLOAT_LAYOUTS[t.dtype]
         flat_bits = t.detach().contiguous().view(-1).view(layout.bits_dtype)
@@ -64,13 +53,7 @@ class ExponentCodec:
         self, packed: ExponentPacked, backend: str, out: torch.Tensor | None, launch: Launch | None, validate: bool
     ) -> torch.Tensor:
         """Rebuild the tensor of ``packed``, into ``out`` when given (same shape and dtype, contiguous)."""
-        if not isinstance(packed, ExponentPacked):
-            raise ValueError(f"codec 'exponent' decodes an ExponentPacked, got {type(packed).__name__}")
-        module = self._modules.module(backend)
-        launch = module.check_launch(launch)
-        if validate:
-            packed.validate()
-        out = output_tensor(packed.shape, packed.dtype, packed.device, out)
+        module, launch, out = self._start_decoding(packed, backend, out, launch, validate)
         if out.numel():
             module.decompress_bits(packed, out.view(-1).view(FLOAT_LAYOUTS[packed.dtype].bits_dtype), launch)
         return out
