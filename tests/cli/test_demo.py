@@ -26,8 +26,8 @@ def test_each_layer_is_compressed_once_untimed_before_it_is_timed(monkeypatch: p
     monkeypatch.setattr(cswap.codecs.api, "compress", compress)  # the demo loads the codecs when it runs
     rows = demo.run_demo(batch_size=4, backend="cpu", console=Console(quiet=True), clock=clock)
     assert len(rows) == 12
-    # per layer: an untimed warm-up call, then the timed call between two clock readings
-    assert events == ["compress", "clock", "compress", "clock"] * len(rows)
+    # per layer: an untimed warm-up call, then three timed calls, each between two clock readings
+    assert events == (["compress"] + ["clock", "compress", "clock"] * 3) * len(rows)
     assert [row["compress_s"] for row in rows] == [1.0] * len(rows)
     relu = rows[1]
     assert relu["layer"] == "1:ReLU" and relu["sparsity"] > 0 and relu["ratio"] > 1
