@@ -114,8 +114,12 @@ class RuntimeStats:
         resident_bytes: activation bytes the runtime holds on the device now.
         peak_resident_bytes: the most resident bytes ever: kept tensors at full (compact) size,
             ``zvc-keep`` tensors at compressed size, sources of device-to-host copies until the
-            copy finished (GPU), and tensors rebuilt for backward from fetch or prefetch until
-            their storage is freed. Parameters and buffers are not counted. On CPU the "device"
+            copy finished (GPU), tensors rebuilt for backward from fetch or prefetch until
+            their storage is freed, and those a recomputation saves from then until freed (not
+            views of its region's own inputs: no new memory). A plan with recompute regions
+            counts them from the event before the recomputation, and views of a region's keyword
+            inputs too, so its peak may exceed this by what that event's node frees and those
+            views (docs/recompute.md). Parameters and buffers are not counted. On CPU the "device"
             is host memory and the same rules apply (so CPU runs measure the same quantity).
         pack_s, unpack_s: wall seconds spent in the pack and unpack hooks.
         unpacks: unpack hook calls.

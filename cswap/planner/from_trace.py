@@ -93,23 +93,28 @@ def _spec(  # type: ignore[no-untyped-def]
 
 
 def _rebuilt_at(life: Mapping[int, Lifetime | None], forward_events: int, event_count: int, groups: Sequence[Sequence[int]],
-                storage_of: Mapping[int, int]) -> dict[int, tuple[int, int] | None]:
+                storage_of: Mapping[int, int], starts: Sequence[Sequence[int]] = ()) -> dict[int, tuple[int, int] | None]:
     """Per key of ``groups``, the events its group's recomputation holds it over (``None``: the group
     is never unpacked, so never recomputed).
 
     A recomputation rebuilds its whole group at once, at the event before the group's first
-    unpack. torch then drops each rebuilt tensor once its node has used it, so a key is held to its
-    own free, or to the latest free of the group's keys that share its storage (``storage_of``);
-    a key backward never unpacks is held to the last event, as its saved slot lives until the graph
-    is freed."""
+    unpack (of the keys ``starts`` names for it, when given: a key whose data a save outside the
+    region shares was first unpacked there, not in the region's backward). The run rebuilds it a
+    little later, once that event's node has run and freed what it alone read: the plan holds
+    those bytes beside the group, which a run never does. torch then drops each
+    rebuilt tensor once its node has used it, so a key is held to its own free, or to the latest
+    free of the group's keys that share its storage (``storage_of``); a key backward never unpacks
+    is held to the last event, as its saved slot lives until the graph is freed."""
     spans: dict[int, tuple[int, int] | None] = {}
-    for group in groups:
+    for index, group in enumerate(groups):
         lives = {k: life[k] for k in group if life.get(k) is not None}
         unpacks = [lt.unpack for lt in lives.values() if lt.unpack is not None]  # type: ignore[union-attr]
         if not unpacks:
             spans.update(dict.fromkeys(group))
             continue
-        start = max(min(unpacks) - 1, forward_events)
+        own = set(starts[index]) if index < len(starts) else set()
+        own_unpacks = [lt.unpack for k, lt in lives.items() if k in own and lt.unpack is not None]  # type: ignore[union-attr]
+        start = max(min(own_unpacks or unpacks) - 1, forward_events)
         ends = {k: (lt.free if lt.unpack is not None else event_count - 1) for k, lt in lives.items()}  # type: ignore[union-attr]
         storage_end: dict[int, int] = {}
         for key, end in ends.items():
@@ -120,11 +125,16 @@ def _rebuilt_at(life: Mapping[int, Lifetime | None], forward_events: int, event_
     return spans
 
 
-def _first_unpacks(life: Mapping[int, Lifetime | None], groups: Sequence[Sequence[int]], inputs: Sequence[Sequence[int]]) -> dict[int, int]:
-    """Per region-input key, the earliest first unpack of the groups whose recomputation reads it."""
+def _first_unpacks(life: Mapping[int, Lifetime | None], groups: Sequence[Sequence[int]], inputs: Sequence[Sequence[int]],
+                   starts: Sequence[Sequence[int]] = ()) -> dict[int, int]:
+    """Per region-input key, the earliest first unpack of the groups whose recomputation reads it
+    (of each group's ``starts`` keys, when given; see :func:`_rebuilt_at`)."""
     early: dict[int, int] = {}
-    for group, keys in zip(groups, inputs):
-        unpacks = [life[k].unpack for k in group if life.get(k) is not None and life[k].unpack is not None]  # type: ignore[union-attr]
+    for index, (group, keys) in enumerate(zip(groups, inputs)):
+        own = set(starts[index]) if index < len(starts) and starts[index] else set(group)
+        unpacks = [life[k].unpack for k in group if k in own and life.get(k) is not None and life[k].unpack is not None]  # type: ignore[union-attr]
+        if not unpacks:
+            unpacks = [life[k].unpack for k in group if life.get(k) is not None and life[k].unpack is not None]  # type: ignore[union-attr]
         if not unpacks:
             continue
         for key in keys:
@@ -148,6 +158,7 @@ def problem_from_trace(
     rebuilt_bytes: Mapping[int, int] | None = None,
     host_time_model: TimeModel | None = None,
     copy_latency_below: int = 0,
+    rebuilt_starts: Sequence[Sequence[int]] = (),
 ) -> PlanningProblem:
     """Every offloadable record's options, keyed by the record's key.
 
@@ -176,6 +187,10 @@ def problem_from_trace(
         rebuilt_bytes: key -> bytes a rebuilt key holds while it lives (default: the record's
             bytes). A recomputed view holds its whole storage (one of three heads of a packed
             projection holds all three), and keys sharing a storage hold it once.
+        rebuilt_starts: per group of ``rebuilt_together``, the keys whose first unpack is the
+            region's own (default, or empty: every key of the group): the recomputation starts at
+            the event before the earliest of them. A key sharing its data with a save outside the
+            region (a view saved again, stored once) has the unpack of whichever came first.
         host_time_model: predicts the host codec's seconds (asked for backend ``cpu``); given, the
             problem offers ``host-zvc-swap`` (the runtime gives it only under a host budget, so
             a plan without one is what it was).
@@ -196,8 +211,8 @@ def problem_from_trace(
         link = LinkModel(trace.d2h_gbps, trace.h2d_gbps, async_copies=trace.device.get("kind") == "cuda")
     events = lifetimes_from_trace(trace)
     life = {r.key: lt for r, lt in zip(trace.tensors, events.lifetimes, strict=True)}
-    rebuilt_at = _rebuilt_at(life, events.forward_events, events.event_count, rebuilt_together, storage_of or {})
-    first_unpack = _first_unpacks(life, rebuilt_together, rebuilt_from)
+    rebuilt_at = _rebuilt_at(life, events.forward_events, events.event_count, rebuilt_together, storage_of or {}, rebuilt_starts)
+    first_unpack = _first_unpacks(life, rebuilt_together, rebuilt_from, rebuilt_starts)
     times = np.zeros(events.event_count)
     specs = []
     for record, lifetime in zip(trace.tensors, events.lifetimes, strict=True):

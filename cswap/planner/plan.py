@@ -655,6 +655,10 @@ class Plan:
         if self.recompute_regions:
             lines.append(f"  recompute regions: {', '.join(repr(p) for p in self.recompute_regions)}; "
                          "packs are numbered as they run with them (recomputed tensors last, by profiled key)")
+            # the ledger (stats()) counts rebuilt tensors from the recomputation itself: say where the plan differs
+            lines.append("  rebuilt tensors are planned from the event before their region's first unpack, beside what that "
+                         "event's node frees, and views of a region's keyword inputs at their storage's bytes; a run holds "
+                         "them from its recomputation, after that node, and those views in no new memory (stats() counts so)")
         rows = [*self.rows().values(), *self.recomputed.values()]
         width = max((len(d.module) for d in rows), default=0)
         for d in rows:

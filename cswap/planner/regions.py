@@ -143,6 +143,8 @@ class _Planning:
         self.budgeted = budgeted  # under a budget min_bytes binds nothing: small tensors move, their copies priced
         self._storages = {s.key: s.storage for s in profile.saves}
         self._memo: dict[tuple[str, ...], tuple[PlanningProblem, int]] = {}
+        self._duplicates: dict[int, list[int]] | None = None  # per stored key, the keys stored once with it
+        self._unpack_at = {r.key: r.unpack_at_s for r in trace.tensors}
 
     def freed(self, regions: tuple[str, ...]) -> frozenset[int]:
         return frozenset(self.profile.freed_keys(regions)) if regions else frozenset()
@@ -158,6 +160,26 @@ class _Planning:
                 held[key] = 0 if save.storage in seen else save.storage_bytes
                 seen.add(save.storage)
         return held
+
+    def _own_unpacks(self, path: str, group: tuple[int, ...]) -> tuple[int, ...]:
+        """The keys of ``group`` (``path``'s rebuilt keys) whose first unpack is the region's own. A
+        save of the same storage and view outside the region (a rotary embedding's view, saved by
+        every layer) is stored once, as a duplicate of the first (``trace.meta["duplicates"]``), and
+        the first's unpack is whichever handle backward read first: where that was the duplicate
+        outside, another layer's backward, the recomputation does not start there."""
+        if self._duplicates is None:
+            self._duplicates = {}
+            for duplicate, first in self.trace.meta.get("duplicates", {}).items():
+                self._duplicates.setdefault(int(first), []).append(int(duplicate))
+        inside = set(self.profile.regions[path].keys)
+        unpack = self._unpack_at
+
+        def borrowed(key: int) -> bool:
+            own = unpack.get(key)
+            return own is not None and any(d not in inside and unpack.get(d) is not None and unpack[d] <= own  # type: ignore[operator]
+                                           for d in self._duplicates.get(key, ()))  # type: ignore[union-attr]
+
+        return tuple(k for k in group if not borrowed(k))
 
     def _input_keys(self, path: str, freed: frozenset[int]) -> tuple[int, ...]:
         """The kept keys whose data is a positional input of ``path``'s calls."""
@@ -205,7 +227,8 @@ class _Planning:
                                          sparsity_margin=SPARSITY_MARGIN, rebuilt_together=groups,
                                          rebuilt_from=[self._input_keys(p, freed) for p in regions], storage_of=self._storages,
                                          rebuilt_copies=[self._copy_bytes(p, freed) for p in regions],
-                                         rebuilt_bytes=self._rebuilt_bytes(groups), host_time_model=self.host_codec)
+                                         rebuilt_bytes=self._rebuilt_bytes(groups), host_time_model=self.host_codec,
+                                         rebuilt_starts=[self._own_unpacks(p, g) for p, g in zip(regions, groups)])
             self._memo[regions] = (problem, self.extra_bytes(regions))
         return self._memo[regions]
 

@@ -457,3 +457,20 @@ def test_a_second_copy_a_recomputation_saves_is_held_over_its_groups_backward():
     assert names == {2: "pack of key 2", 3: "unpack of key 2"}  # keys 0 and 1 are dropped: no pack or unpack of theirs
     without = problem_from_trace(trace, _Codec(), "cpu", rebuilt_together=[(0, 1)])
     assert all(t.key >= 0 for t in without.tensors)
+
+
+def test_a_recomputation_starts_at_its_own_first_unpack_not_one_a_shared_save_borrowed():
+    from cswap.planner import problem_from_trace
+    from cswap.profile.trace import TensorRecord, Trace
+
+    # keys 0-3 packed in order; backward reads 0 first (its data, saved again by a later layer and
+    # stored once, was read there), then 3 (outside the region), then 2, then 1
+    unpack_order = {0: 0, 3: 1, 2: 2, 1: 3}
+    records = tuple(TensorRecord(key=k, shape=(256,), dtype="float32", nbytes=1024, sparsity=0.0, pack_at_s=0.1 * k,
+                                 unpack_at_s=1.0 + unpack_order[k], unpack_order=unpack_order[k]) for k in range(4))
+    trace = Trace(tensors=records, d2h_gbps=1.0, h2d_gbps=1.0, forward_s=0.5, backward_s=3.0)
+    # events 0-3 pack, 4-7 unpack keys 0, 3, 2, 1
+    borrowed = problem_from_trace(trace, _Codec(), "cpu", rebuilt_together=[(0, 1, 2)])
+    assert _held_events(borrowed, 1) == [4, 5, 6, 7]  # from key 0's unpack on, at the start of backward
+    own = problem_from_trace(trace, _Codec(), "cpu", rebuilt_together=[(0, 1, 2)], rebuilt_starts=[(1, 2)])
+    assert _held_events(own, 1) == [5, 6, 7] and _held_events(own, 2) == [5, 6]  # the event before key 2's unpack

@@ -195,3 +195,22 @@ def test_a_model_shipped_with_its_cache_on_warns_once_naming_the_layers_and_the_
     assert not [w for w in seen if "cannot recompute" in str(w.message)]
     assert rt.plan().recompute_regions == ("model.layers.0", "model.layers.1") and rt.stats().actions["recompute"] > 0
     assert rt.stats().recompute_note == "" and "not_recomputed" not in rt.plan().planner
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+@pytest.mark.parametrize("budget", [None, 0.6])
+def test_the_plans_peak_is_the_peak_a_run_measures_and_the_node_before_the_recomputation(name: str, budget: float | None) -> None:
+    """The plan counts the layers' rebuilt tensors from each layer's own backward on (a Llama's
+    rotary embedding, whose view every layer saves and which is stored once, is first read by the
+    last layer's backward: the first layer is not rebuilt there). The plan holds the last layer's
+    from the event before its recomputation, the final norm's backward: what that frees (of the
+    final norm's saves) is the plan's margin over the run."""
+    plain, _ = _run(_model(name), _lm_step, None)
+    grads, rt = _run(_model(name), _lm_step, "ac-full", memory_budget=budget)
+    assert_bit_equal(plain, grads, what=f"{name} ac-full gradient")
+    plan, stats = rt.plan(), rt.stats()
+    assert plan.recompute_regions == LAYERS[name]
+    norm = {"gpt2": "transformer.ln_f ", "llama": "model.norm "}[name]
+    before = sum(d.nbytes for d in plan.rows().values() if d.module.startswith(norm))
+    measured = stats.iteration_peak_resident_bytes
+    assert before > 0 and measured < plan.planner["peak_bytes"] <= measured + before
