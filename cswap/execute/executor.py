@@ -626,6 +626,10 @@ class Executor:
         if sid in it.protected:
             return
         with self._lock:
+            # bytes are about to be counted: what died since (the last layer's rebuilt tensors, freed
+            # by its backward) is taken off first, or the peak would count both
+            if self._releases_pending():
+                self._drain(it.profiler)
             known = self._rebuilt.get(sid)
             if known is not None:
                 if known() is not None:

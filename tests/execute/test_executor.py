@@ -462,6 +462,19 @@ def test_keeping_a_second_view_of_a_kept_storage_never_falls_back_under_a_budget
     assert counters.actions["swap"] == 1 and counters.budget_fallbacks == 1 and counters.resident_bytes == 8192
 
 
+def test_counting_a_rebuilt_tensor_first_takes_off_the_rebuilt_ones_that_died() -> None:
+    # One layer's rebuilt tensors die in its backward; the next layer's recomputation counts its own
+    # with no pack or fetch between (a plan with nothing to prefetch): the peak is not both at once.
+    executor = Executor(torch.device("cpu"), backend="cpu", prefetch_bytes=0)
+    it = executor.begin(Plan(policy="none", epoch=0, default_action=Action.KEEP))
+    counters = executor.counters
+    first, second = torch.randn(64), torch.randn(1000)  # two storages alive at once: two addresses
+    executor.hold_rebuilt(it, first)
+    del first
+    executor.hold_rebuilt(it, second)
+    assert counters.resident_bytes == counters.peak_resident_bytes == 4000
+
+
 def test_a_rebuilt_storage_is_counted_until_it_dies_even_when_a_new_one_takes_its_address_first() -> None:
     # A recomputation's saved storage is counted resident until its death is drained; a new one
     # may take the dead one's address before that, and must neither be taken for it nor leave
