@@ -52,9 +52,10 @@ from cswap.planner.actions import HOST_ZVC_SWAP, POLICY_ACTIONS, ZVC_KEEP, ZVC_S
 from cswap.planner.advisor import Advisor
 from cswap.planner.budgeted import FALLBACK_ACTIONS, NO_CODEC, budget_plan, profile_action
 from cswap.planner.plan import DEFAULT_ACTIONS, POLICY_REASONS, Action, LaunchCache, Plan
-from cswap.planner.regions import plan_regions
+from cswap.planner.regions import fixed_layers_plan, plan_regions
 from cswap.planner.solve import PROVING_TIME_LIMIT_S
 from cswap.profile.profiler import Profiler
+from cswap.profile.layers import LayersProfile
 from cswap.profile.regions import RegionProfile, RegionTracer
 from cswap.profile.shapes import SizeMap, Structure, grown_shapes, merged, scaled_trace, structure_of
 from cswap.profile.trace import Trace
@@ -86,6 +87,8 @@ class _Family:
         plan: the plan.
         plan_structure: per pack ordinal of ``plan`` (recompute regions enabled), dtype and rank.
         region_keys: per recompute region, the profiled keys it rebuilds.
+        layers: for ac-full profiled with its layers recomputed, what they did (``regions`` is then
+            ``None``: the trace's keys are the plan's own).
     """
 
     structure: Structure
@@ -95,6 +98,8 @@ class _Family:
     plan: Plan | None = None
     plan_structure: Structure = ()
     region_keys: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    layers: LayersProfile | None = None
+
 
 #: The shipped defaults file's options: the defaults :class:`Runtime`'s signature shows.
 _DEFAULTS = file_defaults(shipped_configs_dir() / "default.yaml")
@@ -410,9 +415,11 @@ class Runtime:
     def _profiling_plan(self, plan: Plan) -> tuple[Plan, str]:
         """The plan a profiling iteration follows, and its mode (see :meth:`_profile_mode`)."""
         mode = self._profile_mode()
-        # Profiling runs with no region enabled, so its packs are numbered as the model saves them.
+        # Profiling runs with no region enabled, so its packs are numbered as the model saves them
+        # (but for ac-full's layers, enabled in its profile: LayersProfile).
         plan = replace(plan, recompute_regions=(), recomputed={})
-        forced = {"keep-all": Action.KEEP, "passive": Action.SWAP, "budget": profile_action(self.policy, self._host_budget_bytes)}.get(mode)
+        forced = {"keep-all": Action.KEEP, "layers": Action.KEEP, "passive": Action.SWAP,
+                  "budget": profile_action(self.policy, self._host_budget_bytes)}.get(mode)
         if forced is not None:
             # Profiling modes that move every tensor alike: a plan with no per-key decisions
             # (the current one's unpack order still drives prefetch).
@@ -431,13 +438,16 @@ class Runtime:
         plan = self._plan
         regions = self._recompute_regions() if self.recomputes else None
         model = self._options.model
+        layers = None  # ac-full's layers, enabled while profiling: what they did
         if profiling:
             plan, mode = self._profiling_plan(plan)
             meta = {"mode": mode, "backend": self._backend, "min_bytes": self._options.min_bytes}
             if model is not None:
                 meta["model"] = type(model).__name__
             profiler = Profiler(self._device, self._epoch, self.policy, model=model, meta=meta)
-            if regions is not None:
+            if regions is not None and mode == "layers":
+                layers = LayersProfile.candidates(regions.model, regions.ineligible)
+            elif regions is not None:
                 regions.disable_all()
                 tracer = RegionTracer(regions.model)
         it = executor.begin(plan, profiler, model)
@@ -451,6 +461,11 @@ class Runtime:
         if profiler is None and regions is not None:
             regions.enable(plan.recompute_regions)
             regions.listener = executor.rebuilt_listener(it)
+        if layers is not None:
+            assert regions is not None
+            regions.enable(layers.enabled)
+            regions.guard(True)
+            regions.listener = layers.recorder(executor.rebuilt_listener(it), it.protected)
         pack, unpack = executor.hooks(it)
         if tracer is not None:
             pack = self._traced(pack, tracer)
@@ -467,15 +482,25 @@ class Runtime:
             if profiler is not None:
                 profiler.remove_hooks()
             enabled = regions.enabled if regions is not None else ()
+            modified = self._after_layers(regions, layers)[1] if regions is not None and layers is not None else {}
             self._after_regions(tracer, regions, count=False)
             executor.end(it)
             self._count_profiled(profiled_from)
+            if modified:
+                raise self._modified_inputs(modified, error) from error
             if enabled and isinstance(error, CheckpointError):
                 raise self._exclude_regions(enabled, error) from error
             raise
         if profiler is not None:
             profiler.end()
-        self._after_regions(tracer, regions, count=not profiling)
+        if layers is not None:
+            assert regions is not None
+            refused, modified = self._after_layers(regions, layers)
+            layers.refused.update({**refused, **modified})
+            layers.recomputed = tuple(self._after_regions(tracer, regions, count=False))
+            self._executor.count_recomputed(layers.tensors(), layers.nbytes())
+        else:
+            self._after_regions(tracer, regions, count=not profiling)
         executor.end(it)
         self._count_profiled(profiled_from)
         if profiler is None:
@@ -486,7 +511,7 @@ class Runtime:
             profiler.meta["micro_batches"] = it.micro_batches
             if passive is not None and passive.retries:
                 profiler.meta["out_of_memory_retries"] = passive.retries
-            self._finish_profile(profiler, tracer)
+            self._finish_profile(profiler, tracer, layers)
 
     def _count_profiled(self, start: tuple[dict[str, int], int] | None) -> None:
         """Add what a profiling iteration stored, per action and offloaded bytes, to the profiling
@@ -550,12 +575,40 @@ class Runtime:
 
         return traced_pack
 
-    def _after_regions(self, tracer: RegionTracer | None, regions: RecomputeRegions | None, count: bool) -> None:
-        """Stop tracing and recomputing after an iteration; count the tensors its regions rebuilt."""
+    def _after_layers(self, regions: RecomputeRegions, layers: LayersProfile) -> tuple[dict[str, str], dict[str, str]]:
+        """After a profile that ran with ac-full's ``layers`` enabled: the layers whose calls could not
+        be recomputed are never enabled again; returns them, with why, and apart those that modified
+        an input in place, with the layers of their class (the forward stopped at the first one)."""
+        regions.guard(False)
+        refused, modified = regions.take_refusals()
+        if modified:
+            kinds = {type(regions.model.get_submodule(p)): why for p, why in modified.items()}
+            for path in layers.enabled:
+                why = kinds.get(type(regions.model.get_submodule(path)))
+                if why is not None:
+                    modified.setdefault(path, why)
+        regions.mark_ineligible({**refused, **modified})
+        return refused, modified
+
+    def _modified_inputs(self, paths: dict[str, str], error: BaseException) -> RuntimeError:
+        """The error after a profile with ac-full's layers enabled in which ``paths`` modified their
+        input in place: they are not recomputed again, and the next iteration profiles without them."""
+        with self._lock:
+            self._needs_profile = True
+        return RuntimeError(
+            f"cswap recomputes the layers {', '.join(repr(p) for p in paths)} from the first iteration (policy "
+            f"{self.policy}: its plan is fixed by the model) and they modify their input in place, so a recomputation "
+            "would read other values: they are not recomputed again, and the next iteration profiles without them. "
+            "This step's forward stopped there: run it again."
+        )
+
+    def _after_regions(self, tracer: RegionTracer | None, regions: RecomputeRegions | None, count: bool) -> dict[str, int]:
+        """Stop tracing and recomputing after an iteration; count the tensors its regions rebuilt.
+        Returns how often each region was recomputed."""
         if tracer is not None:
             tracer.__exit__(None, None, None)
         if regions is None:
-            return
+            return {}
         regions.disable_all()
         regions.listener = None
         self._executor.release_rebuilt()  # whatever still holds a rebuilt tensor now, it is not this backward
@@ -564,6 +617,7 @@ class Runtime:
             keys = [key for path in recomputed for key in self._region_keys.get(path, ())]
             dropped = self._plan.recomputed
             self._executor.count_recomputed(len(keys), sum(dropped[key].nbytes for key in keys if key in dropped))
+        return recomputed
 
     def _profile_mode(self) -> str:
         """``passive`` (swap all), ``keep-all``, ``budget`` (each policy's smallest footprint; for a
@@ -573,6 +627,8 @@ class Runtime:
             return "budget"
         if self._options.passive_profile:
             return "passive"
+        if self.policy == "ac-full":  # its plan is fixed by the model: the profile runs it (LayersProfile)
+            return "passive" if self._memory_short() else "layers"
         if self.policy in ("none", *RECOMPUTING_POLICIES) or (self.policy == "cswap" and self._trace is None):
             return "passive" if self._memory_short() else "keep-all"
         return "plan"
@@ -586,7 +642,7 @@ class Runtime:
         cached = torch.cuda.memory_reserved(self._device) - torch.cuda.memory_allocated(self._device)
         return free + cached < need
 
-    def _finish_profile(self, profiler: Profiler, tracer: RegionTracer | None) -> None:
+    def _finish_profile(self, profiler: Profiler, tracer: RegionTracer | None, layers: LayersProfile | None = None) -> None:
         d2h, h2d = self._bandwidth()
         trace = profiler.trace(d2h, h2d, self._device_dict())
         budget = self._options.memory_budget
@@ -620,7 +676,9 @@ class Runtime:
         known = self._families.get(structure)
         if known is not None:  # profiled again (a new epoch): its plan stays made for the largest sizes seen
             shapes = tuple(merged(a, b) for a, b in zip(known.shapes, shapes))
-        family = _Family(structure, trace, profile, shapes)
+        family = _Family(structure, trace, profile, shapes, layers=layers)
+        if layers is not None:
+            layers.peak_bytes = self._executor.snapshot().iteration_peak_resident_bytes
         self._families[structure] = family
         self._plan_family(family, profiled_peak, profiled_host_peak)
 
@@ -642,8 +700,15 @@ class Runtime:
         # Without a profile the regions chosen before stay where they still meet the budget, and only
         # the rest is planned again: choosing regions tries several plans.
         hint = family.plan.recompute_regions if not profiled and family.plan is not None else None
-        plan, budget_bytes, error, region_keys = self._planned(trace, profile, profiled_peak, profiled_host_peak, time_limit_s,
-                                                               hint)
+        if family.layers is not None:  # ac-full profiled with its layers recomputed: its plan is what ran
+            seen = family.layers
+            plan, region_keys = fixed_layers_plan(trace, self.policy, self._epoch, seen.layers(), seen.recomputed, seen.refused,
+                                                  seen.rebuilt, seen.peak_bytes, seen.compiled, self._options.min_bytes,
+                                                  self._plan.launches)
+            budget_bytes, error = None, None
+        else:
+            plan, budget_bytes, error, region_keys = self._planned(trace, profile, profiled_peak, profiled_host_peak, time_limit_s,
+                                                                   hint)
         budget = self._options.memory_budget
         if plan.host_pool is None:
             plan = plan.with_host_pool(trace)

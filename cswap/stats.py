@@ -94,12 +94,14 @@ class RuntimeStats:
         unknown_keys: packs whose key was not in the plan (a changed graph): they got the default.
         actions: tensors stored per action (``keep``, ``swap``, ``zvc-swap``, ``zvc-keep``), and
             ``recompute``: tensors a recompute region dropped in forward and rebuilt in backward
-            (counted per iteration that recomputed them, never in a profiling iteration);
+            (counted per iteration that recomputed them; of profiling iterations, only ``ac-full``'s
+            without a budget recompute: they run its fixed plan);
             deduplicated and never-moved packs not included. Profiling iterations are counted too:
             :attr:`profiled_actions` is their share.
         profiled_actions: of ``actions``, the tensors stored in profiling iterations, which store
-            every tensor as the profiling mode says (under a budget, at the policy's smallest
-            footprint: a recomputing policy swaps every one), not as the plan does.
+            every tensor as the profiling mode says (``rt.trace().meta["mode"]``; under a budget, at
+            the policy's smallest footprint: a recomputing policy swaps every one), not as the plan
+            does but for ``ac-full`` without a budget, whose profile runs its plan.
         profiled_offloaded_bytes: of ``offloaded_bytes``, the profiling iterations' share.
         recomputed_bytes: bytes of the tensors counted as ``recompute``: not held from forward to
             backward, rebuilt there (at their planned sizes). While rebuilt they count as resident.
@@ -290,7 +292,7 @@ class RuntimeStats:
         stored = ", ".join(f"{names.get(name, name)} {count}" for name, count in self.profiled_actions.items() if count)
         n = self.profiled_iterations
         return [("profiling", f"{n} profiling iteration{'s' if n > 1 else ''} stored {stored} of them "
-                              "(as profiling stores every tensor, not as planned)")]
+                              "(as its profiling mode stores them: rt.trace().meta['mode'])")]
 
     def _recomputed_text(self) -> str:
         text = (f"{human_bytes(self.recomputed_bytes)} not held from forward to backward, rebuilt there"

@@ -46,9 +46,10 @@ from torch import nn
 from torch.distributed._composable import checkpoint
 from torch.utils._pytree import tree_leaves
 
-from cswap.profile.regions import nested_pair
+from cswap.profile.regions import MODIFIES_INPUT, REENTRANT, call_refusal, nested_pair
+from cswap.profile.rerun import mutable_kind
 
-__all__ = ["RecomputeListener", "RecomputeRegions", "running_stat_modules"]
+__all__ = ["ModifiedInputError", "RecomputeListener", "RecomputeRegions", "running_stat_modules"]
 
 
 def running_stat_modules(module: nn.Module) -> list[nn.Module]:
@@ -67,10 +68,16 @@ class _Call:
     inputs: list[tuple[str, torch.Tensor, int]]
 
 
+class ModifiedInputError(RuntimeError):
+    """A guarded region's call modified a positional input in place
+    (:meth:`RecomputeRegions.guard`): recomputing it would read the modified values."""
+
+
 class RecomputeListener(Protocol):
     """Told of every tensor a region's recomputation saves for backward, except the call's own inputs
     (positional and keyword, views of them included), so that new memory can be counted while it lives.
-    Parameters and buffers are not filtered out here: the listener knows them."""
+    Parameters and buffers are not filtered out here: the listener knows them. A listener that also
+    has ``rebuilt_in(path, tensor)`` is told through it instead, with the region's path."""
 
     def rebuilt(self, tensor: torch.Tensor) -> None: ...
 
@@ -91,8 +98,10 @@ class _RebuiltWatch:
     pre-hook (:meth:`exclude`) before its forward saves anything.
     """
 
-    def __init__(self, listener: RecomputeListener) -> None:
+    def __init__(self, listener: RecomputeListener, path: str = "") -> None:
         self.listener = listener
+        self.path = path
+        self._rebuilt_in = getattr(listener, "rebuilt_in", None)
         self.inputs: set[int] = set()
         self._inner_pack: Any = None
         self._pushed = False
@@ -110,7 +119,10 @@ class _RebuiltWatch:
     def _pack(self, tensor: torch.Tensor) -> Any:
         key = _storage_key(tensor)
         if key is not None and key not in self.inputs:
-            self.listener.rebuilt(tensor)
+            if self._rebuilt_in is not None:
+                self._rebuilt_in(self.path, tensor)
+            else:
+                self.listener.rebuilt(tensor)
         return self._inner_pack(tensor)
 
     def __enter__(self) -> None:
@@ -157,7 +169,7 @@ class _RecomputeContext:
         norms = self.region.norms
         self._saved.append([b.detach().clone() for m in norms for b in m.buffers(recurse=False)] if norms else [])
         listener = self.regions.listener
-        watch = _RebuiltWatch(listener) if listener is not None else None
+        watch = _RebuiltWatch(listener, self.call.path) if listener is not None else None
         if watch is not None:
             watch.__enter__()
             self.region.watches.append(watch)
@@ -186,6 +198,8 @@ class _Region:
     calls: list[_Call] = field(default_factory=list)
     watches: list[_RebuiltWatch] = field(default_factory=list)
     attached: bool = False  # its hooks are on the module (they cannot be removed)
+    # while guarding, per open call: its args, and its positional inputs' versions (None: left out)
+    guarded: list[tuple[tuple[Any, ...], list[tuple[torch.Tensor, int]] | None]] = field(default_factory=list)
 
 
 class RecomputeRegions:
@@ -219,6 +233,9 @@ class RecomputeRegions:
         self._ineligible: dict[str, str] = {}
         self._recomputations: Counter[str] = Counter()
         self._enabled: tuple[str, ...] = ()  # the paths enable() last turned on, sorted
+        self._guarding = False
+        self._refused: dict[str, str] = {}  # calls the guard left out, per path: why
+        self._modified: dict[str, str] = {}  # calls that modified a positional input in place
         #: Told of each tensor a recomputation saves (set per iteration).
         self.listener: RecomputeListener | None = None
         for path, module in model.named_modules():
@@ -251,6 +268,8 @@ class RecomputeRegions:
         # function, called from checkpoint's hook, finds this call's inputs.
         module.register_forward_pre_hook(self._remember(region), with_kwargs=True)
         checkpoint(module, preserve_rng_state=self._preserve_rng_state, context_fn=self._contexts(region))
+        # after checkpoint's own forward hook: a call the guard left out is checkpointed again after it
+        module.register_forward_hook(self._after_call(region), always_call=True)
         checkpoint.state(module).enable_hook = False
         region.attached = True
 
@@ -275,10 +294,19 @@ class RecomputeRegions:
 
     def _remember(self, region: _Region) -> Any:
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            if not checkpoint.state(module).enable_hook:
+            state = checkpoint.state(module)
+            if not state.enable_hook:
                 if region.watches:  # the recomputation calls the module again: these are its inputs
                     region.watches[-1].exclude(args, kwargs)
                 return
+            if self._guarding and torch.is_grad_enabled():
+                why = self._refusal(region, args, kwargs)
+                if why is not None:  # this call runs as it is, not checkpointed
+                    self._refused.setdefault(region.path, why)
+                    state.enable_hook = False
+                    region.guarded.append((args, None))
+                    return
+                region.guarded.append((args, [(a, a._version) for a in args if isinstance(a, torch.Tensor)]))
             # Keyword inputs only: checkpoint holds them by reference (so this costs no memory) and
             # never checks them; positional ones are saved tensors that torch version-checks itself,
             # and holding them here would keep resident what an outer hook may have swapped out.
@@ -286,6 +314,32 @@ class RecomputeRegions:
             region.pending = _Call(region.path, inputs)
 
         return hook
+
+    def _after_call(self, region: _Region) -> Any:
+        def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+            guarded = region.guarded
+            if not guarded or guarded[-1][0] is not args:
+                return
+            _, versions = guarded.pop()
+            if versions is None:
+                checkpoint.state(module).enable_hook = True
+            elif any(t._version != v for t, v in versions) and output is not None:
+                # its recomputation would read the modified input, and with saved-tensor hooks outside
+                # torch does not check: stop before a backward that would give other gradients
+                self._modified.setdefault(region.path, MODIFIES_INPUT)
+                raise ModifiedInputError(f"recompute region {region.path!r}: {MODIFIES_INPUT}")
+
+        return hook
+
+    @staticmethod
+    def _refusal(region: _Region, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+        """Why this call of ``region`` cannot be recomputed, from its inputs (:func:`cswap.profile.regions.call_refusal`)."""
+        if any(versions is not None for _, versions in region.guarded):
+            return REENTRANT
+        positional = [id(a) for a in args if isinstance(a, torch.Tensor)]
+        mutable = next((f"{name}: {kind}" for name, value in (*enumerate(args), *kwargs.items())
+                        if (kind := mutable_kind(value)) is not None), None)
+        return call_refusal(mutable, len(set(positional)) < len(positional))
 
     def _contexts(self, region: _Region) -> Any:
         def context_fn() -> tuple[Any, Any]:
@@ -297,6 +351,40 @@ class RecomputeRegions:
         return context_fn
 
     # ------------------------------------------------------------------ control
+
+    def guard(self, on: bool) -> None:
+        """While on, an enabled region's call whose inputs show it cannot be recomputed (a mutable
+        object such as a key/value cache, one tensor as several inputs, a call of itself) runs as it
+        is, not checkpointed, and a call that modified a positional input in place raises
+        :class:`ModifiedInputError` when it returns (its recomputation would read the modified
+        values, which no check outside the hooks catches): a profile that runs with regions enabled
+        before any profile said which are safe. :meth:`take_refusals` says which and why.
+
+        >>> class Cached(torch.nn.Module):
+        ...     def __init__(self): super().__init__(); self.linear = torch.nn.Linear(2, 2)
+        ...     def forward(self, x, cache): cache.append(x); return self.linear(x).tanh()
+        >>> model = torch.nn.Sequential(Cached()); regions = RecomputeRegions(model)
+        >>> regions.enable(["0"]); regions.guard(True)
+        >>> _ = model[0](torch.ones(1, 2, requires_grad=True), []).sum().backward()
+        >>> regions.guard(False); refused, _ = regions.take_refusals()
+        >>> refused["0"].startswith("its input 1: list is a mutable object"), regions.take_recomputations()
+        (True, {})
+        """
+        self._guarding = on
+        if not on:
+            for region in self._regions.values():
+                for _, versions in region.guarded:
+                    if versions is None and region.attached:
+                        checkpoint.state(region.module).enable_hook = True
+                region.guarded.clear()
+
+    def take_refusals(self) -> tuple[dict[str, str], dict[str, str]]:
+        """Since the last call, per path: the calls :meth:`guard` left out, and those that modified a
+        positional input in place, with why; resets them."""
+        refused, modified = dict(self._refused), dict(self._modified)
+        self._refused.clear()
+        self._modified.clear()
+        return refused, modified
 
     def mark_ineligible(self, reasons: dict[str, str]) -> None:
         """Refuse to enable these paths from now on (path -> why), e.g. from a profile's findings."""

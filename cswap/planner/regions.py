@@ -61,7 +61,7 @@ peak (it is rebuilt at the very start of backward), nor would the whole model.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
@@ -91,7 +91,7 @@ from cswap.profile.regions import nested_pair
 from cswap.profile.trace import Trace
 from cswap.stats import human_bytes
 
-__all__ = ["BASE_POLICIES", "GROW_WIDTH", "NO_CODEC", "TIME_TRIALS", "RegionPlan", "layer_regions", "not_recomputed", "plan_regions"]
+__all__ = ["BASE_POLICIES", "GROW_WIDTH", "NO_CODEC", "TIME_TRIALS", "RegionPlan", "fixed_layers_plan", "layer_regions", "not_recomputed", "plan_regions"]
 
 #: Per recomputing policy, the policy whose actions plan the tensors no region frees.
 BASE_POLICIES: Mapping[str, str] = MappingProxyType(
@@ -375,17 +375,23 @@ def layer_regions(profile: RegionProfile) -> tuple[tuple[str, ...], str]:
     """
     ran = {c.path for c in profile.calls if c.grad_enabled}
     layers = [p for p in profile.layers if p in ran and profile.regions[p].keys]
-    if not layers:
-        return (), ("the model has no repeated layers (no block class repeats in an nn.ModuleList or nn.Sequential) that "
-                    "ran with grad and saved tensors: nothing recomputed, every tensor kept")
     refused = {p: profile.regions[p].ineligible for p in layers if profile.regions[p].ineligible is not None}
     chosen = tuple(p for p in layers if p not in refused)
+    return chosen, _layers_note(layers, chosen, refused)  # type: ignore[arg-type]
+
+
+def _layers_note(layers: Sequence[str], chosen: Sequence[str], refused: Mapping[str, str]) -> str:
+    """What ``ac-full``'s plan says of the repeated ``layers`` that ran with grad and saved tensors:
+    ``chosen`` recomputed, ``refused`` not (path -> why)."""
+    if not layers:
+        return ("the model has no repeated layers (no block class repeats in an nn.ModuleList or nn.Sequential) that "
+                "ran with grad and saved tensors: nothing recomputed, every tensor kept")
     note = (f"every layer recomputed: {len(chosen)} layers, {chosen[0]} to {chosen[-1]}" if chosen
             else "no layer recomputed, every tensor kept")
     if refused:
         first, why = next(iter(refused.items()))
         note += f"; {len(refused)} of {len(layers)} cannot be recomputed ({first}: {why})"
-    return chosen, note
+    return note
 
 
 def not_recomputed(profile: RegionProfile) -> tuple[str, dict[int, str]]:
@@ -418,24 +424,126 @@ def not_recomputed(profile: RegionProfile) -> tuple[str, dict[int, str]]:
                   if any(paths_of_calls[i] == graph or paths_of_calls[i].startswith(f"{graph}.") for i in s.calls)]
         why = f"not recomputed: saved inside the torch.compile graph of {name}, whose modules run in the compiled code"
         keys.update(dict.fromkeys(inside, why))
-        notes.append(f"the modules inside the torch.compile graph of {name} run in the compiled code, not through their hooks, so "
-                     f"none of them is recomputed ({len(inside)} saved tensors; only the compiled call as a whole can be)")
+        notes.append(_compiled_note(compiled, len(inside)))
     ran = {c.path for c in profile.calls if c.grad_enabled}
     layers = [p for p in profile.layers if p in ran and profile.regions[p].keys]
-    refused: dict[str, list[str]] = {}
-    for path in layers:
-        why = profile.regions[path].ineligible
-        if why is not None:
-            refused.setdefault(why, []).append(path)
+    refused = {p: profile.regions[p].ineligible for p in layers if profile.regions[p].ineligible is not None}
     if refused:
-        count = sum(len(paths) for paths in refused.values())
-        grouped = "; ".join(f"{_listed(paths)} ({why})" for why, paths in refused.items())
-        notes.append(f"{count} of the model's {len(layers)} repeated layers cannot be recomputed: {grouped}")
-        for paths in refused.values():
-            for path in paths:
-                why = f"not recomputed: saved inside layer {path!r}, which cannot be recomputed (planner['not_recomputed'])"
-                keys.update({key: why for key in profile.regions[path].keys if key not in keys})
+        notes.append(_refused_note(layers, refused))  # type: ignore[arg-type]
+        for path in refused:
+            keys.update({key: _in_refused_layer(path) for key in profile.regions[path].keys if key not in keys})
     return "; ".join(notes), keys
+
+
+def _compiled_note(compiled: str, saved: int | None = None) -> str:
+    """The modules of the ``torch.compile`` graph at ``compiled`` (:func:`cswap.profile.rerun.compiled_paths`) in words."""
+    graph = "" if compiled == "_orig_mod" else compiled.removesuffix("._orig_mod")
+    name = repr(graph) if graph else "the model"
+    count = f"{saved} saved tensors; " if saved is not None else ""
+    return (f"the modules inside the torch.compile graph of {name} run in the compiled code, not through their hooks, so "
+            f"none of them is recomputed ({count}only the compiled call as a whole can be)")
+
+
+def _refused_note(layers: Sequence[str], refused: Mapping[str, str]) -> str:
+    """The repeated ``layers`` that cannot be recomputed (``refused``: path -> why), grouped by why."""
+    grouped: dict[str, list[str]] = {}
+    for path in layers:
+        if path in refused:
+            grouped.setdefault(refused[path], []).append(path)
+    words = "; ".join(f"{_listed(paths)} ({why})" for why, paths in grouped.items())
+    return f"{sum(len(paths) for paths in grouped.values())} of the model's {len(layers)} repeated layers cannot be recomputed: {words}"
+
+
+def _in_refused_layer(path: str) -> str:
+    return f"not recomputed: saved inside layer {path!r}, which cannot be recomputed (planner['not_recomputed'])"
+
+
+def fixed_layers_plan(
+    trace: Trace,
+    policy: str,
+    epoch: int,
+    layers: Sequence[str],
+    recomputed: Sequence[str],
+    refused: Mapping[str, str],
+    rebuilt: Mapping[str, Sequence[tuple[tuple[int, ...], str, int]]],
+    peak_bytes: int,
+    compiled: Sequence[str] = (),
+    min_bytes: int = 0,
+    launches: LaunchCache | None = None,
+) -> tuple[Plan, dict[str, tuple[int, ...]]]:
+    """``ac-full``'s plan from a profile that ran with its layers already recomputed (without a
+    budget its plan is fixed by the model's structure, so its first iteration runs it): every
+    tensor ``trace`` holds (packed with the regions enabled, so keyed as the plan's iterations pack)
+    kept, the layers that were recomputed as its regions, and per region the tensors its
+    recomputation rebuilt (``rebuilt``: shape, dtype and new bytes each) as ``plan.recomputed``,
+    keyed after the trace's keys. Returns the plan and per region those keys.
+
+    Args:
+        trace: the profile, with the regions enabled.
+        policy: the policy (``ac-full``).
+        epoch: the epoch the plan is for.
+        layers: the model's repeated layers that ran with grad (module order).
+        recomputed: those recomputed in the profile's backward.
+        refused: the layers that cannot be recomputed, and why.
+        rebuilt: per recomputed layer, what its recomputation saved.
+        peak_bytes: the profile's measured peak: this plan's peak (``planner["peak_bytes"]``).
+        compiled: the paths of ``torch.compile`` graphs in the model (their modules are never layers).
+        min_bytes, launches: the plan's rules for tensors it does not know.
+
+    Example:
+        >>> from cswap.profile.trace import TensorRecord, Trace
+        >>> trace = Trace(tensors=(TensorRecord(key=0, shape=(4,), dtype="float32", nbytes=16, sparsity=0.0),),
+        ...               d2h_gbps=1.0, h2d_gbps=1.0)
+        >>> plan, keys = fixed_layers_plan(trace, "ac-full", 0, ("0", "1"), ("0", "1"), {},
+        ...                                {"0": [((4,), "float32", 16)], "1": [((4,), "float32", 16)]}, 48)
+        >>> plan.recompute_regions, keys, plan.planner["layers"], plan.counts()["recompute"]
+        (('0', '1'), {'0': (1,), '1': (2,)}, 'every layer recomputed: 2 layers, 0 to 1', 2)
+    """
+    layer_refusals = {p: refused[p] for p in layers if p in refused}
+    chosen = tuple(p for p in layers if p in recomputed and p not in refused)
+    note = _layers_note(layers, chosen, layer_refusals)
+    notes = [_compiled_note(c) for c in compiled]
+    if layer_refusals:
+        notes.append(_refused_note(layers, layer_refusals))
+    left_out = "; ".join(notes)
+    kept_reasons: Mapping[str, str] = trace.meta.get("not_offloadable", {})
+    duplicates: Mapping[str, int] = trace.meta.get("duplicates", {})
+    decisions: dict[int, Decision] = {}
+    for record in trace.tensors:
+        first = duplicates.get(str(record.key))
+        if not chosen:
+            reason = f"policy {policy}: {note}"
+        elif first is not None:
+            reason = f"duplicate of key {first}: stored once"
+        elif not record.offloadable:
+            reason = kept_reasons.get(str(record.key), "not offloadable")
+        else:
+            inside = next((p for p in layer_refusals if record.module == p or record.module.startswith((f"{p}.", f"{p} "))), None)
+            reason = f"policy {policy}: kept (outside the recomputed layers)" + (f"; {_in_refused_layer(inside)}" if inside else "")
+        decisions[record.key] = Decision(key=record.key, shape=tuple(record.shape), dtype=record.dtype, nbytes=record.nbytes,
+                                         sparsity=record.sparsity, action=Action.KEEP, reason=reason, module=record.module,
+                                         encoded_dtype=record.narrow_dtype)
+    region_keys: dict[str, tuple[int, ...]] = {}
+    dropped: dict[int, Decision] = {}
+    key = max(decisions, default=-1) + 1
+    for path in chosen:
+        mine = []
+        for shape, dtype, nbytes in rebuilt.get(path, ()):
+            dropped[key] = Decision(key=key, shape=tuple(shape), dtype=dtype, nbytes=nbytes, sparsity=0.0, action=Action.RECOMPUTE,
+                                    module=path, reason=f"recomputed by region {path!r} (as its recomputation rebuilt it when profiled)")
+            mine.append(key)
+            key += 1
+        region_keys[path] = tuple(mine)
+    unpacked = sorted((r for r in trace.tensors if r.unpack_at_s is not None), key=lambda r: (r.unpack_at_s, r.key))
+    planner: dict[str, Any] = {"status": "fixed", "peak_bytes": peak_bytes, "minimum_bytes": peak_bytes, "layers": note,
+                               "profiled": "with the layers recomputed: the plan's peak is the profile's measured one"}
+    if left_out:
+        planner["not_recomputed"] = left_out
+    plan = Plan(policy=policy, epoch=epoch, default_action=Action.KEEP, decisions=decisions, min_bytes=min_bytes,
+                unpack_order=tuple(r.key for r in unpacked), default_reason=POLICY_TABLE[policy].reason, launches=launches,
+                d2h_gbps=trace.d2h_gbps, h2d_gbps=trace.h2d_gbps, planner=MappingProxyType(planner), recompute_regions=chosen,
+                recomputed=dropped)
+    return plan, region_keys
 
 
 def _listed(paths: list[str]) -> str:

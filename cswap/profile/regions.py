@@ -44,6 +44,8 @@ from cswap.profile.shapes import SizeMap, merged
 from cswap.profile.trace import Trace
 
 __all__ = [
+    "MODIFIES_INPUT",
+    "REENTRANT",
     "CallRecord",
     "InputRecord",
     "OuterPack",
@@ -52,6 +54,7 @@ __all__ = [
     "RegionTracer",
     "SavedRecord",
     "Stamps",
+    "call_refusal",
     "nested_pair",
     "profile_regions",
     "repeated_layers",
@@ -549,20 +552,42 @@ class RegionTracer:
         if compiled is not None:
             return (f"it runs inside the torch.compile graph of {compiled or 'the model'!r}, traced with its "
                     "checkpoint hooks as they were then: enabling it later would not reach the compiled code")
-        if any(c.reentrant for c in mine):
-            return "its forward calls itself: one checkpoint state per module cannot hold two open calls"
         if any(c.modifies_input for c in mine):
-            return ("its forward modifies an input in place (e.g. ReLU(inplace=True)): the input checkpoint "
-                    "saved would fail torch's version check in backward")
-        if any(c.repeated_input for c in mine):
-            return ("it is called with one tensor as several inputs (attention(x, x, x)): the recomputation gets "
-                    "them as separate tensors, and code that tests `query is key` (nn.MultiheadAttention) takes another path")
-        mutable = next((c.mutable_input for c in mine if c.mutable_input), None)
-        if mutable is not None:
-            return (f"its input {mutable} is a mutable object, held by reference until backward: what the forward "
-                    "after the call appends to it (a list of features, a key/value cache) the recomputation would read; "
-                    "for a Hugging Face model, config.use_cache = False for training makes its layers recomputable")
-        return None
+            return MODIFIES_INPUT if not any(c.reentrant for c in mine) else REENTRANT
+        return call_refusal(next((c.mutable_input for c in mine if c.mutable_input), None), any(c.repeated_input for c in mine),
+                            any(c.reentrant for c in mine))
+
+
+#: Why a module whose forward modifies an input in place cannot be recomputed.
+MODIFIES_INPUT = ("its forward modifies an input in place (e.g. ReLU(inplace=True)): the input checkpoint "
+                  "saved would fail torch's version check in backward")
+
+#: Why a module whose forward calls itself cannot be recomputed.
+REENTRANT = "its forward calls itself: one checkpoint state per module cannot hold two open calls"
+
+
+def call_refusal(mutable_input: str | None, repeated_input: bool, reentrant: bool = False) -> str | None:
+    """Why a module call cannot be recomputed, from what its inputs show before it runs (``None``:
+    nothing does): it calls itself, it is given one tensor as several inputs, or a mutable object
+    (``mutable_input``, as ``"name: type"``). The profile's reason, and the one recompute regions
+    give for a call they leave out (:meth:`cswap.execute.recompute.RecomputeRegions.guard`).
+
+    Example:
+        >>> call_refusal("cache: DynamicCache", False).startswith("its input cache: DynamicCache is a mutable object")
+        True
+        >>> call_refusal(None, False) is None
+        True
+    """
+    if reentrant:
+        return REENTRANT
+    if repeated_input:
+        return ("it is called with one tensor as several inputs (attention(x, x, x)): the recomputation gets "
+                "them as separate tensors, and code that tests `query is key` (nn.MultiheadAttention) takes another path")
+    if mutable_input is not None:
+        return (f"its input {mutable_input} is a mutable object, held by reference until backward: what the forward "
+                "after the call appends to it (a list of features, a key/value cache) the recomputation would read; "
+                "for a Hugging Face model, config.use_cache = False for training makes its layers recomputable")
+    return None
 
 
 def _with_facts(saves: tuple[SavedRecord, ...], calls: tuple[CallRecord, ...], reasons: Mapping[str, str | None],

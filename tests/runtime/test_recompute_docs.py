@@ -102,3 +102,27 @@ def test_the_language_models_stop_where_the_page_says(name: str) -> None:
         with rt.iteration():
             step()
     assert low <= caught.value.minimum_fraction <= high
+
+
+#: | `policy` | profile | first iteration | third iteration |
+FIRST_ROWS = [(m[1], int(m[2].replace(",", "")), int(m[3].replace(",", "")))
+              for m in re.finditer(r"^\| `([\w-]+)` \| [^|]+ \| ([0-9,]+) B \| ([0-9,]+) B \|$", TEXT, re.M)]
+
+
+def test_what_the_first_iteration_costs_is_what_the_page_says() -> None:
+    transformers = pytest.importorskip("transformers")
+    assert [policy for policy, _, _ in FIRST_ROWS] == ["none", "recompute", "capuchin", "cswap", "ac-full"]
+    ids = torch.randint(0, 256, (4, 64), generator=torch.Generator().manual_seed(1))
+    for policy, first, third in FIRST_ROWS:
+        torch.manual_seed(0)
+        config = transformers.GPT2Config(vocab_size=256, n_positions=64, n_embd=64, n_layer=4, n_head=4, use_cache=False)
+        model = transformers.GPT2LMHeadModel(config).train()
+        rt = cswap.Runtime(policy, model=model, min_bytes=0)
+        peaks = []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for _ in range(3):
+                with rt.iteration():
+                    model(input_ids=ids, labels=ids).loss.backward()
+                peaks.append(rt.stats().iteration_peak_resident_bytes)
+        assert (peaks[0], peaks[2]) == (first, third), policy

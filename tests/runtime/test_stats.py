@@ -199,7 +199,7 @@ def test_recomputed_tensors_and_the_profiling_share_are_in_the_stats_and_the_tab
     table = {line[2:14].strip(): line[15:] for line in str(stats).splitlines()[1:]}
     assert f"recomputed {stats.actions['recompute']}, " in table["tensors"]
     assert table["profiling"] == (f"1 profiling iteration stored swap {profiled['swap']} of them "
-                                  "(as profiling stores every tensor, not as planned)")
+                                  "(as its profiling mode stores them: rt.trace().meta['mode'])")
     assert table["recomputed"] == f"{cswap.stats.human_bytes(stats.recomputed_bytes)} not held from forward to backward, rebuilt there"
     assert table["offloaded"].startswith(
         f"{cswap.stats.human_bytes(stats.offloaded_bytes)} ({cswap.stats.human_bytes(stats.profiled_offloaded_bytes)} while profiling)")
