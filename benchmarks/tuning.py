@@ -34,8 +34,12 @@ Figures, averaged over seeds (``reach_rate`` is the fraction of seeds that reach
   ``wall_vs_grid`` = ``wall_s_to_reach`` / grid's wall seconds.
 * For warm start: the same for warm and cold BO, and ``warm_vs_cold_evals``.
 
+``--codec`` picks whose kernels (``zvc`` by default, ``bitpack``, ``exponent``), on ``--dtype``
+(default float32; bit-packing: bool), each on its own search space and representative tensor.
+
 Usage:
     python benchmarks/tuning.py              # rich tables
+    python benchmarks/tuning.py --codec exponent --dtype bfloat16 --json
     python benchmarks/tuning.py --json       # JSON lines: a header, one per (case, method), one per warm-start case
     python benchmarks/tuning.py --quick      # one small case, 3 seeds
 """
@@ -57,7 +61,7 @@ from collections.abc import Mapping
 import torch
 
 from cswap.device import fingerprint
-from cswap.tuner.kernels import dtype_name, kernel_name, kernel_source_hash
+from cswap.tuner.kernels import default_dtype, dtype_name, kernel_name, kernel_source_hash
 from cswap.tuner.objective import KernelObjective, check_tunable
 from cswap.tuner.search import SearchResult, bo_search, default_budget, expert_search, random_search
 from cswap.tuner.space import SearchSpace, load_search_space
@@ -113,7 +117,8 @@ class Reference:
         self.space = space
         self.rounds = rounds
         self.fastest = KernelObjective(
-            objective.backend, objective.op, objective.dtype, objective.nbytes, repeats=objective.repeats, statistic=min
+            objective.backend, objective.op, objective.dtype, objective.nbytes, repeats=objective.repeats, statistic=min,
+            codec=objective.codec,
         )
         self.samples: dict[tuple[int, ...], list[float]] = {}
         self.points = list(space.grid_points())
@@ -199,11 +204,11 @@ def _peer_warm_start(
     """The warm start a peer device's grid run gives this device through the store."""
     here = fingerprint(backend)
     peer = {**here.to_dict(), "name": f"{here.name} (peer)", "sm_count": here.sm_count * 2}
-    peer_objective = KernelObjective(backend, op, dtype, max(nbytes // 4, 1), repeats=repeats)
+    peer_objective = KernelObjective(backend, op, dtype, max(nbytes // 4, 1), repeats=repeats, codec=space.codec)
     evaluations = tuple(Evaluation(p, peer_objective(p)) for p in space.grid_points())
     best = min(evaluations, key=lambda e: e.time_s)
-    source_hash = kernel_source_hash(backend)
-    kernel = kernel_name(backend, op)
+    source_hash = kernel_source_hash(backend, space.codec)
+    kernel = space.kernel
     store.record_run(TuningRun(
         fingerprint=peer, kernel=kernel, source_hash=source_hash, dtype=dtype, bucket=size_bucket(nbytes),
         method="grid", best_params=best.params, best_time_s=best.time_s, evaluations=evaluations,
@@ -216,12 +221,12 @@ def _peer_warm_start(
 
 def run_case(
     backend: str, op: str, dtype: str, nbytes: int, seeds: int, repeats: int, rounds: int, budget: int | None,
-    log: Any,
+    log: Any, codec: str = "zvc",
 ) -> tuple[list[MethodRow], WarmRow, dict[str, Any]]:
     """Every method on one case; returns the method rows, the warm-start row and the case facts."""
-    space = load_search_space(backend, op)
-    case = f"{kernel_name(backend, op)}/{dtype}/{nbytes >> 10}KiB"
-    objective = KernelObjective(backend, op, dtype, nbytes, repeats=repeats)
+    space = load_search_space(backend, op, codec=codec)
+    case = f"{kernel_name(backend, op, codec)}/{dtype}/{nbytes >> 10}KiB"
+    objective = KernelObjective(backend, op, dtype, nbytes, repeats=repeats, codec=codec)
     budget = budget or default_budget(space)
     units = fingerprint(backend).sm_count
     log(f"{case}: grid search over {space.grid_size} configs, then {rounds} reference passes between the seeds")
@@ -289,7 +294,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--ops", default="compress,decompress", help="comma-separated: compress, decompress")
-    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--codec", default="zvc", choices=("zvc", "bitpack", "exponent"))
+    parser.add_argument("--dtype", default=None, help="default: float32 (bitpack: bool)")
     parser.add_argument("--sizes-mib", default="4", help="comma-separated tensor sizes in MiB (powers of 4 are bucket edges)")
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=9, help="timed calls per evaluation (median)")
@@ -301,11 +307,11 @@ def main() -> None:
     if args.quick:
         args.ops, args.sizes_mib, args.seeds, args.rounds = "compress", "1", 3, 3
     check_tunable(args.backend)
-    dtype = dtype_name(args.dtype)
+    dtype = dtype_name(args.dtype or default_dtype(args.codec), args.codec)
     device = fingerprint(args.backend)
     header = {
         "benchmark": "tuning", "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "backend": args.backend, "device": device.name, "cores_or_sms": device.sm_count, "torch": torch.__version__,
+        "backend": args.backend, "codec": args.codec, "dtype": dtype, "device": device.name, "cores_or_sms": device.sm_count, "torch": torch.__version__,
         "seeds": args.seeds, "repeats": args.repeats, "rounds": args.rounds, "reach": REACH,
         "load_avg_1m_start": os.getloadavg()[0],
     }
@@ -317,7 +323,7 @@ def main() -> None:
         for size in args.sizes_mib.split(","):
             nbytes = int(float(size) * (1 << 20))
             rows, warm, facts = run_case(args.backend, op, dtype, nbytes, args.seeds, args.repeats, args.rounds,
-                                         args.budget, log)
+                                         args.budget, log, args.codec)
             cases.append((rows, warm, facts))
             if args.json:
                 for row in rows:

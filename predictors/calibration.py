@@ -21,10 +21,14 @@ How the timing is made robust on a busy machine:
   All timings are kept in :attr:`Sample.times_s`.
 * What is timed is what the runtime pays: ``compress(t)`` including its output allocation, and
   ``decompress(packed, validate=False)`` into a fresh tensor, with the launch config the tuner
-  would pick for that (op, dtype, size) on this device.
+  would pick for that (codec, op, dtype, size) on this device.
 
 The tensors of one (dtype, density) are prefixes of one random tensor of the largest size, so the
-grid costs one allocation per (dtype, density) rather than one per point.
+grid costs one allocation per (dtype, density) rather than one per point. A plan measures one codec
+(``zvc`` by default) on the dtypes it is for (:data:`CODEC_DTYPES`): ZVC and exponent coding on
+bfloat16 and float32, bit-packing on bool. The density is the fraction of nonzero elements
+(bit-packing: of ``True``); exponent coding's nonzero values are Gaussian, whose exponents are
+those of activations, where ZVC's and bit-packing's are in ``[1, 2)``.
 
 Example:
     >>> plan = CalibrationPlan.quick("torch")
@@ -52,11 +56,13 @@ from cswap.codecs.format import bits_dtype
 from cswap.codecs.launch import Launch
 from cswap.device import fingerprint as device_fingerprint
 from cswap.device import time_call_s
+from cswap.tuner.kernels import codec_dtypes
 from cswap.tuner.lookup import launch_for
 from cswap.tuner.store import ConfigStore
 
 __all__ = [
     "CALIBRATED_DTYPES",
+    "CODEC_DTYPES",
     "CalibrationPlan",
     "CalibrationRun",
     "OPS",
@@ -71,11 +77,19 @@ __all__ = [
 OPS: tuple[str, ...] = ("compress", "decompress")
 #: Element widths 2 and 4 bytes, the activation dtypes of mixed-precision and fp32 training.
 CALIBRATED_DTYPES: tuple[str, ...] = ("bfloat16", "float32")
+#: The dtypes each codec is calibrated on: what it is for in training (bit-packing: dropout masks).
+CODEC_DTYPES: Mapping[str, tuple[str, ...]] = {
+    "zvc": CALIBRATED_DTYPES,
+    "bitpack": ("bool",),
+    "exponent": CALIBRATED_DTYPES,
+}
 #: Format tag of :func:`samples_to_dict` documents.
 SAMPLES_FORMAT = "cswap.calibration-samples"
 SAMPLES_VERSION = 1
 
 _DTYPES: Mapping[str, torch.dtype] = {
+    "bool": torch.bool,
+    "uint8": torch.uint8,
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
     "float32": torch.float32,
@@ -113,7 +127,7 @@ class CalibrationPlan:
         backend: codec backend (``cpu``, ``cuda`` or ``torch``).
         sizes_bytes: tensor sizes, in bytes.
         densities: nonzero fractions (``1 - sparsity``), each in ``(0, 1]``.
-        dtypes: element dtypes, by name.
+        dtypes: element dtypes, by name (``None``: the codec's, :data:`CODEC_DTYPES`).
         ops: ``compress`` and/or ``decompress``.
         passes: timed visits of every point.
         min_passes: passes made even when the budget has run out.
@@ -123,18 +137,20 @@ class CalibrationPlan:
             it (judging by the last pass), revisits stop at it (``None``: no limit).
         refine_rounds: rounds of revisiting points whose fastest time is not yet trustworthy.
         refine_ratio: a point whose fastest time is this much above its size neighbours' is revisited.
-        codec: the codec to calibrate.
+        codec: the codec to calibrate (``zvc``, ``bitpack`` or ``exponent``).
         seed: data and visiting-order seed.
 
     Example:
         >>> CalibrationPlan.default("cpu").sizes_bytes[-1] == 64 << 20
         True
+        >>> CalibrationPlan.quick("cpu", codec="bitpack").dtypes
+        ('bool',)
     """
 
     backend: str
     sizes_bytes: tuple[int, ...]
     densities: tuple[float, ...] = (1.0, 0.6, 0.3, 0.1, 0.01)
-    dtypes: tuple[str, ...] = CALIBRATED_DTYPES
+    dtypes: tuple[str, ...] | None = None
     ops: tuple[str, ...] = OPS
     passes: int = 10
     min_passes: int = 4
@@ -149,6 +165,10 @@ class CalibrationPlan:
     def __post_init__(self) -> None:
         if self.backend not in _BACKENDS:
             raise ValueError(f"unknown backend {self.backend!r}: choose one of {', '.join(_BACKENDS)}")
+        if self.codec not in CODEC_DTYPES:
+            raise ValueError(f"unknown codec {self.codec!r}: choose one of {', '.join(CODEC_DTYPES)}")
+        if self.dtypes is None:
+            object.__setattr__(self, "dtypes", CODEC_DTYPES[self.codec])
         if not self.sizes_bytes or any(s < _SIZE_QUANTUM_BYTES or s % _SIZE_QUANTUM_BYTES for s in self.sizes_bytes):
             raise ValueError(f"sizes_bytes must be multiples of {_SIZE_QUANTUM_BYTES} bytes (make them with log_sizes), got {self.sizes_bytes}")
         if not self.densities or any(not 0.0 < d <= 1.0 for d in self.densities):
@@ -156,6 +176,10 @@ class CalibrationPlan:
         unknown = [d for d in self.dtypes if d not in _DTYPES]
         if not self.dtypes or unknown:
             raise ValueError(f"unknown dtypes {unknown}: choose from {', '.join(_DTYPES)}")
+        refused = [d for d in self.dtypes if _DTYPES[d] not in codec_dtypes(self.codec)]
+        if refused:
+            takes = ", ".join(str(d).removeprefix("torch.") for d in codec_dtypes(self.codec))
+            raise ValueError(f"codec {self.codec!r} does not take dtypes {refused}: it takes {takes}")
         bad_ops = [op for op in self.ops if op not in OPS]
         if not self.ops or bad_ops:
             raise ValueError(f"unknown ops {bad_ops}: choose from {', '.join(OPS)}")
@@ -176,8 +200,8 @@ class CalibrationPlan:
         return len(self.sizes_bytes) * len(self.densities) * len(self.dtypes) * len(self.ops)
 
     @classmethod
-    def default(cls, backend: str) -> CalibrationPlan:
-        """The full grid: 4 KiB to 64 MiB (256 MiB on GPU) in steps just under 2x, 5 densities, bf16 and fp32.
+    def default(cls, backend: str, codec: str = "zvc") -> CalibrationPlan:
+        """The full grid: 4 KiB to 64 MiB (256 MiB on GPU) in steps just under 2x, 5 densities, the codec's dtypes.
 
         Steps under 2x resolve where the cost per byte changes (cache sizes, the allocator's mmap
         threshold), and keep every size but the ends off the powers of two: glibc's largest mmap
@@ -187,13 +211,14 @@ class CalibrationPlan:
         """
         max_bytes = 256 << 20 if backend == "cuda" else 64 << 20
         count = int(math.log2(max_bytes // (4 << 10))) + 2
-        return cls(backend=backend, sizes_bytes=log_sizes(4 << 10, max_bytes, count), budget_s=90.0)
+        return cls(backend=backend, sizes_bytes=log_sizes(4 << 10, max_bytes, count), budget_s=90.0, codec=codec)
 
     @classmethod
-    def quick(cls, backend: str) -> CalibrationPlan:
+    def quick(cls, backend: str, codec: str = "zvc") -> CalibrationPlan:
         """A tiny grid for tests and smoke runs: 4 sizes up to 256 KiB, 3 densities, 2 passes."""
         return cls(
             backend=backend,
+            codec=codec,
             sizes_bytes=log_sizes(4 << 10, 256 << 10, 4),
             densities=(1.0, 0.5, 0.1),
             passes=2,
@@ -313,12 +338,13 @@ def samples_from_dict(data: Mapping[str, Any]) -> tuple[Sample, ...]:
 
 
 def _launch_for(
-    fingerprint: Mapping[str, Any], backend: str, op: str, dtype: str, nbytes: int, store: ConfigStore | None
+    fingerprint: Mapping[str, Any], backend: str, op: str, dtype: str, nbytes: int, store: ConfigStore | None,
+    codec: str = "zvc",
 ) -> tuple[Launch | None, str]:
     """The launch config the runtime would use (the tuned one where the store has it), and how it was found."""
     if backend not in ("cpu", "cuda"):
         return None, "default"
-    launch, found = launch_for(fingerprint, backend, op, dtype, nbytes, store=store)
+    launch, found = launch_for(fingerprint, backend, op, dtype, nbytes, store=store, codec=codec)
     return launch, found.match
 
 
@@ -409,9 +435,13 @@ def _suspects(points: list[_Point], ratio: float) -> list[_Point]:
     return suspects
 
 
-def _base_tensor(uniform: torch.Tensor, density: float, dtype: torch.dtype) -> torch.Tensor:
-    """Each element nonzero (a value in [1, 2)) where ``uniform < density``: i.i.d. with probability ``density``."""
-    values = torch.where(uniform < density, uniform + 1.0, torch.zeros((), dtype=uniform.dtype, device=uniform.device))
+def _base_tensor(
+    uniform: torch.Tensor, density: float, dtype: torch.dtype, normal: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Each element nonzero where ``uniform < density`` (i.i.d. with probability ``density``): a value
+    in [1, 2), or the element of ``normal`` when given (exponent coding's data)."""
+    nonzero = uniform + 1.0 if normal is None else normal
+    values = torch.where(uniform < density, nonzero, torch.zeros((), dtype=uniform.dtype, device=uniform.device))
     return values.to(dtype=dtype)
 
 
@@ -463,16 +493,19 @@ def calibrate(
     points: list[_Point] = []
     max_numel = max(plan.sizes_bytes) // min(_itemsize(d) for d in plan.dtypes)
     uniform = torch.rand(max_numel, generator=generator).to(device)
+    # Drawn after ``uniform``, so ZVC's data is what it always was.
+    normal = torch.randn(max_numel, generator=generator).to(device) if plan.codec == "exponent" else None
     for dtype_name in plan.dtypes:
         dtype = _DTYPES[dtype_name]
         itemsize = _itemsize(dtype_name)
         launches = {
-            (op, nbytes): _launch_for(fp, plan.backend, op, dtype_name, nbytes, store)
+            (op, nbytes): _launch_for(fp, plan.backend, op, dtype_name, nbytes, store, plan.codec)
             for op in plan.ops
             for nbytes in plan.sizes_bytes
         }
         for density in plan.densities:
-            base = _base_tensor(uniform[: max(plan.sizes_bytes) // itemsize], density, dtype)
+            base_numel = max(plan.sizes_bytes) // itemsize
+            base = _base_tensor(uniform[:base_numel], density, dtype, None if normal is None else normal[:base_numel])
             base_bits = base.view(bits_dtype(dtype))
             for nbytes in plan.sizes_bytes:
                 numel = nbytes // itemsize

@@ -2,9 +2,12 @@
 
 Names under which :meth:`cswap.tuner.store.ConfigStore.put_model` keeps them, one per codec backend:
 
-* ``time-model/<backend>``: a :class:`~cswap.predictors.timemodel.CalibratedTimeModel` document;
+* ``time-model/<backend>``: a :class:`~cswap.predictors.timemodel.CalibratedTimeModel` document
+  holding every calibrated codec of the backend; saving one codec's models replaces that codec's
+  and keeps the others';
 * ``decider/<backend>``: a :class:`~cswap.predictors.decision.LogisticDecider` document;
-* ``calibration-samples/<backend>``: the raw measurements (:func:`cswap.predictors.calibration.samples_to_dict`).
+* ``calibration-samples/<backend>``: ZVC's raw measurements (:func:`cswap.predictors.calibration.samples_to_dict`),
+  ``calibration-samples/<backend>/<codec>`` another codec's.
 
 :func:`load_time_model` and :func:`load_decider` return ``None`` when the device was never
 calibrated, and raise ``ValueError`` (naming the model and the problem) when what is stored does
@@ -56,9 +59,15 @@ def decider_name(backend: str) -> str:
     return _DECIDER + backend
 
 
-def samples_name(backend: str) -> str:
-    """Store name of a backend's calibration samples, ``calibration-samples/<backend>``."""
-    return _SAMPLES + backend
+def samples_name(backend: str, codec: str = "zvc") -> str:
+    """Store name of a codec backend's calibration samples: ``calibration-samples/<backend>`` for ZVC,
+    else ``calibration-samples/<backend>/<codec>``.
+
+    Example:
+        >>> samples_name("cpu"), samples_name("cpu", "exponent")
+        ('calibration-samples/cpu', 'calibration-samples/cpu/exponent')
+    """
+    return _SAMPLES + backend + ("" if codec == "zvc" else f"/{codec}")
 
 
 def _kind(fingerprint: FingerprintLike) -> str:
@@ -67,11 +76,26 @@ def _kind(fingerprint: FingerprintLike) -> str:
 
 
 def save_time_model(fingerprint: FingerprintLike, model: CalibratedTimeModel, store: ConfigStore | None = None) -> list[str]:
-    """Store ``model`` for ``fingerprint``, one document per backend it covers; returns the names written."""
+    """Store ``model`` for ``fingerprint``, one document per backend it covers; returns the names written.
+
+    The codecs ``model`` has replace their stored models; the stored models of other codecs of the
+    backend are kept (a stored document that no longer validates is replaced whole).
+    """
     store = store if store is not None else ConfigStore()
+    stored = store.models(fingerprint_key(fingerprint))
     names = []
     for backend in model.backends:
-        store.put_model(fingerprint, time_model_name(backend), model.only(backend).to_dict())
+        new = model.only(backend)
+        try:
+            old = CalibratedTimeModel.from_dict(stored[time_model_name(backend)]) if time_model_name(backend) in stored else None
+        except ValueError:
+            old = None
+        codecs = {key[1] for key in new.models}
+        kept = {} if old is None else {key: m for key, m in old.models.items() if key[1] not in codecs}
+        if kept:
+            assert old is not None
+            new = CalibratedTimeModel(kept, old.meta).merged(new)
+        store.put_model(fingerprint, time_model_name(backend), new.to_dict())
         names.append(time_model_name(backend))
     return names
 
@@ -131,14 +155,19 @@ def load_decider(
         raise ValueError(f"stored model {name!r} is unusable: {error}; rerun `cswap calibrate`") from None
 
 
-def save_samples(fingerprint: FingerprintLike, backend: str, document: Mapping[str, Any], store: ConfigStore | None = None) -> str:
-    """Store calibration samples (a :func:`~cswap.predictors.calibration.samples_to_dict` document); returns the name."""
+def save_samples(
+    fingerprint: FingerprintLike, backend: str, document: Mapping[str, Any], store: ConfigStore | None = None,
+    codec: str = "zvc",
+) -> str:
+    """Store one codec's calibration samples (a :func:`~cswap.predictors.calibration.samples_to_dict` document); returns the name."""
     store = store if store is not None else ConfigStore()
-    store.put_model(fingerprint, samples_name(backend), dict(document))
-    return samples_name(backend)
+    store.put_model(fingerprint, samples_name(backend, codec), dict(document))
+    return samples_name(backend, codec)
 
 
-def load_samples(fingerprint: FingerprintLike, backend: str, store: ConfigStore | None = None) -> dict[str, Any] | None:
-    """The stored calibration-samples document of a device and backend, or ``None``."""
+def load_samples(
+    fingerprint: FingerprintLike, backend: str, store: ConfigStore | None = None, codec: str = "zvc"
+) -> dict[str, Any] | None:
+    """The stored calibration-samples document of a device, backend and codec, or ``None``."""
     store = store if store is not None else ConfigStore()
-    return store.models(fingerprint_key(fingerprint)).get(samples_name(backend))
+    return store.models(fingerprint_key(fingerprint)).get(samples_name(backend, codec))

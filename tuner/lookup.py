@@ -8,6 +8,9 @@ the SM ratio) and falls back to the codec's default launch.
 same model) for the same kernel source, dtype and size bucket, it runs a search and records the
 run. A store hit does zero evaluations and returns a run whose ``method`` is ``"cached"``.
 
+Both take the codec (``codec="zvc"`` by default): its kernels are tuned and looked up under their
+own names (``bitpack.cpu.compress``), so a config tuned for one codec never reaches another.
+
 Example:
     >>> from cswap.device import fingerprint
     >>> from cswap.tuner.store import ConfigStore
@@ -15,6 +18,8 @@ Example:
     >>> launch, found = launch_for(fingerprint("cpu"), "cpu", "compress", "float32", 1 << 20, store)
     >>> found.match in ("exact", "same-model", "transferred", "default"), type(launch).__name__
     (True, 'CpuLaunch')
+    >>> launch_for(fingerprint("cpu"), "cpu", "compress", "bfloat16", 1 << 20, store, codec="exponent")[1].match
+    'default'
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import torch
 from cswap.codecs.launch import CpuLaunch, CudaLaunch, Launch, launch_from_params
 from cswap.device import DeviceFingerprint
 from cswap.tuner.kernels import bucket_nbytes, dtype_name, kernel_name, kernel_source_hash
+from cswap.tuner.space import check_codec
 from cswap.tuner.objective import KernelObjective
 from cswap.tuner.search import METHODS, ObjectiveFn, ProgressFn, search
 from cswap.tuner.space import SearchSpace, load_search_space
@@ -80,6 +86,7 @@ def launch_for(
     dtype: torch.dtype | str,
     nbytes: int,
     store: ConfigStore | None = None,
+    codec: str = "zvc",
 ) -> tuple[Launch, LookupResult]:
     """The launch config the runtime should use for one (de)compression; never tunes.
 
@@ -90,13 +97,15 @@ def launch_for(
         dtype: the tensor's dtype (or its name).
         nbytes: the tensor's size in bytes (configs are kept per :func:`size_bucket`).
         store: where tuned configs are kept; ``None`` opens the default store.
+        codec: the codec that will run (``zvc``, ``bitpack`` or ``exponent``): only configs tuned
+            for its kernels are found.
 
     Returns:
         ``(launch, found)``: a :class:`CpuLaunch` or :class:`CudaLaunch` valid on this machine,
         and the store's answer (``found.match == "default"`` when nothing was tuned).
 
     Raises:
-        ValueError: unknown backend, op or dtype.
+        ValueError: unknown backend, op, codec, or a dtype the codec does not take.
         cswap.tuner.store.StoreError: the store is corrupt, locked or unreadable.
 
     Example:
@@ -106,14 +115,14 @@ def launch_for(
         >>> found.match
         'default'
     """
-    kernel = kernel_name(backend, op)
-    space = load_search_space(backend, op)
+    kernel = kernel_name(backend, op, check_codec(codec))
+    space = load_search_space(backend, op, codec=codec)
     store = store if store is not None else ConfigStore()
     found = store.lookup(
         normalize_fingerprint(fingerprint),
         kernel,
-        kernel_source_hash(backend),
-        dtype_name(dtype),
+        kernel_source_hash(backend, codec),
+        dtype_name(dtype, codec),
         size_bucket(nbytes),
         default=default_params(backend),
     )
@@ -155,8 +164,9 @@ def tune(
     objective: ObjectiveFn | None = None,
     repeats: int = 7,
     found: LookupResult | None = None,
+    codec: str = "zvc",
 ) -> TuningRun:
-    """Tune kernel ``zvc.<backend>.<op>`` for ``dtype`` and the size bucket of ``nbytes`` on this machine.
+    """Tune kernel ``<codec>.<backend>.<op>`` for ``dtype`` and the size bucket of ``nbytes`` on this machine.
 
     A config already stored for this device (or another of the same model), kernel source,
     dtype and bucket is a store hit: nothing is measured and the returned run has
@@ -182,12 +192,14 @@ def tune(
             measures the real kernel here).
         repeats: timed calls per config of the default objective (median).
         found: a lookup already made (e.g. by a tuning service) instead of asking ``store``.
+        codec: ``zvc`` (default), ``bitpack`` or ``exponent``; ``dtype`` must be one it takes,
+            and ``space`` (when given) must be its.
 
     Returns:
         The recorded run, or on a store hit the cached result (``method == "cached"``).
 
     Raises:
-        ValueError: unknown backend, op, dtype or method.
+        ValueError: unknown backend, op, codec, dtype or method, or a space of another codec.
         RuntimeError: the backend cannot be tuned here (no GPU, CUDA simulator), or every config failed.
         cswap.tuner.store.StoreError: the store is corrupt, locked or unreadable.
 
@@ -201,14 +213,16 @@ def tune(
     if method not in METHODS:
         raise ValueError(f"unknown tuning method {method!r}: choose one of {', '.join(METHODS)}")
     started_s = time.perf_counter()
-    kernel = kernel_name(backend, op)
+    kernel = kernel_name(backend, op, check_codec(codec))
     data = normalize_fingerprint(fingerprint)
     if data["kind"] != backend:
         raise ValueError(f"fingerprint is of a {data['kind']} device but backend {backend!r} was asked; pass the "
                          f"fingerprint of the device that runs the kernel")
-    dtype_str = dtype_name(dtype)
+    if space is not None and (space.codec, space.backend, space.op) != (codec, backend, op):
+        raise ValueError(f"the search space given is {space.kernel}'s, but {kernel} is being tuned")
+    dtype_str = dtype_name(dtype, codec)
     bucket = size_bucket(nbytes)
-    source_hash = kernel_source_hash(backend)
+    source_hash = kernel_source_hash(backend, codec)
     store = store if store is not None else ConfigStore()
     if found is None:
         found = store.lookup(data, kernel, source_hash, dtype_str, bucket)
@@ -216,9 +230,9 @@ def tune(
         logger.info("%s %s bucket %d: store hit (%s), zero evaluations", kernel, dtype_str, bucket, found.match)
         return _cached_run(data, kernel, source_hash, dtype_str, bucket, found, time.perf_counter() - started_s)
 
-    space = space if space is not None else load_search_space(backend, op)
+    space = space if space is not None else load_search_space(backend, op, codec=codec)
     if objective is None:
-        objective = KernelObjective(backend, op, dtype_str, bucket_nbytes(bucket), repeats=repeats)
+        objective = KernelObjective(backend, op, dtype_str, bucket_nbytes(bucket), repeats=repeats, codec=codec)
     warm = found.warm_start if found.match == "transferred" else ()
     result = search(method, space, objective, budget, seed, warm, progress, units=int(data["sm_count"]))
     if result.best_time_s == float("inf"):
@@ -227,7 +241,7 @@ def tune(
         raise RuntimeError(
             f"every config of {kernel} failed ({len(result.evaluations)} tried; e.g. {example}); "
             f"check the backend works here: python -c \"import torch, cswap.codecs as c; "
-            f"c.compress(torch.ones(8), backend='{backend}')\""
+            f"c.compress(torch.ones(8, dtype=torch.{dtype_str}), codec='{codec}', backend='{backend}')\""
         )
     run = TuningRun(
         fingerprint=data,

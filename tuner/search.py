@@ -178,7 +178,7 @@ def grid_search(
     """
     if space.grid_size > max_points:
         raise ValueError(
-            f"grid search over {space.grid_size} configs of zvc.{space.backend}.{space.op} exceeds max_points="
+            f"grid search over {space.grid_size} configs of {space.kernel} exceeds max_points="
             f"{max_points}: list coarser `grid:` values in {space.source or 'the search space'} or use method bo"
         )
     recorder = _Recorder(space, objective, space.grid_size, progress)

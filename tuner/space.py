@@ -1,8 +1,11 @@
-"""Search spaces of the kernel launch configs, loaded from ``configs/search_spaces/<backend>.yaml``.
+"""Search spaces of the kernel launch configs, loaded from ``configs/search_spaces/``.
 
-A file describes one codec backend: per op (``compress``, ``decompress``) the launch parameters to
-search, each with inclusive bounds and a scale (``linear``, ``log`` or ``pow2``). Files are
-validated on load; a problem raises :class:`SearchSpaceError` naming the file and what to fix.
+A file describes one backend of one codec: ``<backend>.yaml`` for ZVC, ``<codec>-<backend>.yaml``
+for the others (``bitpack-cpu.yaml``, ``exponent-cuda.yaml``, ...). Per op (``compress``,
+``decompress``) it lists the launch parameters to search, each with inclusive bounds and a scale
+(``linear``, ``log`` or ``pow2``); a codec takes only the launch fields its kernels read
+(:data:`CODEC_LAUNCH_FIELDS`). Files are validated on load; a problem raises
+:class:`SearchSpaceError` naming the file and what to fix.
 
 The files are found, in order: the ``path`` argument (a file or a directory), ``$CSWAP_SEARCH_SPACES``
 (a directory), then the repository's ``configs/search_spaces`` next to this package, so they load
@@ -16,6 +19,8 @@ Example:
     44
     >>> space.project({"threads": 9, "chunk_words": 100})
     {'threads': 4, 'chunk_words': 128}
+    >>> load_search_space("cpu", "compress", cores=4, codec="bitpack").names
+    ('threads',)
 """
 
 from __future__ import annotations
@@ -36,14 +41,19 @@ from cswap.paths import shipped_configs_dir
 
 __all__ = [
     "BACKENDS",
+    "CODEC_LAUNCH_FIELDS",
     "OPS",
+    "TUNED_CODECS",
     "Param",
     "SearchSpace",
     "SearchSpaceError",
+    "check_codec",
     "check_launch_params",
     "load_search_space",
     "load_search_spaces",
+    "parse_codecs",
     "search_space_dir",
+    "space_file_name",
 ]
 
 #: Codec backends that have launch parameters to tune.
@@ -57,6 +67,25 @@ SPACES_ENV = "CSWAP_SEARCH_SPACES"
 _LAUNCH_FIELDS = {
     "cpu": tuple(f.name for f in fields(CpuLaunch)),
     "cuda": tuple(f.name for f in fields(CudaLaunch)),
+}
+#: Codecs with tunable kernels, as registered in ``cswap.codecs.CODECS`` (named here, not imported:
+#: the tuning service loads this module without torch; a test keeps the two lists equal).
+TUNED_CODECS: tuple[str, ...] = ("zvc", "bitpack", "exponent")
+#: The launch fields each codec's kernels read, per backend; a search space or a stored config
+#: naming another field is refused. ZVC reads them all. Bit-packing has no chunks (its CPU kernel
+#: splits the words itself) and two CUDA kernels; exponent coding launches ``compress`` (the plan
+#: of each chunk), ``scatter`` (the writes) and ``decompress``.
+CODEC_LAUNCH_FIELDS: dict[str, dict[str, tuple[str, ...]]] = {
+    "zvc": _LAUNCH_FIELDS,
+    "bitpack": {
+        "cpu": ("threads",),
+        "cuda": ("compress_grid", "compress_block", "decompress_grid", "decompress_block"),
+    },
+    "exponent": {
+        "cpu": ("threads", "chunk_words"),
+        "cuda": ("compress_grid", "compress_block", "scatter_grid", "scatter_block", "decompress_grid",
+                 "decompress_block", "chunk_words"),
+    },
 }
 # Hard limits of a launch parameter, whatever a file says: the CUDA hardware and API limits
 # (a block holds at most 1024 threads; 65535 keeps a grid valid on every axis and GPU).
@@ -89,19 +118,19 @@ class _SpaceFile(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     backend: Literal["cpu", "cuda"]
+    codec: Literal["zvc", "bitpack", "exponent"] = "zvc"
     ops: dict[Literal["compress", "decompress"], dict[str, _ParamModel]]
 
     @model_validator(mode="after")
     def _known_params(self) -> _SpaceFile:
-        valid = _LAUNCH_FIELDS[self.backend]
+        valid = CODEC_LAUNCH_FIELDS[self.codec][self.backend]
         for op, params in self.ops.items():
             if not params:
                 raise ValueError(f"ops.{op} lists no parameters")
             unknown = sorted(set(params) - set(valid))
             if unknown:
-                raise ValueError(
-                    f"ops.{op} has unknown parameters {unknown}; {self.backend} launch parameters are {list(valid)}"
-                )
+                whose = self.backend if self.codec == "zvc" else f"{self.codec} {self.backend}"
+                raise ValueError(f"ops.{op} has unknown parameters {unknown}; {whose} launch parameters are {list(valid)}")
         return self
 
 
@@ -165,13 +194,14 @@ class Param:
 
 @dataclass(frozen=True)
 class SearchSpace:
-    """The launch parameters of one kernel (``zvc.<backend>.<op>``) and their ranges.
+    """The launch parameters of one kernel (``<codec>.<backend>.<op>``) and their ranges.
 
     Args:
         backend: ``cpu`` or ``cuda``.
         op: ``compress`` or ``decompress``.
         params: the parameters, in file order.
         source: the file it was loaded from (``None`` when built in code).
+        codec: the codec whose kernel it is (``zvc``, ``bitpack`` or ``exponent``).
 
     Example:
         >>> space = SearchSpace("cpu", "compress", (Param("threads", 1, 2, "linear", (1, 2)),))
@@ -183,6 +213,12 @@ class SearchSpace:
     op: str
     params: tuple[Param, ...]
     source: Path | None = None
+    codec: str = "zvc"
+
+    @property
+    def kernel(self) -> str:
+        """The kernel's name, ``<codec>.<backend>.<op>``."""
+        return f"{self.codec}.{self.backend}.{self.op}"
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -239,15 +275,56 @@ def search_space_dir(path: str | os.PathLike[str] | None = None) -> Path:
     return shipped_configs_dir() / "search_spaces"
 
 
-def _space_file(backend: str, path: str | os.PathLike[str] | None) -> Path:
+def check_codec(codec: str) -> str:
+    """``codec`` if it has tunable kernels; ``ValueError`` naming the choices otherwise.
+
+    Example:
+        >>> check_codec("lz4")
+        Traceback (most recent call last):
+        ...
+        ValueError: no tunable kernels for codec 'lz4': choose one of zvc, bitpack, exponent
+    """
+    if codec not in TUNED_CODECS:
+        raise ValueError(f"no tunable kernels for codec {codec!r}: choose one of {', '.join(TUNED_CODECS)}")
+    return codec
+
+
+def parse_codecs(text: str) -> list[str]:
+    """The codecs a ``--codec`` option names: one, a comma-separated list, or ``all`` (every tunable codec).
+
+    Example:
+        >>> parse_codecs("all"), parse_codecs("exponent, zvc")
+        (['zvc', 'bitpack', 'exponent'], ['exponent', 'zvc'])
+    """
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if names == ["all"]:
+        return list(TUNED_CODECS)
+    if not names:
+        raise ValueError(f"--codec is empty: name one of {', '.join(TUNED_CODECS)}, a comma-separated list, or all")
+    return list(dict.fromkeys(check_codec(name) for name in names))
+
+
+def space_file_name(backend: str, codec: str = "zvc") -> str:
+    """The file name of a codec backend's search space: ``<backend>.yaml`` for ZVC, else ``<codec>-<backend>.yaml``.
+
+    Example:
+        >>> space_file_name("cpu"), space_file_name("cuda", "exponent")
+        ('cpu.yaml', 'exponent-cuda.yaml')
+    """
+    return f"{backend}.yaml" if codec == "zvc" else f"{codec}-{backend}.yaml"
+
+
+def _space_file(backend: str, path: str | os.PathLike[str] | None, codec: str = "zvc") -> Path:
     if backend not in BACKENDS:
         raise ValueError(f"no launch search space for backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+    check_codec(codec)
     location = search_space_dir(path)
-    file = location / f"{backend}.yaml" if location.is_dir() else location
+    name = space_file_name(backend, codec)
+    file = location / name if location.is_dir() else location
     if not file.is_file():
         raise SearchSpaceError(
             f"search-space file {file} does not exist: pass an existing file or directory, "
-            f"or set ${SPACES_ENV} to a directory holding {backend}.yaml"
+            f"or set ${SPACES_ENV} to a directory holding {name}"
         )
     return file
 
@@ -300,14 +377,16 @@ def _read_yaml(file: Path) -> Any:
 
 
 def load_search_spaces(
-    backend: str, path: str | os.PathLike[str] | None = None, cores: int | None = None
+    backend: str, path: str | os.PathLike[str] | None = None, cores: int | None = None, codec: str = "zvc"
 ) -> dict[str, SearchSpace]:
-    """All search spaces of ``backend``, one per op listed in its file.
+    """All search spaces of ``codec``'s ``backend``, one per op listed in its file.
 
     Args:
         backend: ``cpu`` or ``cuda``.
-        path: a YAML file, or a directory holding ``<backend>.yaml``; ``None`` for the default.
+        path: a YAML file, or a directory holding :func:`space_file_name`; ``None`` for the default.
         cores: the value of ``high: cores`` (default: this machine's core count).
+        codec: ``zvc`` (default), ``bitpack`` or ``exponent``; a file says its codec with
+            ``codec:`` (omitted: ``zvc``), which must be the one asked for.
 
     Raises:
         ValueError: for an unknown backend.
@@ -317,7 +396,7 @@ def load_search_spaces(
         >>> sorted(load_search_spaces("cuda"))
         ['compress', 'decompress']
     """
-    file = _space_file(backend, path)
+    file = _space_file(backend, path, codec)
     raw = _read_yaml(file)
     if not isinstance(raw, dict):
         raise SearchSpaceError(f"search-space file {file} must be a mapping with keys 'backend' and 'ops'")
@@ -330,36 +409,44 @@ def load_search_spaces(
         raise SearchSpaceError(f"invalid search-space file {file}: {problems}") from error
     if parsed.backend != backend:
         raise SearchSpaceError(f"search-space file {file} is for backend {parsed.backend!r}, expected {backend!r}")
+    if parsed.codec != codec:
+        raise SearchSpaceError(
+            f"search-space file {file} is for codec {parsed.codec!r}, expected {codec!r}; "
+            f"pass the {space_file_name(backend, codec)} file or its directory"
+        )
     cores = cores or os.cpu_count() or 1
     return {
         op: SearchSpace(
-            backend, op, tuple(_param(name, m, backend, op, file, cores) for name, m in params.items()), file
+            backend, op, tuple(_param(name, m, backend, op, file, cores) for name, m in params.items()), file, codec
         )
         for op, params in parsed.ops.items()
     }
 
 
 def load_search_space(
-    backend: str, op: str, path: str | os.PathLike[str] | None = None, cores: int | None = None
+    backend: str, op: str, path: str | os.PathLike[str] | None = None, cores: int | None = None, codec: str = "zvc"
 ) -> SearchSpace:
-    """The search space of kernel ``zvc.<backend>.<op>`` (see :func:`load_search_spaces`).
+    """The search space of kernel ``<codec>.<backend>.<op>`` (see :func:`load_search_spaces`).
 
     Example:
         >>> load_search_space("cuda", "decompress").names
         ('decompress_grid', 'decompress_block')
+        >>> load_search_space("cuda", "compress", codec="exponent").names[-1]
+        'chunk_words'
     """
     if op not in OPS:
         raise ValueError(f"unknown op {op!r}: choose one of {', '.join(OPS)}")
-    spaces = load_search_spaces(backend, path, cores)
+    spaces = load_search_spaces(backend, path, cores, codec)
     if op not in spaces:
-        raise SearchSpaceError(f"search-space file {_space_file(backend, path)} has no ops.{op}; add it")
+        raise SearchSpaceError(f"search-space file {_space_file(backend, path, codec)} has no ops.{op}; add it")
     return spaces[op]
 
 
 def check_launch_params(kernel: str, params: Mapping[str, Any], cores: int | None = None) -> None:
-    """Refuse ``params`` unless they are a launch config of ``kernel`` (``zvc.<backend>.<op>``) that
-    its search space allows: every name a launch field of the backend, every searched parameter in
-    its range (powers of two where the space says so), the others valid for the launch itself.
+    """Refuse ``params`` unless they are a launch config of ``kernel`` (``<codec>.<backend>.<op>``)
+    that its search space allows: every name a launch field the codec's backend reads, every
+    searched parameter in its range (powers of two where the space says so), the others valid for
+    the launch itself.
 
     A config that passes can be launched on the kind of device it was tuned for, which is what a
     store shared between machines must hold.
@@ -380,14 +467,16 @@ def check_launch_params(kernel: str, params: Mapping[str, Any], cores: int | Non
         ValueError: best_params['compress_block'] is 100: zvc.cuda.compress allows powers of two between 32 and 1024
     """
     parts = kernel.split(".")
-    if len(parts) != 3 or parts[0] != "zvc" or parts[1] not in BACKENDS or parts[2] not in OPS:
-        known = ", ".join(f"zvc.{b}.{op}" for b in BACKENDS for op in OPS)
+    if len(parts) != 3 or parts[0] not in TUNED_CODECS or parts[1] not in BACKENDS or parts[2] not in OPS:
+        known = ", ".join(f"{c}.{b}.{op}" for c in TUNED_CODECS for b in BACKENDS for op in OPS)
         raise ValueError(f"kernel {kernel!r} has no launch search space: choose one of {known}")
-    backend, op = parts[1], parts[2]
-    unknown = sorted(set(params) - set(_LAUNCH_FIELDS[backend]))
+    codec, backend, op = parts
+    valid = CODEC_LAUNCH_FIELDS[codec][backend]
+    unknown = sorted(set(params) - set(valid))
     if unknown:
-        raise ValueError(f"best_params {unknown} are not {backend} launch parameters: they are {list(_LAUNCH_FIELDS[backend])}")
-    space = load_search_space(backend, op, cores=cores)
+        whose = backend if codec == "zvc" else f"{codec} {backend}"
+        raise ValueError(f"best_params {unknown} are not {whose} launch parameters: they are {list(valid)}")
+    space = load_search_space(backend, op, cores=cores, codec=codec)
     for param in space.params:
         if param.name not in params:
             continue

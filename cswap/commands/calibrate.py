@@ -2,22 +2,26 @@
 
 Steps:
 
-1. micro-benchmark the backend over sizes, sparsities and widths (:func:`cswap.predictors.calibrate`),
-   with the tuned launch configs where the store has them;
-2. fit one linear time model per (op, width) and report its MAPE on held-out sizes;
+1. micro-benchmark each codec asked for (``--codec``: ``zvc`` by default, ``bitpack``, ``exponent``, a
+   list or ``all``) on its backend over sizes, sparsities and widths (:func:`cswap.predictors.calibrate`),
+   with the tuned launch configs of that codec where the store has them;
+2. fit one linear time model per (codec, op, width) and report its MAPE on held-out sizes;
 3. profile a few small CNNs from :mod:`cswap.models` on :func:`cswap.training.data.digits` with
    ``cswap.Runtime(policy="none")`` to get real saved tensors (size, sparsity, hidden times);
 4. label every tensor with the cost model (:func:`cswap.planner.costmodel.decide`, codec times from step 2)
    under the measured link, each hardware profile's link and a sweep of slow links, with the
    hidden times scaled around the profiled ones, so both decisions occur;
 5. fit the logistic decider; its accuracy is measured on the tensors of each model with the
-   decider fitted on the other models only (leave one model out);
-6. store samples, time model and decider under this device's fingerprint (``put_model``).
+   decider fitted on the other models only (leave one model out); steps 3-5 weigh ZVC's times and
+   run only when ``zvc`` is calibrated;
+6. store samples, time model and decider under this device's fingerprint (``put_model``); the time
+   models of codecs not calibrated this time are kept.
 
 Example:
     $ cswap calibrate                      # the default backend of this machine, full grid (~2 min on CPU)
     $ cswap calibrate --quick --json       # a tiny grid, one JSON object on stdout
     $ cswap calibrate --backend cuda --store /tmp/store.db
+    $ cswap calibrate --codec bitpack,exponent  # the new codecs' time models, ZVC's kept
 """
 
 from __future__ import annotations
@@ -261,6 +265,7 @@ def run_calibrate(
     store_path: Path | None = None,
     console: Console | None = None,
     show_progress: bool = True,
+    codec: str = "zvc",
 ) -> dict[str, Any]:
     """Calibrate ``backend`` on this machine, store the predictors, return the report.
 
@@ -270,6 +275,10 @@ def run_calibrate(
         store_path: the config store file (default ``$CSWAP_HOME/store.db``).
         console: where the progress bar goes (default: stderr).
         show_progress: draw the progress bar (on a terminal; elsewhere one line per stage).
+        codec: ``zvc`` (default), ``bitpack``, ``exponent``, a comma-separated list, or ``all``: each
+            is measured on its dtypes (:data:`cswap.predictors.calibration.CODEC_DTYPES`) and gets
+            its own time models; the stored models of the codecs not named are kept. The decider
+            weighs ZVC's times, so it is fitted (and the models profiled) only when ``zvc`` is named.
 
     Returns:
         The JSON-ready report ``cswap calibrate --json`` prints.
@@ -285,29 +294,32 @@ def run_calibrate(
         save_samples,
         save_time_model,
     )
+    from cswap.tuner.space import parse_codecs
     from cswap.tuner.store import ConfigStore
 
     import torch
 
     started_s = time.perf_counter()
+    codecs = parse_codecs(codec)
     backend = backend or ("cuda" if torch.cuda.is_available() else "cpu")
     if backend not in _BACKENDS:
         raise ValueError(f"unknown backend {backend!r}: choose one of {', '.join(_BACKENDS)}")
     device = _device_for(backend)
     fp = fingerprint(device)
     store = ConfigStore(store_path)
-    plan = CalibrationPlan.quick(backend) if quick else CalibrationPlan.default(backend)
+    plans = [CalibrationPlan.quick(backend, name) if quick else CalibrationPlan.default(backend, name) for name in codecs]
     console = console or Console(stderr=True)
 
-    models = QUICK_TRACE_MODELS if quick else TRACE_MODELS
+    models = (QUICK_TRACE_MODELS if quick else TRACE_MODELS) if "zvc" in codecs else ()
+    runs = []
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         # stdout is left alone: it carries the --json report, and nothing else writes to it meanwhile.
         console=console, transient=True, disable=not show_progress, redirect_stdout=False,
     ) as progress:
         # One step per timed point, then one per profiled model; fitting is instant next to either.
-        measuring = plan.n_points * (plan.passes + 1)
-        task = progress.add_task(f"calibrating zvc/{backend}", total=measuring + len(models))
+        planned = [plan.n_points * (plan.passes + 1) for plan in plans]
+        task = progress.add_task(f"calibrating {codecs[0]}/{backend}", total=sum(planned) + len(models))
 
         def stage(description: str, completed: int | None = None) -> None:
             # Drawn now, not at the next timed refresh: a stage quicker than one refresh is still shown.
@@ -316,53 +328,48 @@ def run_calibrate(
                 # No live bar in a log or a pipe: one plain line per stage instead.
                 console.print(f"cswap calibrate: {description}", markup=False, highlight=False)
 
-        stage(f"measuring zvc/{backend} at {plan.n_points} points")
-        run = calibrate(plan, fingerprint=fp.to_dict(), store=store,
-                        on_step=lambda done, total: progress.update(task, completed=done, total=total + len(models)))
+        for index, plan in enumerate(plans):
+            stage(f"measuring {plan.codec}/{backend} at {plan.n_points} points")
+            done_before = int(progress.tasks[0].completed)
+            later = sum(planned[index + 1:]) + len(models)
+            runs.append(calibrate(
+                plan, fingerprint=fp.to_dict(), store=store,
+                on_step=lambda done, total, before=done_before, later=later: progress.update(
+                    task, completed=before + done, total=before + total + later),
+            ))
         stage("fitting time models")
-        time_model, reports = fit_time_models(run.samples)
-        measured = bandwidth(device, nbytes=(4 << 20) if quick else (64 << 20))
-        done = progress.tasks[0].completed
-        traces = collect_traces(
-            models, device, measured.d2h_gbps, measured.h2d_gbps,
-            batch_size=8 if quick else 64, width_mult=0.125 if quick else 0.5,
-            on_model=lambda name: stage(f"profiling {name} for the decider", done + models.index(name)),
-        )
+        time_model, reports = fit_time_models([sample for run in runs for sample in run.samples])
+        traces: dict[str, Any] = {}
+        if models:
+            measured = bandwidth(device, nbytes=(4 << 20) if quick else (64 << 20))
+            done = progress.tasks[0].completed
+            traces = collect_traces(
+                models, device, measured.d2h_gbps, measured.h2d_gbps,
+                batch_size=8 if quick else 64, width_mult=0.125 if quick else 0.5,
+                on_model=lambda name: stage(f"profiling {name} for the decider", done + models.index(name)),
+            )
         progress.update(task, completed=progress.tasks[0].total)
-    links = link_profiles(measured.d2h_gbps, measured.h2d_gbps)
+    wall_s = sum(run.wall_s for run in runs)
+    time_model.meta.update({"fingerprint_key": fp.key, "calibration_wall_s": wall_s})
+    stored = [save_samples(fp, backend, run.to_dict(), store, codec=run.plan.codec) for run in runs]
+    stored += save_time_model(fp, time_model, store)
+    decision_report = None
+    if models:
+        links = link_profiles(measured.d2h_gbps, measured.h2d_gbps)
 
-    def codec_s(op: str, nbytes: int, density: float, itemsize: int) -> float:
-        return float(time_model.predict_s(op, nbytes, density, itemsize, backend)[0])
+        def codec_s(op: str, nbytes: int, density: float, itemsize: int) -> float:
+            return float(time_model.predict_s(op, nbytes, density, itemsize, backend, "zvc")[0])
 
-    data = decision_dataset(traces, codec_s, links)
-    decision = evaluate_decider(data)
-    meta = {"backend": backend, "codec": plan.codec, "models": list(models)}
-    if data.labels.all() or not data.labels.any():
-        # Every tensor under every link got the same verdict: that verdict is the model.
-        decider = LogisticDecider.constant(bool(data.labels.all()), meta)
-    else:
-        decider = fit(data.features, data.labels, meta=meta)
-    time_model.meta.update({"fingerprint_key": fp.key, "calibration_wall_s": run.wall_s})
-    stored = [
-        save_samples(fp, backend, run.to_dict(), store),
-        *save_time_model(fp, time_model, store),
-        save_decider(fp, decider, backend, store),
-    ]
-    return {
-        "backend": backend,
-        "codec": plan.codec,
-        "quick": quick,
-        "device": {"key": fp.key, "kind": fp.kind, "name": fp.name},
-        "calibration": {
-            "samples": len(run.samples),
-            "timings": sum(len(s.times_s) for s in run.samples),
-            "launch_matches": sorted({s.launch_match for s in run.samples}),
-            "wall_s": run.wall_s,
-        },
-        "time_models": [
-            {**report.to_dict(), "knees_bytes": list(time_model.models[report.key].knees_bytes)} for report in reports
-        ],
-        "decision": {
+        data = decision_dataset(traces, codec_s, links)
+        decision = evaluate_decider(data)
+        meta = {"backend": backend, "codec": "zvc", "models": list(models)}
+        if data.labels.all() or not data.labels.any():
+            # Every tensor under every link got the same verdict: that verdict is the model.
+            decider = LogisticDecider.constant(bool(data.labels.all()), meta)
+        else:
+            decider = fit(data.features, data.labels, meta=meta)
+        stored.append(save_decider(fp, decider, backend, store))
+        decision_report = {
             **decision,
             "train_samples": len(data.labels),
             "tensors": sum(1 for t in traces.values() for r in t.tensors if r.offloadable and r.nbytes > 0),
@@ -371,7 +378,28 @@ def run_calibrate(
             "constant": bool(decider.meta.get("constant", False)),
             "links_gbps": {name: list(pair) for name, pair in links.items()},
             "hidden_scales": list(HIDDEN_SCALES),
+        }
+    samples = [sample for run in runs for sample in run.samples]
+    return {
+        "backend": backend,
+        "codec": ",".join(codecs),
+        "codecs": codecs,
+        "quick": quick,
+        "device": {"key": fp.key, "kind": fp.kind, "name": fp.name},
+        "calibration": {
+            "samples": len(samples),
+            "timings": sum(len(s.times_s) for s in samples),
+            "launch_matches": sorted({s.launch_match for s in samples}),
+            "wall_s": wall_s,
+            "by_codec": {
+                run.plan.codec: {"samples": len(run.samples), "dtypes": list(run.plan.dtypes or ()), "wall_s": run.wall_s}
+                for run in runs
+            },
         },
+        "time_models": [
+            {**report.to_dict(), "knees_bytes": list(time_model.models[report.key].knees_bytes)} for report in reports
+        ],
+        "decision": decision_report,
         "store": str(store.path),
         "stored": stored,
         "wall_s": time.perf_counter() - started_s,
@@ -379,21 +407,24 @@ def run_calibrate(
 
 
 def _print_table(report: dict[str, Any], console: Console) -> None:
-    table = Table(title=f"cswap calibrate: zvc/{report['backend']} on {report['device']['name']}")
-    for column in ("op", "width", "samples", "held-out MAPE", "train MAPE", "knees"):
+    several = len(report["codecs"]) > 1
+    table = Table(title=f"cswap calibrate: {report['codec']}/{report['backend']} on {report['device']['name']}")
+    for column in ("codec",) * several + ("op", "width", "samples", "held-out MAPE", "train MAPE", "knees"):
         table.add_column(column, justify="right")
     for row in report["time_models"]:
         # A knee of k bytes means "tensors of k + 1 bytes and more".
         knees = ", ".join(f">={(k + 1) / 2**20:.3g} MiB" for k in row["knees_bytes"]) or "-"
         heldout = "-" if row["mape"] is None else f"{row['mape']:.1%}"
-        table.add_row(row["op"], f"{row['itemsize']} B", str(row["samples"]), heldout, f"{row['train_mape']:.1%}", knees)
+        cells = (row["op"], f"{row['itemsize']} B", str(row["samples"]), heldout, f"{row['train_mape']:.1%}", knees)
+        table.add_row(*((row["codec"],) * several + cells))
     console.print(table)
     decision = report["decision"]
-    console.print(
-        f"decider: accuracy {decision['accuracy']:.1%} on held-out models' tensors "
-        f"(balanced {decision['balanced_accuracy']:.1%}, always-majority baseline {decision['baseline_accuracy']:.1%}, {decision['positive_fraction']:.1%} compress), "
-        f"{decision['test_samples']} rows from {', '.join(decision['models'])}"
-    )
+    if decision is not None:
+        console.print(
+            f"decider: accuracy {decision['accuracy']:.1%} on held-out models' tensors "
+            f"(balanced {decision['balanced_accuracy']:.1%}, always-majority baseline {decision['baseline_accuracy']:.1%}, {decision['positive_fraction']:.1%} compress), "
+            f"{decision['test_samples']} rows from {', '.join(decision['models'])}"
+        )
     console.print(f"stored {', '.join(report['stored'])} in {report['store']} ({report['wall_s']:.0f} s)")
 
 
@@ -406,15 +437,18 @@ def register(app: typer.Typer) -> None:
         json_output: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
         quick: bool = typer.Option(False, help="A tiny grid and two tiny models: seconds, for smoke tests."),
         store: Path = typer.Option(None, help="Config store file (default: $CSWAP_HOME/store.db)."),
+        codec: str = typer.Option("zvc", help="Codecs to calibrate: zvc, bitpack, exponent, a comma-separated list, "
+                                              "or all; the stored models of the others are kept."),
     ) -> None:
-        """Measure the codec, fit the time model and the compress/don't decider, store them for this device.
+        """Measure the codecs, fit the time models and the compress/don't decider, store them for this device.
 
-        The table has one row per operation and element width. MAPE is the mean relative error of the
+        The table has one row per operation and element width (and codec, with several). MAPE is the mean relative error of the
         fitted time model, on sizes held out of the fit and on the fit's own samples. "knees" are the
         tensor sizes past which the measured cost per byte steps up (the data no longer fits a cache,
         say): the model fits a separate slope beyond each, so ">=4 MiB" means tensors of 4 MiB and
         more are priced on their own line; "-" means one straight line fits every size. The last
-        lines give the decider's accuracy on the tensors of models it was not fitted on.
+        lines give the decider's accuracy on the tensors of models it was not fitted on; the decider
+        weighs ZVC's times, so it is fitted only when zvc is calibrated.
         """
         console = Console(stderr=True)
         # --json keeps stderr quiet in logs and pipes (2>&1 stays parseable); a terminal still gets the live bar.
@@ -422,7 +456,7 @@ def register(app: typer.Typer) -> None:
         try:
             with warnings_as_lines():
                 report = run_calibrate(backend=backend, quick=quick, store_path=store, console=console,
-                                       show_progress=show_progress)
+                                       show_progress=show_progress, codec=codec)
         except (ValueError, RuntimeError) as error:
             raise fail(error) from None
         if json_output:

@@ -5,8 +5,13 @@ configs in the store and measures nothing (a store hit), unless ``--force``. Wit
 the tuning service is asked first (it may know this device, its model, or a similar device to
 warm-start from) and every new run is published to it.
 
+``--codec`` picks whose kernels: ``zvc`` (the default), ``bitpack``, ``exponent``, a comma-separated
+list, or ``all``; each codec is tuned for ``--dtype`` (one it takes; with several codecs, those that
+do not take it are left out) or, without ``--dtype``, for float32 (bit-packing: bool).
+
 Example:
     $ cswap tune                                   # this machine's default device, bo, 4 MiB float32
+    $ cswap tune --codec all --sizes 4MiB          # ZVC and exponent coding on float32, bit-packing on bool
     $ cswap tune --backend cpu --method grid --op compress --sizes 1MiB --sizes 16MiB
     $ cswap tune --json --budget 10 --dtype bfloat16
     $ cswap tune --tuner-url http://tuner:8765 --token s3cret
@@ -69,6 +74,25 @@ def format_size(nbytes: int) -> str:
     return f"{nbytes}B"
 
 
+def _codec_dtypes(codecs: list[str], dtype: str | None) -> dict[str, str]:
+    """The dtype to tune each codec for; with several codecs, one that does not take ``dtype`` is left out."""
+    from cswap.tuner.kernels import default_dtype, dtype_name
+
+    if dtype is None:
+        return {codec: default_dtype(codec) for codec in codecs}
+    dtype_name(dtype)  # an unknown dtype is an error whatever the codecs
+    chosen = {}
+    for codec in codecs:
+        try:
+            chosen[codec] = dtype_name(dtype, codec)
+        except ValueError:
+            if len(codecs) == 1:
+                raise
+    if not chosen:
+        raise ValueError(f"none of the codecs {', '.join(codecs)} takes dtype {dtype!r}")
+    return chosen
+
+
 def _sizes(items: list[str]) -> list[int]:
     return [parse_size(part) for item in items for part in item.split(",") if part.strip()]
 
@@ -119,7 +143,7 @@ def run_tune(
     backend: str | None = None,
     method: str = "bo",
     budget: int | None = None,
-    dtype: str = "float32",
+    dtype: str | None = None,
     sizes: list[int] | None = None,
     op: str = "all",
     store: Path | None = None,
@@ -130,14 +154,16 @@ def run_tune(
     tuner_url: str | None = None,
     token: str | None = None,
     console: Console | None = None,
+    codec: str = "zvc",
 ) -> dict[str, Any]:
-    """Tune every (op, size) asked for and return the JSON-ready report.
+    """Tune every (codec, op, size) asked for and return the JSON-ready report.
 
     Args:
         backend: ``cpu`` or ``cuda``; ``None`` picks ``cuda`` when a GPU is visible, else ``cpu``.
         method: ``bo``, ``grid``, ``random`` or ``expert``.
         budget: evaluations per kernel for ``bo``/``random`` (default: a third of the grid, 4..20).
-        dtype: dtype name of the tensors.
+        dtype: dtype name of the tensors (``None``: float32, or bool for bit-packing); with several
+            codecs, those that do not take it are left out.
         sizes: tensor sizes in bytes, one tuning per size bucket (default 4 MiB).
         op: ``compress``, ``decompress`` or ``all``.
         store: the config store file (default ``$CSWAP_HOME/store.db``).
@@ -148,9 +174,10 @@ def run_tune(
         tuner_url: a running ``cswap serve`` to ask first and to publish to.
         token: bearer token for publishing to ``tuner_url``.
         console: where the progress bar goes (``None``: no bar).
+        codec: ``zvc`` (default), ``bitpack``, ``exponent``, a comma-separated list, or ``all``.
 
     Returns:
-        ``{"method", "backend", "device", "store", "best_params", "best_time_s", "evaluations",
+        ``{"method", "backend", "codecs", "device", "store", "best_params", "best_time_s", "evaluations",
         "wall_s", "store_hit", "match", "results"}``; ``best_params``, ``best_time_s`` and
         ``match`` map each ``<kernel>/<dtype>/<size>`` label to its result, ``evaluations`` and
         ``wall_s`` are totals, ``store_hit`` is true when nothing had to be measured, and
@@ -166,11 +193,11 @@ def run_tune(
 
     from cswap.device import fingerprint
     from cswap.training.kernelconfigs import settle_config
-    from cswap.tuner.kernels import dtype_name, kernel_name
+    from cswap.tuner.kernels import kernel_name
     from cswap.tuner.lookup import CACHED_METHOD
     from cswap.tuner.objective import check_tunable
     from cswap.tuner.search import METHODS
-    from cswap.tuner.space import load_search_space
+    from cswap.tuner.space import load_search_space, parse_codecs
     from cswap.tuner.store import ConfigStore, size_bucket
 
     if method not in METHODS:
@@ -179,12 +206,13 @@ def run_tune(
         raise ValueError(f"unknown op {op!r}: choose one of {', '.join(_OPS)}")
     if budget is not None and budget < 1:
         raise ValueError(f"--budget is {budget}; give at least 1 evaluation")
+    codecs = parse_codecs(codec)
+    dtypes = _codec_dtypes(codecs, dtype)
     backend = backend or ("cuda" if torch.cuda.is_available() else "cpu")
     check_tunable(backend)
-    dtype = dtype_name(dtype)
     sizes = sizes or [4 << 20]
     ops = ["compress", "decompress"] if op == "all" else [op]
-    spaces = {name: load_search_space(backend, name, space) for name in ops}
+    spaces = {(c, name): load_search_space(backend, name, space, codec=c) for c in dtypes for name in ops}
     config_store = ConfigStore(store)
     device = fingerprint(backend)
     client = _client(tuner_url, token)
@@ -192,19 +220,21 @@ def run_tune(
     started_s = time.perf_counter()
     try:
         with _Bar(console) as bar:
-            for name, nbytes in itertools.product(ops, sizes):
-                kernel = kernel_name(backend, name)
+            for (codec_name, dtype_str), name, nbytes in itertools.product(dtypes.items(), ops, sizes):
+                kernel = kernel_name(backend, name, codec_name)
                 bucket = size_bucket(nbytes)
-                label = f"{kernel}/{dtype}/{format_size(nbytes)}"
+                label = f"{kernel}/{dtype_str}/{format_size(nbytes)}"
                 settled = settle_config(
-                    device, backend, name, dtype, nbytes, config_store, client, method, budget=budget, seed=seed,
-                    force=force, space=spaces[name], repeats=repeats, progress=bar.task(label),
+                    device, backend, name, dtype_str, nbytes, config_store, client, method, budget=budget, seed=seed,
+                    force=force, space=spaces[(codec_name, name)], repeats=repeats, progress=bar.task(label),
+                    codec=codec_name,
                 )
                 run, found = settled.run, settled.found
                 assert run is not None  # a method was given
                 hit = run.method == CACHED_METHOD
                 results.append({
-                    "label": label, "kernel": kernel, "op": name, "dtype": dtype, "nbytes": nbytes, "bucket": bucket,
+                    "label": label, "kernel": kernel, "codec": codec_name, "op": name, "dtype": dtype_str,
+                    "nbytes": nbytes, "bucket": bucket,
                     "method": run.method, "store_hit": hit, "match": found.match,
                     "warm_started": found.match == "transferred" and method == "bo" and not hit,
                     "best_params": run.best_params, "best_time_s": run.best_time_s,
@@ -217,6 +247,7 @@ def run_tune(
     return {
         "method": method,
         "backend": backend,
+        "codecs": list(dtypes),
         "device": {"key": device.key, "name": device.name, "sm_count": device.sm_count},
         "store": str(config_store.path),
         "best_params": {r["label"]: r["best_params"] for r in results},
@@ -267,7 +298,8 @@ def register(app: typer.Typer) -> None:
         method: str = typer.Option("bo", help="Search method: bo, grid, random or expert."),
         budget: int = typer.Option(None, help="Evaluations per kernel for bo and random (default: a third of the grid, 4..20)."),
         json_output: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
-        dtype: str = typer.Option("float32", help="Tensor dtype: float32, bfloat16, float16, ..."),
+        codec: str = typer.Option("zvc", help="Whose kernels: zvc, bitpack, exponent, a comma-separated list, or all."),
+        dtype: str = typer.Option(None, help="Tensor dtype: float32, bfloat16, bool, ... (default: float32; bitpack: bool)."),
         sizes: list[str] = typer.Option(["4MiB"], help="Tensor sizes to tune (one per power-of-4 bucket), e.g. 1MiB,16MiB."),
         op: str = typer.Option("all", help="compress, decompress or all."),
         store: Path = typer.Option(None, help="Config store file (default: $CSWAP_HOME/store.db)."),
@@ -278,7 +310,7 @@ def register(app: typer.Typer) -> None:
         tuner_url: str = typer.Option(None, help="A running `cswap serve` to look configs up in and publish runs to."),
         token: str = typer.Option(None, envvar="CSWAP_SERVER_TOKEN", help="Bearer token for publishing to --tuner-url."),
     ) -> None:
-        """Tune the ZVC kernels' launch configs on this machine (a store hit measures nothing)."""
+        """Tune the codec kernels' launch configs on this machine (a store hit measures nothing)."""
         from cswap.tuner.space import SearchSpaceError
         from cswap.tuner.store import StoreError
 
@@ -292,7 +324,7 @@ def register(app: typer.Typer) -> None:
                 report = run_tune(
                     backend=backend, method=method, budget=budget, dtype=dtype, sizes=parsed_sizes, op=op, store=store,
                     force=force, seed=seed, repeats=repeats, space=space, tuner_url=tuner_url, token=token,
-                    console=None if json_output else console,
+                    console=None if json_output else console, codec=codec,
                 )
         except (ValueError, SearchSpaceError) as exc:
             raise fail(exc) from None

@@ -100,12 +100,14 @@ def settle_config(
     space: SearchSpace | None = None,
     repeats: int = 7,
     progress: ProgressFn | None = None,
+    codec: str = "zvc",
 ) -> Settled:
     """Ask the service, else the local store; with ``method``, tune on a miss and publish (or queue) the run.
 
     Args:
         fp: the device that runs the kernel.
         backend, op, dtype, nbytes: which kernel, for which tensors.
+        codec: whose kernel (``zvc``, ``bitpack`` or ``exponent``).
         store: the local store (runs are always recorded there first).
         client: the tuning service, or ``None``. When it cannot be reached, the flow goes on with
             the local store and warns once.
@@ -119,15 +121,15 @@ def settle_config(
         >>> settled.publication, settled.run is None
         ('none', True)
     """
-    kernel = kernel_name(backend, op)
-    dtype_str = dtype_name(dtype)
+    kernel = kernel_name(backend, op, codec)
+    dtype_str = dtype_name(dtype, codec)
     bucket = size_bucket(nbytes)
-    found = best_lookup(client, store, fp, kernel, kernel_source_hash(backend), dtype_str, bucket,
+    found = best_lookup(client, store, fp, kernel, kernel_source_hash(backend, codec), dtype_str, bucket,
                         default=default_params(backend))
     if method is None:
         return Settled(found)
     run = tune(fp, backend, op, dtype_str, nbytes, method, budget, store, seed, progress,
-               force=force, space=space, repeats=repeats, found=found)
+               force=force, space=space, repeats=repeats, found=found, codec=codec)
     if run.method == CACHED_METHOD:
         return Settled(found, run)
     if client is None:
@@ -144,7 +146,9 @@ class KernelConfigs:
         mode: the ``--tune`` mode.
         fingerprint: the training device.
         store: the local config store (``None`` with ``mode="off"``).
-        chosen: (op, dtype name, bucket) -> (launch, lookup answer) settled before training.
+        chosen: (op, dtype name, bucket) -> (launch, lookup answer) of ZVC, settled before training.
+        chosen_codecs: (codec, op, dtype name, bucket) -> (launch, lookup answer) of the other
+            codecs, looked up when the runtime first asks.
         runs: tuning runs made or found in this run (``method == "cached"`` for store hits).
         publications: run id -> one of :data:`PUBLICATIONS` (what became of each run).
         time_model: a calibrated time model for the advisor, when the store has one.
@@ -158,26 +162,35 @@ class KernelConfigs:
     fingerprint: DeviceFingerprint | None = None
     store: ConfigStore | None = None
     chosen: dict[tuple[str, str, int], tuple[Launch, LookupResult]] = field(default_factory=dict)
+    chosen_codecs: dict[tuple[str, str, str, int], tuple[Launch, LookupResult]] = field(default_factory=dict)
     runs: list[TuningRun] = field(default_factory=list)
     publications: dict[str, str] = field(default_factory=dict)
     time_model: TimeModel | None = None
     service_url: str | None = None
     service_answered: bool | None = None
 
-    def launch_lookup(self, backend: str, op: str, dtype: torch.dtype, nbytes: int) -> Launch | None:
-        """The runtime's ``launch_lookup``: a settled config, else the store's, else ``None`` (the default)."""
+    def launch_lookup(self, backend: str, op: str, dtype: torch.dtype, nbytes: int, codec: str = "zvc") -> Launch | None:
+        """The runtime's ``launch_lookup``: a settled config, else the store's, else ``None`` (the default).
+
+        ``codec`` names whose kernel runs: a config tuned for another codec is never returned.
+        """
         if self.mode == "off" or backend != self.backend or self.fingerprint is None:
             return None
         key = (op, dtype_name(dtype), size_bucket(nbytes))
-        if key not in self.chosen:
+        chosen: dict[Any, tuple[Launch, LookupResult]] = self.chosen if codec == "zvc" else self.chosen_codecs
+        if codec != "zvc":
+            key = (codec, *key)
+        if key not in chosen:
             try:
-                self.chosen[key] = launch_for(self.fingerprint, backend, op, dtype, nbytes, self.store)
+                chosen[key] = launch_for(self.fingerprint, backend, op, dtype, nbytes, self.store, codec=codec)
             except ValueError:
                 return None
-        return self.chosen[key][0]
+        return chosen[key][0]
 
     def summary(self) -> dict[str, Any]:
         """What the report says about tuning: each settled config and every run with its evaluations."""
+        settled = [(("zvc", *key), value) for key, value in sorted(self.chosen.items())]
+        settled += sorted(self.chosen_codecs.items())
         return {
             "mode": self.mode,
             "backend": self.backend,
@@ -186,10 +199,10 @@ class KernelConfigs:
             "time_model": type(self.time_model).__name__ if self.time_model is not None else None,
             "kernels": [
                 {
-                    "op": op, "dtype": dtype, "bucket": bucket, "match": found.match,
+                    "codec": codec, "op": op, "dtype": dtype, "bucket": bucket, "match": found.match,
                     "source_key": found.source_key, "params": dict(found.params or {}), "time_s": found.time_s,
                 }
-                for (op, dtype, bucket), (_, found) in sorted(self.chosen.items())
+                for (codec, op, dtype, bucket), (_, found) in settled
             ],
             "runs": [
                 {

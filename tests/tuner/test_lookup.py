@@ -54,7 +54,9 @@ def bowl(params: Mapping[str, int]) -> float:
 
 
 def test_kernel_names() -> None:
-    assert KERNELS == ("zvc.cpu.compress", "zvc.cpu.decompress", "zvc.cuda.compress", "zvc.cuda.decompress")
+    assert KERNELS[:4] == ("zvc.cpu.compress", "zvc.cpu.decompress", "zvc.cuda.compress", "zvc.cuda.decompress")
+    assert KERNELS[4:] == tuple(f"{codec}.{backend}.{op}" for codec in ("bitpack", "exponent")
+                                for backend in ("cpu", "cuda") for op in ("compress", "decompress"))
     assert kernel_name("cuda", "compress") == "zvc.cuda.compress"
     assert parse_kernel("zvc.cpu.decompress") == ("cpu", "decompress")
     for bad in ("zvc.torch.compress", "zvc.cpu.scan", "lz4.cpu.compress"):
