@@ -50,7 +50,7 @@ from cswap.options import RECOMPUTING_POLICIES, LaunchLookup, RuntimeOptions, fi
 from cswap.paths import shipped_configs_dir
 from cswap.planner.actions import HOST_ZVC_SWAP, POLICY_ACTIONS, ZVC_KEEP, ZVC_SWAP
 from cswap.planner.advisor import Advisor
-from cswap.planner.budgeted import FALLBACK_ACTIONS, NO_CODEC, budget_plan, profile_action
+from cswap.planner.budgeted import FALLBACK_ACTIONS, NO_CODEC, PROFILE_ACTIONS, budget_plan, profile_action
 from cswap.planner.plan import DEFAULT_ACTIONS, POLICY_REASONS, Action, LaunchCache, Plan
 from cswap.planner.regions import fixed_layers_plan, plan_regions
 from cswap.planner.solve import PROVING_TIME_LIMIT_S
@@ -89,6 +89,11 @@ class _Family:
         region_keys: per recompute region, the profiled keys it rebuilds.
         layers: for ac-full profiled with its layers recomputed, what they did (``regions`` is then
             ``None``: the trace's keys are the plan's own).
+        met_budget: a plan of this structure met the memory budget (a policy that holds it past
+            drift then swaps at pack what would pass it: :data:`_DRIFT_FALLBACK`).
+        sparsity_drift: per profiled key, how far its sparsity fell since the profile of this
+            structure before, for a policy in :data:`_DRIFT_POLICIES`: its plan takes each tensor's
+            sparsity as falling that much again by the next profile (the margin the run has seen).
     """
 
     structure: Structure
@@ -99,7 +104,21 @@ class _Family:
     plan_structure: Structure = ()
     region_keys: dict[str, tuple[int, ...]] = field(default_factory=dict)
     layers: LayersProfile | None = None
+    met_budget: bool = False
+    sparsity_drift: dict[int, float] = field(default_factory=dict)
 
+
+#: What a keep or zvc-keep that would pass the memory budget becomes, once a plan met it, for a
+#: policy that has nothing to fall back to but whose profile compresses every tensor (compress-keep):
+#: its compressed sizes follow the data, and a budget met at one profile is passed when the
+#: activations come out denser (a ReLU CNN under SGD needed 1.4% more than its stated least, margin
+#: included, by the fourth epoch). Moving such a tensor to the host uncompressed is the one way left
+#: to hold the budget; the rest stays on the device.
+_DRIFT_FALLBACK = Action.SWAP
+
+#: The policies that fall back to :data:`_DRIFT_FALLBACK` once a plan met their budget.
+_DRIFT_POLICIES: tuple[str, ...] = tuple(name for name, action in PROFILE_ACTIONS.items()
+                                         if action.compresses and FALLBACK_ACTIONS[name] is None)
 
 #: The shipped defaults file's options: the defaults :class:`Runtime`'s signature shows.
 _DEFAULTS = file_defaults(shipped_configs_dir() / "default.yaml")
@@ -259,6 +278,7 @@ class Runtime:
         self._profiled_offloaded_bytes = 0
         self._warned_unsaved = False
         self._warned_not_recomputed = False
+        self._warned_drift = False
         self._graph_changes = 0
         self._iteration_s = 0.0
         self._history: list[EpochStats] = []
@@ -277,6 +297,7 @@ class Runtime:
         self._changed_profiles: collections.deque[bool] = collections.deque(maxlen=_PROFILE_WINDOW)
         self._warned_profiling = False
         self._graph_profile = False  # the next profile is for a changed graph
+        self._unknown_profile = False  # ... one that saved tensors its plan did not know
 
     # ------------------------------------------------------------------ properties
 
@@ -373,7 +394,7 @@ class Runtime:
                 self._profiled += 1
             self._changed_profiles.append(profiling and self._graph_profile)
             if profiling:
-                self._graph_profile = False
+                self._graph_profile = self._unknown_profile = False
             keeps_profiling = not self._warned_profiling and sum(self._changed_profiles) >= _PROFILES_WARNED
             self._warned_profiling = self._warned_profiling or keeps_profiling
             error, self._budget_error = self._budget_error, None
@@ -452,6 +473,7 @@ class Runtime:
                 tracer = RegionTracer(regions.model)
         it = executor.begin(plan, profiler, model)
         unknown_before = executor.counters.unknown_keys
+        swapped_before = executor.counters.budget_fallbacks + executor.counters.budget_evictions
         # what a profiling iteration stores is told apart from what the plans store (stats())
         profiled_from = (dict(executor.counters.actions), executor.counters.offloaded_bytes) if profiling else None
         if profiler is not None:
@@ -512,6 +534,8 @@ class Runtime:
             if passive is not None and passive.retries:
                 profiler.meta["out_of_memory_retries"] = passive.retries
             self._finish_profile(profiler, tracer, layers)
+        if self.policy in _DRIFT_POLICIES:
+            self._warn_drift(executor.counters.budget_fallbacks + executor.counters.budget_evictions - swapped_before)
 
     def _count_profiled(self, start: tuple[dict[str, int], int] | None) -> None:
         """Add what a profiling iteration stored, per action and offloaded bytes, to the profiling
@@ -553,6 +577,7 @@ class Runtime:
             self._graph_changes += 1
             self._needs_profile = True
             self._graph_profile = True
+            self._unknown_profile = unknown
 
     def _exclude_regions(self, paths: tuple[str, ...], error: BaseException) -> RuntimeError:
         """After torch refused a recomputation: never enable ``paths`` again and plan anew at the next
@@ -624,6 +649,15 @@ class Runtime:
         recomputing policy Capuchin's passive mode, :data:`cswap.planner.budgeted.PASSIVE_ACTION`), or
         ``plan`` (follow the current plan while recording)."""
         if self._options.memory_budget is not None:
+            family = self._family
+            if (self.policy in _DRIFT_POLICIES and family is not None and family.met_budget and self._plan is family.plan
+                    and not self._unknown_profile):
+                # The same graph profiled again (a new epoch, or an iteration that passed the budget):
+                # every tensor compressed holds more than its plan, and its backward, which reads
+                # them back beside their compressed copies, has nothing left to move once the data
+                # is denser. The plan's slack covers backward: a keep whose lifetime it would pass
+                # is swapped at pack (_DRIFT_FALLBACK). The profile measures every tensor either way.
+                return "plan"
             return "budget"
         if self._options.passive_profile:
             return "passive"
@@ -676,21 +710,30 @@ class Runtime:
         known = self._families.get(structure)
         if known is not None:  # profiled again (a new epoch): its plan stays made for the largest sizes seen
             shapes = tuple(merged(a, b) for a, b in zip(known.shapes, shapes))
+        # The graph whose plan met the budget, at no larger sizes: what changed is the data.
+        drifted = known is not None and known.met_budget and shapes == known.shapes
         family = _Family(structure, trace, profile, shapes, layers=layers)
+        if drifted and self.policy in _DRIFT_POLICIES:
+            assert known is not None
+            family.sparsity_drift = _sparsity_drift(known.trace, trace)
         if layers is not None:
             layers.peak_bytes = self._executor.snapshot().iteration_peak_resident_bytes
         self._families[structure] = family
-        self._plan_family(family, profiled_peak, profiled_host_peak)
+        self._plan_family(family, profiled_peak, profiled_host_peak, drifted=drifted)
 
     def _plan_family(self, family: _Family, profiled_peak: int | None = 0, profiled_host_peak: int = 0,
-                     cause: str = "", profiled: bool = True) -> None:
+                     cause: str = "", profiled: bool = True, drifted: bool = False) -> None:
         """Plan ``family`` at its sizes and follow the plan from the next iteration: from its profile
         as it is, or, where the sizes are larger than profiled, from the profile scaled to them
         (:func:`cswap.profile.shapes.scaled_trace`). ``cause`` names what made the sizes grow. A plan
         made without a profiling iteration (``profiled=False``) gives the solver
-        :data:`~cswap.planner.solve.PROVING_TIME_LIMIT_S` per solve: training waits for it."""
+        :data:`~cswap.planner.solve.PROVING_TIME_LIMIT_S` per solve: training waits for it.
+        ``drifted``: the profile is of a graph whose plan met the budget, at sizes already planned
+        (:meth:`_past_drift`)."""
         started = time.perf_counter()
         trace, profile = family.trace, family.regions
+        if family.sparsity_drift:
+            trace = _drifted(trace, family.sparsity_drift)
         grown = {r.key: shape for r, shape in zip(trace.tensors, family.shapes) if shape != r.shape}
         if grown:
             trace = scaled_trace(trace, grown)
@@ -707,9 +750,19 @@ class Runtime:
                                                   self._plan.launches)
             budget_bytes, error = None, None
         else:
+            holds_drift = drifted and self.policy in _DRIFT_POLICIES
+            if holds_drift:
+                # The profile followed the plan that met the budget, swapping what would have passed
+                # it: its peak binds nothing (the first profile's, every tensor compressed, did).
+                profiled_peak = 0
             plan, budget_bytes, error, region_keys = self._planned(trace, profile, profiled_peak, profiled_host_peak, time_limit_s,
                                                                    hint)
+            if error is not None and holds_drift and budget_bytes is not None:
+                plan, region_keys, error = self._past_drift(error, budget_bytes, trace, profiled_host_peak, time_limit_s)
         budget = self._options.memory_budget
+        if budget is not None and error is None and self.policy in _DRIFT_POLICIES:
+            plan = replace(plan, fallback_action=_DRIFT_FALLBACK)
+            family.met_budget = True
         if plan.host_pool is None:
             plan = plan.with_host_pool(trace)
         if self._host_budget_bytes is not None:
@@ -741,6 +794,50 @@ class Runtime:
                                      if decisions else family.structure)
             self._family = family
             self._planning_s += time.perf_counter() - started
+
+    def _past_drift(self, error: BudgetError, budget_bytes: int, trace: Trace, profiled_host_peak: int, time_limit_s: float,
+                    ) -> tuple[Plan, dict[str, tuple[int, ...]], BudgetError | None]:
+        """The plan of a profile of a graph that met ``budget_bytes`` before and whose compressed sizes
+        have since grown past it (``error`` gives the least this profile needs): the plan at that
+        least, carried out within the budget by :data:`_DRIFT_FALLBACK` at pack. The run goes on
+        instead of stopping at a budget it met an epoch ago; :meth:`_warn_drift` says so. Returns
+        ``error`` with the plan it came with when no plan meets even that least."""
+        least = error.minimum_bytes
+        plan, _, again, region_keys = self._planned_within(MemoryBudget(nbytes=least), trace, None, 0, profiled_host_peak,
+                                                           time_limit_s)
+        if again is not None:
+            return plan, region_keys, error
+        note = (f"this profile needs {least:,d} B to keep every tensor on the device, {least - budget_bytes:,d} B over the "
+                f"budget of {budget_bytes:,d} B it met before (its activations are denser now): planned at that least, "
+                "each keep whose lifetime would pass the budget is swapped to the host uncompressed")
+        # Each keep's slack is what the resident bytes may run over the plan's and still meet the
+        # budget over its lifetime: the plan's at its least, less what the budget lacks.
+        over = least - budget_bytes
+        decisions = {key: d if d.slack_bytes is None else replace(d, slack_bytes=d.slack_bytes - over)
+                     for key, d in plan.decisions.items()}
+        plan = replace(plan, decisions=decisions, budget_bytes=budget_bytes, binding=note,
+                       planner=MappingProxyType({**plan.planner, "drift": note}))
+        return plan, region_keys, None
+
+    def _warn_drift(self, swapped: int) -> None:
+        """Warn once, at the first iteration of a policy in :data:`_DRIFT_POLICIES` that swapped
+        tensors to hold its budget (``swapped`` of them: at pack, or in backward to make room for
+        a rebuilt one) or whose plan was made past its least (:meth:`_past_drift`), that it did and why."""
+        note = self._plan.planner.get("drift", "")
+        if self._warned_drift or not (swapped or note):
+            return
+        self._warned_drift = True
+        budget = self._budget_bytes
+        warnings.warn(
+            f"policy {self.policy} swapped {swapped} saved tensor{'s' if swapped != 1 else ''} to the host, uncompressed, in this "
+            f"iteration to hold the memory budget of {budget:,d} B: keeping them would have passed it, the activations being "
+            "denser than at the profile its plan was made from (compressed sizes follow the data). The rest stays on the device; "
+            "stats().budget_fallbacks counts the swaps at pack (rt.plan()'s rows name them), stats().budget_evictions those in "
+            "backward, made to read a tensor back"
+            + (f". {note[0].upper()}{note[1:]}" if note else "")
+            + ". A larger budget keeps every tensor on the device.",
+            stacklevel=4,
+        )
 
     def _warn_not_recomputed(self, plan: Plan) -> None:
         """Warn once, at the first plan that says so, that modules are left out of recomputation
@@ -988,6 +1085,20 @@ class Runtime:
                 profiled_offloaded_bytes=self._profiled_offloaded_bytes,
                 history=(*self._history, self._epoch_stats(counters)),
             )
+
+
+def _sparsity_drift(before: Trace, now: Trace) -> dict[int, float]:
+    """Per key of ``now`` (a later profile of ``before``'s structure), how far its sparsity fell
+    since ``before``; keys whose sparsity held or rose are left out."""
+    was = {r.key: r.sparsity for r in before.tensors}
+    return {r.key: was[r.key] - r.sparsity for r in now.tensors if r.offloadable and was.get(r.key, 0.0) > r.sparsity}
+
+
+def _drifted(trace: Trace, drift: dict[int, float]) -> Trace:
+    """``trace`` with each tensor's sparsity lowered by its ``drift``: what the next profile will
+    see if the activations keep growing denser at the pace they did."""
+    return replace(trace, tensors=tuple(replace(r, sparsity=max(r.sparsity - drift[r.key], 0.0)) if r.key in drift else r
+                                        for r in trace.tensors))
 
 
 def _uses_cache(model: torch.nn.Module | None) -> bool:

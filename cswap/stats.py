@@ -101,7 +101,8 @@ class RuntimeStats:
         profiled_actions: of ``actions``, the tensors stored in profiling iterations, which store
             every tensor as the profiling mode says (``rt.trace().meta["mode"]``; under a budget, at
             the policy's smallest footprint: a recomputing policy swaps every one), not as the plan
-            does but for ``ac-full`` without a budget, whose profile runs its plan.
+            does but for ``ac-full`` without a budget, whose profile runs its plan, and for
+            ``compress-keep``'s later profiles of a graph whose plan met its budget, which follow it.
         profiled_offloaded_bytes: of ``offloaded_bytes``, the profiling iterations' share.
         recomputed_bytes: bytes of the tensors counted as ``recompute``: not held from forward to
             backward, rebuilt there (at their planned sizes). While rebuilt they count as resident.
@@ -137,7 +138,8 @@ class RuntimeStats:
         budget_bytes: the memory budget in bytes (``None``: no budget, or a fraction not yet
             resolved by a profile); ``peak_resident_bytes`` stays within it.
         budget_fallbacks: packs whose planned keep would have passed the budget, stored with the
-            policy's smallest-footprint action instead.
+            policy's smallest-footprint action instead (``compress-keep``, which has no move of its
+            own, swaps them uncompressed once its activations outgrow its plan).
         budget_waits: device-to-host copies that pack waited for to stay within the budget (GPU).
         iteration_peak_resident_bytes: the peak of resident bytes in the last iteration the hooks ran.
         evicted_tensors: kept tensors of profiling iterations swapped to the host when the device
