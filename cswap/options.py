@@ -13,7 +13,7 @@ Example:
     >>> load_options(min_byte=0)
     Traceback (most recent call last):
     ...
-    TypeError: unknown Runtime option 'min_byte'; valid options are arena_slack, backend, d2h_gbps, decider, device, h2d_gbps, host_memory_budget, launch_lookup, logistic_model, memory_budget, min_bytes, model, paper_size, passive_profile, policy, prefetch_bytes, time_model
+    TypeError: unknown Runtime option 'min_byte'; valid options are arena_slack, backend, d2h_gbps, decider, device, disable_kv_cache, h2d_gbps, host_memory_budget, launch_lookup, logistic_model, memory_budget, min_bytes, model, paper_size, passive_profile, policy, prefetch_bytes, time_model
 """
 
 from __future__ import annotations
@@ -40,11 +40,13 @@ __all__ = [
     "DECIDERS",
     "DEFAULTS_ENV",
     "FILE_OPTIONS",
+    "MODEL_OPTIONS",
     "OBJECT_OPTIONS",
     "POLICIES",
     "RECOMPUTING_POLICIES",
     "LaunchLookup",
     "RuntimeOptions",
+    "cache_configs",
     "default_options_path",
     "file_defaults",
     "load_options",
@@ -81,6 +83,10 @@ FILE_OPTIONS: tuple[str, ...] = (
 #: Options that are objects, given as keyword arguments only (``None`` by default).
 OBJECT_OPTIONS: tuple[str, ...] = ("model", "time_model", "launch_lookup", "logistic_model", "memory_budget", "host_memory_budget")
 
+#: Plain values about the model given, as keyword arguments only (``False`` by default): a defaults
+#: file is a machine's, and says nothing of a model.
+MODEL_OPTIONS: tuple[str, ...] = ("disable_kv_cache",)
+
 @dataclass(frozen=True)
 class RuntimeOptions:
     """Validated options of one :class:`cswap.Runtime`.
@@ -114,6 +120,14 @@ class RuntimeOptions:
         host_memory_budget: the most bytes of saved activations' host copies (raw or compressed)
             held on the host at once (:class:`cswap.budget.HostBudget`; given as bytes, ``"8GiB"``
             or ``"auto"``, read by :func:`cswap.budget.parse_host_budget`); ``None``: no host budget.
+        disable_kv_cache: turn a Hugging Face model's key/value cache off (``config.use_cache =
+            False`` on every config of ``model`` that has it on) inside each ``rt.iteration()``,
+            and back to its value when the iteration exits, as Hugging Face's gradient checkpointing
+            turns it off for training: a decoder layer given the cache cannot be recomputed
+            (``ac-full``, ``recompute``, ``capuchin``, ``cswap``). Outside iterations (generation,
+            evaluation, ``save_pretrained``) the config holds the value you set. The gradients are
+            those of plain PyTorch with the cache off, which on some models (T5) differ in their
+            last bits from those with it on. Needs ``model`` with such a config.
     """
 
     policy: str
@@ -133,6 +147,7 @@ class RuntimeOptions:
     logistic_model: Any = None
     memory_budget: MemoryBudget | None = None
     host_memory_budget: HostBudget | None = None
+    disable_kv_cache: bool = False
 
     def __post_init__(self) -> None:
         # any accepted form becomes a MemoryBudget (a HostBudget); the parsers' errors name the forms
@@ -140,10 +155,16 @@ class RuntimeOptions:
         object.__setattr__(self, "host_memory_budget", parse_host_budget(self.host_memory_budget))
         if isinstance(self.policy, str):  # "Swap", " CSWAP": a policy's name in any case
             object.__setattr__(self, "policy", self.policy.strip().lower())
-        for name in FILE_OPTIONS + OBJECT_OPTIONS:
+        for name in FILE_OPTIONS + OBJECT_OPTIONS + MODEL_OPTIONS:
             problem = _problem(name, getattr(self, name))
             if problem:
                 raise ValueError(f"invalid Runtime option {name}={getattr(self, name)!r}: {problem}")
+        if self.disable_kv_cache and not cache_configs(self.model):
+            raise ValueError(
+                "disable_kv_cache=True turns off a Hugging Face model's key/value cache (config.use_cache) during each "
+                "iteration, and " + ("no model was given: cswap.Runtime(..., model=model)" if self.model is None
+                                     else f"no module of {type(self.model).__name__} has a config with use_cache")
+            )
         if self.decider == "logistic" and self.logistic_model is None:
             raise ValueError(
                 "decider='logistic' needs logistic_model=<object with should_compress(...)>, "
@@ -175,7 +196,7 @@ def _problem(name: str, value: Any) -> str | None:
     if name in ("min_bytes", "prefetch_bytes"):
         ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
         return None if ok else "must be an int >= 0 (bytes)"
-    if name in ("paper_size", "passive_profile"):
+    if name in ("paper_size", "passive_profile", "disable_kv_cache"):
         return None if isinstance(value, bool) else "must be true or false"
     if name == "arena_slack":
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
@@ -200,6 +221,29 @@ def _problem(name: str, value: Any) -> str | None:
         ok = value is None or callable(getattr(value, "should_compress", None))
         return None if ok else "must have should_compress(nbytes, sparsity, hidden_forward_s, hidden_backward_s, d2h_gbps, h2d_gbps)"
     return "unknown option"
+
+
+def cache_configs(model: torch.nn.Module | None) -> tuple[Any, ...]:
+    """The Hugging Face configs of ``model`` and its modules that have a ``use_cache`` setting,
+    each once (the modules of a model share its config).
+
+    Example:
+        >>> class Config: use_cache = True
+        >>> class Model(torch.nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__(); self.config = Config(); self.layer = torch.nn.Linear(2, 2)
+        ...         self.layer.config = self.config
+        >>> len(cache_configs(Model())), cache_configs(torch.nn.Linear(2, 2)), cache_configs(None)
+        (1, (), ())
+    """
+    if model is None:
+        return ()
+    configs = {}
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if config is not None and isinstance(getattr(config, "use_cache", None), bool):
+            configs[id(config)] = config
+    return tuple(configs.values())
 
 
 def default_options_path() -> Path:

@@ -46,7 +46,7 @@ from cswap.device import bandwidth, fingerprint, resolve_device
 from cswap.execute.executor import Counters, Executor, IterationState
 from cswap.execute.passive import SwapOnOutOfMemory
 from cswap.execute.recompute import RecomputeRegions
-from cswap.options import RECOMPUTING_POLICIES, LaunchLookup, RuntimeOptions, file_defaults, load_options
+from cswap.options import RECOMPUTING_POLICIES, LaunchLookup, RuntimeOptions, cache_configs, file_defaults, load_options
 from cswap.paths import shipped_configs_dir
 from cswap.planner.actions import HOST_ZVC_SWAP, POLICY_ACTIONS, ZVC_KEEP, ZVC_SWAP
 from cswap.planner.advisor import Advisor
@@ -147,8 +147,10 @@ class Runtime:
             ``model``; ``ac-full`` recomputes every repeated layer; ``cswap`` recomputes too under a
             ``memory_budget`` when given ``model``: :mod:`cswap.planner.regions`).
         device, backend, min_bytes, prefetch_bytes, decider, paper_size, passive_profile,
-            arena_slack, d2h_gbps, h2d_gbps, model, time_model, launch_lookup, logistic_model: the
-            options, documented on :class:`cswap.options.RuntimeOptions`. The defaults shown are
+            arena_slack, d2h_gbps, h2d_gbps, model, time_model, launch_lookup, logistic_model,
+            disable_kv_cache: the options, documented on :class:`cswap.options.RuntimeOptions`
+            (``disable_kv_cache=True``: a Hugging Face model's ``config.use_cache`` is off inside
+            each iteration, so that its decoder layers can be recomputed). The defaults shown are
             ``configs/default.yaml``'s (``$CSWAP_RUNTIME_CONFIG`` names another file, read at
             each call for the options left at their default).
         memory_budget: the most bytes of saved activations on the device: ``None`` (no budget),
@@ -206,6 +208,7 @@ class Runtime:
         logistic_model: Any = None,
         memory_budget: int | str | float | None = None,
         host_memory_budget: int | str | None = None,
+        disable_kv_cache: bool = False,
         **unknown: Any,
     ) -> None:
         given = dict(
@@ -219,6 +222,7 @@ class Runtime:
         objects = dict(model=model, time_model=time_model, launch_lookup=launch_lookup, logistic_model=logistic_model,
                        memory_budget=memory_budget, host_memory_budget=host_memory_budget)
         overrides.update({name: value for name, value in objects.items() if value is not None})
+        overrides["disable_kv_cache"] = disable_kv_cache
         self._options = load_options(**overrides, **unknown)
         opts = self._options
         if opts.policy in RECOMPUTING_POLICIES and opts.model is None:
@@ -279,6 +283,8 @@ class Runtime:
         self._warned_unsaved = False
         self._warned_not_recomputed = False
         self._warned_drift = False
+        # The configs whose key/value cache each iteration turns off (disable_kv_cache).
+        self._cache_configs = cache_configs(opts.model) if opts.disable_kv_cache else ()
         self._graph_changes = 0
         self._iteration_s = 0.0
         self._history: list[EpochStats] = []
@@ -376,12 +382,19 @@ class Runtime:
             self._active_thread = threading.get_ident()
             profiling = self._needs_profile
         started = time.perf_counter()
+        # Off for the forward and backward only: generation, evaluation and save_pretrained between
+        # iterations, and whatever follows the run, see the value the user set.
+        cached = [(config, config.use_cache) for config in self._cache_configs]
+        for config, _ in cached:
+            config.use_cache = False
         try:
             if not profiling and self.policy == "none" and self._options.memory_budget is None and self._host_budget_bytes is None:
                 yield
             else:
                 yield from self._hooked(profiling)
         finally:
+            for config, value in cached:
+                config.use_cache = value
             with self._lock:
                 self._active_thread = None
         elapsed = time.perf_counter() - started
@@ -848,9 +861,13 @@ class Runtime:
             return
         self._warned_not_recomputed = True
         fix = ""
-        if "use_cache" in note and _uses_cache(self._options.model):
-            fix = (" Set model.config.use_cache = False before training (what Hugging Face's gradient_checkpointing_enable() "
-                   "does) and the layers can be recomputed; set it back for generation.")
+        if "use_cache" in note and self._cache_configs:
+            fix = (" disable_kv_cache=True turned model.config.use_cache off for this iteration, so the forward gave them a "
+                   "cache itself: call the model with use_cache=False and no past_key_values.")
+        elif "use_cache" in note and _uses_cache(self._options.model):
+            fix = (" Pass disable_kv_cache=True to cswap.Runtime, which turns model.config.use_cache off inside each "
+                   "iteration and back after (as Hugging Face's gradient checkpointing turns it off for training), or set "
+                   "model.config.use_cache = False before training and back for generation; the layers can then be recomputed.")
         warnings.warn(f"policy {self.policy} cannot recompute some of the model's modules, whatever the budget: {note}.{fix} "
                       "rt.plan().planner['not_recomputed'] and rt.stats().recompute_note keep this.", stacklevel=7)
 
@@ -1103,9 +1120,7 @@ def _drifted(trace: Trace, drift: dict[int, float]) -> Trace:
 
 def _uses_cache(model: torch.nn.Module | None) -> bool:
     """Whether ``model`` or a module of it has a Hugging Face config with the key/value cache on."""
-    if model is None:
-        return False
-    return any(getattr(getattr(m, "config", None), "use_cache", False) is True for m in model.modules())
+    return any(config.use_cache for config in cache_configs(model))
 
 
 def _largest(trace: Trace) -> str:

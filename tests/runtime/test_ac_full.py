@@ -175,7 +175,8 @@ def test_a_model_shipped_with_its_cache_on_warns_once_naming_the_layers_and_the_
     assert len(mine) == 1 and seen[[str(w.message) for w in seen].index(mine[0])].filename == __file__
     assert mine[0].startswith("policy ac-full cannot recompute some of the model's modules, whatever the budget: 2 of the "
                               "model's 2 repeated layers cannot be recomputed: 'model.layers.0', 'model.layers.1' (its input cache:")
-    assert "Set model.config.use_cache = False before training" in mine[0]
+    assert "Pass disable_kv_cache=True to cswap.Runtime" in mine[0]
+    assert "set model.config.use_cache = False before training" in mine[0]
     stats, plan = rt.stats(), rt.plan()
     assert stats.actions["recompute"] == 0 and plan.recompute_regions == ()
     assert stats.recompute_note == plan.planner["not_recomputed"] and stats.recompute_note in mine[0]
@@ -195,6 +196,38 @@ def test_a_model_shipped_with_its_cache_on_warns_once_naming_the_layers_and_the_
     assert not [w for w in seen if "cannot recompute" in str(w.message)]
     assert rt.plan().recompute_regions == ("model.layers.0", "model.layers.1") and rt.stats().actions["recompute"] > 0
     assert rt.stats().recompute_note == "" and "not_recomputed" not in rt.plan().planner
+
+
+def test_disable_kv_cache_recomputes_a_model_shipped_with_its_cache_on_and_gives_the_setting_back() -> None:
+    """With the option every decoder layer of a Llama as its config class builds it is recomputed,
+    with the gradients of plain PyTorch on the same model (the cache on: a Llama's gradients do not
+    depend on it); inside each iteration its config has the cache off, outside it what it had."""
+    model = _shipped_llama()
+    plain, _ = _run(model, _lm_step, None)
+    seen: list[bool] = []
+    model.model.layers[0].register_forward_pre_hook(lambda module, args: seen.append(model.config.use_cache))
+    rt = cswap.Runtime("ac-full", device="cpu", model=model, disable_kv_cache=True)
+    assert rt.options.disable_kv_cache and model.config.use_cache is True
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            with rt.iteration():
+                grads = _lm_step(model)
+            assert model.config.use_cache is True  # given back at the end of each iteration
+    assert not [w for w in caught if "cannot recompute" in str(w.message)]
+    assert seen and not any(seen)  # off in every forward (and every recomputation) of the run
+    assert_bit_equal(plain, grads, what="llama (shipped, disable_kv_cache) ac-full gradient")
+    stats, plan = rt.stats(), rt.plan()
+    assert plan.recompute_regions == ("model.layers.0", "model.layers.1") and stats.actions["recompute"] > 0
+    assert stats.recompute_note == "" and "not_recomputed" not in plan.planner
+    # an iteration that raises gives the setting back too
+    with pytest.raises(KeyboardInterrupt), rt.iteration():
+        raise KeyboardInterrupt
+    assert model.config.use_cache is True
+    with pytest.raises(ValueError, match="no module of Linear has a config with use_cache"):
+        cswap.Runtime("ac-full", device="cpu", model=nn.Linear(2, 2), disable_kv_cache=True)
+    with pytest.raises(ValueError, match="must be true or false"):
+        cswap.Runtime("ac-full", device="cpu", model=model, disable_kv_cache="yes")
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
