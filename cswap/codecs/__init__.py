@@ -1,4 +1,4 @@
-"""Lossless codecs for activations: ZVC (zero-value compression) in ``torch``, ``cpu`` and ``cuda`` backends.
+"""Lossless codecs for activations: ZVC (zero-value compression), bit-packing and exponent coding, each in ``torch``, ``cpu`` and ``cuda`` backends.
 
 The public names load lazily: :mod:`cswap.codecs.launch` (the launch configs the tuner and the
 service read) imports without torch.
@@ -26,6 +26,7 @@ _LAZY = {
                     "cswap.codecs.launch"),
     **dict.fromkeys(("NARROW_INTS", "narrowest_int", "narrowest_int_for_range"), "cswap.codecs.narrow"),
     **dict.fromkeys(("CODECS", "CodecRegistry"), "cswap.codecs.registry"),
+    "alternative_nbytes": "cswap.codecs.choice",
 }
 
 __all__ = [*_LAZY]

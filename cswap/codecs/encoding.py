@@ -138,8 +138,9 @@ class Encoding:
         return zvc_compressed_nbytes(numel, nnz, self.encoded_itemsize, chunk_words)
 
 
-def encode(t: torch.Tensor, backend: str | None = None, launch: Any = None) -> Packed:
-    """Narrow ``t`` exactly when it is an int64 tensor of small values, then ZVC-compress it.
+def encode(t: torch.Tensor, backend: str | None = None, launch: Any = None, codec: str = "zvc") -> Packed:
+    """Narrow ``t`` exactly when it is an int64 tensor of small values, then ZVC-compress it (or
+    compress it with ``codec``, which takes it as it is).
 
     One pass over ``t`` for the range (and, on a GPU, one synchronisation, like the compressor's).
     The result's ``dtype`` is the encoded one; :func:`decode` widens back to its ``out``'s dtype.
@@ -147,7 +148,10 @@ def encode(t: torch.Tensor, backend: str | None = None, launch: Any = None) -> P
     Args:
         t: the tensor (contiguous 1-d in the runtime).
         backend, launch: as for :func:`cswap.codecs.compress`.
+        codec: a registered codec; only ``zvc`` narrows.
     """
+    if codec != "zvc":
+        return compress(t, codec=codec, backend=backend, launch=launch)  # type: ignore[return-value]
     if _narrows(t.dtype):
         narrow = narrowest_int(t)
         if narrow is not None:

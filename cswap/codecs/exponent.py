@@ -49,6 +49,21 @@ class ExponentCodec(BackendCodec):
         words, offsets = module.compress_bits(flat_bits, layout, chunk_words, launch)
         return ExponentPacked(words=words, offsets=offsets, shape=tuple(t.shape), dtype=t.dtype, chunk_words=chunk_words)
 
+    def compressed_nbytes(self, t: torch.Tensor, backend: str, launch: Launch | None = None) -> torch.Tensor:
+        """The exact size :meth:`compress` would give ``t``, as a 0-d int64 tensor on ``t``'s device
+        (on a GPU nothing waits for it: only the first of the two kernels runs).
+
+        Example:
+            >>> t = torch.randn(4096, dtype=torch.bfloat16)
+            >>> int(EXPONENT.compressed_nbytes(t, "cpu")) == EXPONENT.compress(t, "cpu", None).compressed_nbytes
+            True
+        """
+        module, launch = self._start(t, backend, launch)
+        chunk_words = getattr(launch, "chunk_words", DEFAULT_CHUNK_WORDS)
+        layout = FLOAT_LAYOUTS[t.dtype]
+        words = module.chunk_words_needed(t.detach().contiguous().view(-1).view(layout.bits_dtype), layout, chunk_words, launch)
+        return 4 * words.sum() + 8 * (words.numel() + 1)
+
     def decompress(
         self, packed: ExponentPacked, backend: str, out: torch.Tensor | None, launch: Launch | None, validate: bool
     ) -> torch.Tensor:

@@ -34,7 +34,7 @@ from cswap.codecs.exponent_layout import FLOAT_LAYOUTS, HEADER_WORDS, TABLE_ENTR
 from cswap.codecs.intrinsics import low_bit as _low_bit
 from cswap.codecs.launch import CpuLaunch
 
-__all__ = ["available", "check_launch", "compress_bits", "decompress_bits"]
+__all__ = ["available", "check_launch", "chunk_words_needed", "compress_bits", "decompress_bits"]
 
 _WORD = np.uint64(0xFFFFFFFF)
 
@@ -234,27 +234,42 @@ def _decompress(words, offsets, width, exp_bits, man_bits, chunk, out):  # type:
     return bad
 
 
+def _plan(flat_bits: torch.Tensor, layout: FloatLayout, chunk_words: int, launch: CpuLaunch) -> tuple[np.ndarray, ...]:
+    """Pass 1: per chunk its code width, dropped bits, escapes, table and size in words."""
+    x = flat_bits.numpy()
+    chunk = 32 * chunk_words
+    n_chunks = -(-x.size // chunk)
+    planned = (
+        np.empty(n_chunks, np.int64), np.empty(n_chunks, np.int64), np.empty(n_chunks, np.int64),
+        np.empty((n_chunks, (1 << (layout.exponent_bits - 1)) - 1), np.int64), np.empty(n_chunks, np.int64),
+    )
+    with threads(threads_for(launch, x.nbytes)):
+        _plan_chunks(x, layout.width, layout.exponent_bits, layout.mantissa_bits, chunk, *planned)
+    return planned
+
+
+def chunk_words_needed(flat_bits: torch.Tensor, layout: FloatLayout, chunk_words: int, launch: CpuLaunch | None) -> torch.Tensor:
+    """Each chunk's size in words, without writing them (pass 1 alone)."""
+    require_cpu("the tensor", flat_bits)
+    return torch.from_numpy(_plan(flat_bits, layout, chunk_words, check_launch(launch))[4])
+
+
 def compress_bits(
     flat_bits: torch.Tensor, layout: FloatLayout, chunk_words: int, launch: CpuLaunch | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(words, offsets)`` of a flat tensor of float bits, identical to :func:`cswap.codecs.exponent_torch.compress_bits`."""
     require_cpu("the tensor", flat_bits)
     launch = check_launch(launch)
+    ks, ts, n_escs, tables, sizes = _plan(flat_bits, layout, chunk_words, launch)
+    offsets = torch.zeros(sizes.size + 1, dtype=torch.int64)
+    np.cumsum(sizes, out=offsets.numpy()[1:])
+    words = torch.empty(int(offsets[-1]), dtype=torch.int32)
     x = flat_bits.numpy()
-    chunk = 32 * chunk_words
-    n_chunks = -(-x.size // chunk)
-    ks = np.empty(n_chunks, np.int64)
-    ts = np.empty(n_chunks, np.int64)
-    n_escs = np.empty(n_chunks, np.int64)
-    tables = np.empty((n_chunks, (1 << (layout.exponent_bits - 1)) - 1), np.int64)
-    sizes = np.empty(n_chunks, np.int64)
-    offsets = torch.zeros(n_chunks + 1, dtype=torch.int64)
     with threads(threads_for(launch, x.nbytes)):
-        fields = (layout.width, layout.exponent_bits, layout.mantissa_bits, chunk)
-        _plan_chunks(x, *fields, ks, ts, n_escs, tables, sizes)
-        np.cumsum(sizes, out=offsets.numpy()[1:])
-        words = torch.empty(int(offsets[-1]), dtype=torch.int32)
-        _write_chunks(x, *fields, ks, ts, n_escs, tables, offsets.numpy(), words.numpy().view(np.uint32))
+        _write_chunks(
+            x, layout.width, layout.exponent_bits, layout.mantissa_bits, 32 * chunk_words,
+            ks, ts, n_escs, tables, offsets.numpy(), words.numpy().view(np.uint32),
+        )
     return words, offsets
 
 

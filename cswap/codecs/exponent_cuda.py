@@ -40,7 +40,7 @@ from cswap.codecs.exponent_format import ExponentPacked
 from cswap.codecs.exponent_layout import FLOAT_LAYOUTS, HEADER_WORDS, TABLE_ENTRY_BITS, FloatLayout
 from cswap.codecs.launch import CudaLaunch
 
-__all__ = ["available", "check_launch", "compress_bits", "decompress_bits"]
+__all__ = ["available", "check_launch", "chunk_words_needed", "compress_bits", "decompress_bits"]
 
 #: Shared scratch is sized for the largest block CudaLaunch allows and the widest exponent.
 _MAX_BLOCK = 1024
@@ -246,6 +246,33 @@ def _kernels() -> tuple[Any, Any, Any]:
     return plan, write, decompress
 
 
+def _plan(flat_bits: torch.Tensor, layout: FloatLayout, chunk_words: int, chosen: CudaLaunch) -> tuple[torch.Tensor, ...]:
+    """The plan kernel: per chunk ``(k, t, n_esc, size in words)`` and the tables, on the device."""
+    device = flat_bits.device
+    n_chunks = -(-flat_bits.numel() // (32 * chunk_words))
+    per_chunk = tuple(torch.empty(n_chunks, dtype=torch.int64, device=device) for _ in range(4))
+    tables = torch.empty(n_chunks, (1 << (layout.exponent_bits - 1)) - 1, dtype=torch.int64, device=device)
+    if n_chunks:
+        ks, ts, n_escs, sizes = (cuda_adapter.as_array(a) for a in per_chunk)
+        with cuda_adapter.launcher(device) as launcher:
+            launcher(
+                _kernels()[0], chosen.compress_grid, chosen.compress_block, cuda_adapter.as_array(flat_bits),
+                *_fields(flat_bits, layout, chunk_words), ks, ts, n_escs, cuda_adapter.as_array(tables), sizes,
+            )
+    return (*per_chunk, tables)
+
+
+def _fields(flat_bits: torch.Tensor, layout: FloatLayout, chunk_words: int) -> tuple[int, ...]:
+    return (flat_bits.numel(), layout.width, layout.exponent_bits, layout.mantissa_bits, 32 * chunk_words)
+
+
+def chunk_words_needed(flat_bits: torch.Tensor, layout: FloatLayout, chunk_words: int, launch: CudaLaunch | None) -> torch.Tensor:
+    """Each chunk's size in words on the device, without writing them or waiting for them (the plan kernel alone)."""
+    launch = check_launch(launch)
+    cuda_adapter.check_tensor(flat_bits, "tensor to measure")
+    return with_fallback(launch, launch.chunk_words, lambda chosen: _plan(flat_bits, layout, chunk_words, chosen)[3])
+
+
 def compress_bits(
     flat_bits: torch.Tensor, layout: FloatLayout, chunk_words: int, launch: CudaLaunch | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -253,28 +280,19 @@ def compress_bits(
     launch = check_launch(launch)
     cuda_adapter.check_tensor(flat_bits, "tensor to compress")
     device = flat_bits.device
-    chunk = 32 * chunk_words
-    n = flat_bits.numel()
-    n_chunks = -(-n // chunk)
-    fields = (n, layout.width, layout.exponent_bits, layout.mantissa_bits, chunk)
 
     def run(chosen: CudaLaunch) -> tuple[torch.Tensor, torch.Tensor]:
-        per_chunk = [torch.empty(n_chunks, dtype=torch.int64, device=device) for _ in range(4)]
-        tables = torch.empty(n_chunks, (1 << (layout.exponent_bits - 1)) - 1, dtype=torch.int64, device=device)
-        offsets = torch.zeros(n_chunks + 1, dtype=torch.int64, device=device)
-        if not n_chunks:
+        ks, ts, n_escs, sizes, tables = _plan(flat_bits, layout, chunk_words, chosen)
+        offsets = torch.zeros(sizes.numel() + 1, dtype=torch.int64, device=device)
+        if not sizes.numel():
             return torch.empty(0, dtype=torch.int32, device=device), offsets
-        plan, write, _ = _kernels()
-        ks, ts, n_escs, sizes = (cuda_adapter.as_array(a) for a in per_chunk)
-        chunk_fields = (ks, ts, n_escs, cuda_adapter.as_array(tables))
-        with cuda_adapter.launcher(device) as launcher:
-            launcher(plan, chosen.compress_grid, chosen.compress_block, cuda_adapter.as_array(flat_bits), *fields, *chunk_fields, sizes)
-        torch.cumsum(per_chunk[3], 0, out=offsets[1:])
+        torch.cumsum(sizes, 0, out=offsets[1:])
         words = torch.zeros(int(offsets[-1]), dtype=torch.int32, device=device)
         with cuda_adapter.launcher(device) as launcher:
             launcher(
-                write, chosen.scatter_grid, chosen.scatter_block, cuda_adapter.as_array(flat_bits), *fields,
-                *chunk_fields, cuda_adapter.as_array(offsets), cuda_adapter.as_array(words, np.uint32),
+                _kernels()[1], chosen.scatter_grid, chosen.scatter_block, cuda_adapter.as_array(flat_bits),
+                *_fields(flat_bits, layout, chunk_words), *(cuda_adapter.as_array(a) for a in (ks, ts, n_escs, tables)),
+                cuda_adapter.as_array(offsets), cuda_adapter.as_array(words, np.uint32),
             )
         return words, offsets
 

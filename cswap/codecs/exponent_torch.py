@@ -22,7 +22,7 @@ import torch
 from cswap.codecs.exponent_layout import FLOAT_LAYOUTS, HEADER_WORDS, TABLE_ENTRY_BITS, FloatLayout
 from cswap.codecs.launch import Launch
 
-__all__ = ["available", "check_launch", "chunk_problems", "compress_bits", "decompress_bits"]
+__all__ = ["available", "check_launch", "chunk_problems", "chunk_words_needed", "compress_bits", "decompress_bits"]
 
 _WORD_MASK = 0xFFFFFFFF
 
@@ -121,6 +121,47 @@ def _escape_rank(is_escape: torch.Tensor, chunk: torch.Tensor, n_esc: torch.Tens
     return torch.cumsum(is_escape.long(), 0) - 1 - before_chunk[chunk]
 
 
+class _Plan(NamedTuple):
+    """Per chunk: the exponents in table order, the code width, the dropped bits, the escapes, the words."""
+
+    order: torch.Tensor
+    k: torch.Tensor
+    t: torch.Tensor
+    n_esc: torch.Tensor
+    words: torch.Tensor
+
+
+def _plan(u: torch.Tensor, chunk: torch.Tensor, sizes: torch.Tensor, layout: FloatLayout) -> _Plan:
+    """Each chunk's table order, code width of fewest words, shared trailing zero bits and size."""
+    device = u.device
+    exp_bits, man_bits = layout.exponent_bits, layout.mantissa_bits
+    n_chunks = sizes.numel()
+    e = (u >> man_bits) & ((1 << exp_bits) - 1)
+    counts = torch.zeros(n_chunks, 1 << exp_bits, dtype=torch.int64, device=device)
+    counts.index_put_((chunk, e), torch.ones_like(e), accumulate=True)
+    sorted_counts, order = counts.sort(dim=1, descending=True, stable=True)
+    covered = torch.cat([torch.zeros(n_chunks, 1, dtype=torch.int64, device=device), sorted_counts.cumsum(1)], 1)
+    ks = torch.arange(exp_bits, device=device)
+    table_sizes = (1 << ks) - 1
+    costs = (
+        _ceil_words(table_sizes * TABLE_ENTRY_BITS)
+        + _ceil_words(sizes[:, None] * ks)
+        + _ceil_words((sizes[:, None] - covered[:, table_sizes]) * exp_bits)
+    )
+    k = costs.argmin(dim=1)
+    n_esc = sizes - covered.gather(1, ((1 << k) - 1)[:, None])[:, 0]
+    t = torch.full((n_chunks,), man_bits, dtype=torch.int64, device=device)
+    t.scatter_reduce_(0, chunk, _trailing_zeros((u & ((1 << man_bits) - 1)) | (1 << man_bits)), reduce="amin")
+    return _Plan(order, k, t, n_esc, _sections(torch.zeros_like(k), k, t, n_esc, sizes, layout).total)
+
+
+def chunk_words_needed(flat_bits: torch.Tensor, layout: FloatLayout, chunk_words: int, launch: Launch | None) -> torch.Tensor:
+    """Each chunk's size in words, without writing them (what :func:`compress_bits` would write)."""
+    u = flat_bits.long() & ((1 << layout.width) - 1)
+    chunk, _, sizes = _chunks(u.numel(), 32 * chunk_words, u.device)
+    return _plan(u, chunk, sizes, layout).words
+
+
 def compress_bits(
     flat_bits: torch.Tensor, layout: FloatLayout, chunk_words: int, launch: Launch | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -138,21 +179,9 @@ def compress_bits(
     chunk, local, sizes = _chunks(u.numel(), 32 * chunk_words, device)
     n_chunks = sizes.numel()
     e = (u >> man_bits) & ((1 << exp_bits) - 1)
-    mantissa = u & ((1 << man_bits) - 1)
-    rest = ((u >> (layout.width - 1)) << man_bits) | mantissa
-
-    counts = torch.zeros(n_chunks, 1 << exp_bits, dtype=torch.int64, device=device)
-    counts.index_put_((chunk, e), torch.ones_like(e), accumulate=True)
-    sorted_counts, order = counts.sort(dim=1, descending=True, stable=True)
-    covered = torch.cat([torch.zeros(n_chunks, 1, dtype=torch.int64, device=device), sorted_counts.cumsum(1)], 1)
-    ks = torch.arange(exp_bits, device=device)
-    table_sizes = (1 << ks) - 1
-    costs = (
-        _ceil_words(table_sizes * TABLE_ENTRY_BITS)
-        + _ceil_words(sizes[:, None] * ks)
-        + _ceil_words((sizes[:, None] - covered[:, table_sizes]) * exp_bits)
-    )
-    k = costs.argmin(dim=1)
+    rest = ((u >> (layout.width - 1)) << man_bits) | (u & ((1 << man_bits) - 1))
+    plan = _plan(u, chunk, sizes, layout)
+    order, k, t, n_esc = plan.order, plan.k, plan.t, plan.n_esc
     n_table = (1 << k) - 1
 
     rank = torch.empty_like(order)
@@ -160,11 +189,8 @@ def compress_bits(
     element_rank = rank[chunk, e]
     is_escape = element_rank >= n_table[chunk]
     code = torch.where(is_escape, n_table[chunk], element_rank)
-    n_esc = torch.zeros(n_chunks, dtype=torch.int64, device=device).index_add_(0, chunk, is_escape.long())
-    t = torch.full((n_chunks,), man_bits, dtype=torch.int64, device=device)
-    t.scatter_reduce_(0, chunk, _trailing_zeros(mantissa | (1 << man_bits)), reduce="amin")
 
-    sizes_words = _sections(torch.zeros_like(k), k, t, n_esc, sizes, layout).total
+    sizes_words = plan.words
     offsets = torch.zeros(n_chunks + 1, dtype=torch.int64, device=device)
     torch.cumsum(sizes_words, 0, out=offsets[1:])
     start = offsets[:-1]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import torch
 
@@ -128,6 +129,8 @@ class Packed:
         (2, 16)
     """
 
+    buffer_names: ClassVar[tuple[str, ...]] = ("bitmap", "offsets", "values")
+
     bitmap: torch.Tensor
     offsets: torch.Tensor
     values: torch.Tensor
@@ -135,6 +138,10 @@ class Packed:
     dtype: torch.dtype
     chunk_words: int = DEFAULT_CHUNK_WORDS
     codec: str = "zvc"
+
+    def buffers(self) -> tuple[torch.Tensor, ...]:
+        """The buffers, in ``buffer_names`` order."""
+        return (self.bitmap, self.offsets, self.values)
 
     @property
     def numel(self) -> int:
