@@ -71,11 +71,11 @@ from typing import Any
 
 import torch
 
-from cswap.codecs import value_range
+from cswap.codecs import alternative_nbytes, value_range
 from cswap.execute.arena import ALIGN_BYTES, ArenaBlock, HostArena, PoolSlot
 from cswap.execute.layout import Layout
 from cswap.execute.stored import Counters, Handle, Stored
-from cswap.execute.streams import Transfers
+from cswap.execute.streams import Transfers, torch_threads_kept
 from cswap.planner.plan import DTYPE_NAMES, Action, Decision, Plan, host_reserve_bytes
 from cswap.profile.profiler import Profiler
 
@@ -812,6 +812,7 @@ class Executor:
         producer = profiler.producer(tensor) if profiler is not None else ""
         zeros: Any = 0
         encoding_facts: Any = None
+        coded: Any = None
         if stored is not None:
             plan.resolve(key, layout.shape, layout.dtype, layout.nbytes, duplicate_of=stored.decision)
             stored.handles += 1
@@ -837,8 +838,11 @@ class Executor:
             if plan.budget_bytes is not None:
                 self.transfers.wait_for_budget(plan.budget_bytes)
             if profiler is not None:
-                # Deferred like the zero count: what the encoding needs to predict its size.
+                # Deferred like the zero count: what the encoding needs to predict its size, and
+                # the size of the codec besides ZVC that takes its dtype.
                 encoding_facts = value_range(tensor.detach())
+                with torch_threads_kept():  # a Numba call may leave torch's thread count changed
+                    coded = alternative_nbytes(tensor.detach(), self.transfers.backend)
             stored.dedupe_key = dedupe_key
             self._dedupe[dedupe_key] = weakref.ref(stored)
             counters.actions[stored.action.value] += 1
@@ -849,7 +853,7 @@ class Executor:
         if profiler is not None:
             record = dict(key=key, shape=layout.shape, dtype=_dtype_name(layout.dtype), nbytes=layout.nbytes, numel=layout.numel,
                           zeros=zeros, producer=producer, offloadable=True, reason="", value_range=encoding_facts,
-                          module=profiler.module(tensor))
+                          module=profiler.module(tensor), coded=coded)
         return Handle(key, stored), record
 
     def _store(
@@ -905,7 +909,7 @@ class Executor:
             zeros = self._zeros(flat, layout)
         compress_launch = decision.compress_launch
         stored.decompress_launch = decision.decompress_launch
-        if action.compresses and self.transfers.defer_sizes and not count_zeros and not decision.raw_unless_smaller:
+        if action.compresses and self.transfers.defer_sizes and not count_zeros and not decision.raw_unless_smaller and decision.codec == "zvc":
             self.transfers.store_unsized(stored, flat, decision)
             counters.compressed_input_bytes += layout.nbytes
             if action.offloads:
@@ -915,7 +919,7 @@ class Executor:
         if action is Action.ZVC_KEEP and decision.raw_unless_smaller and stored.packed.compressed_nbytes >= layout.nbytes:  # type: ignore[union-attr]
             # The decision stores it compressed only where that holds fewer bytes (known once encoded).
             if count_zeros:
-                zeros = layout.numel - stored.packed.nnz  # type: ignore[union-attr]
+                zeros = self._zeros_of(stored.packed, flat, layout)
             stored.packed, stored.ready, stored.action, stored.tensor = None, None, Action.KEEP, tensor
             stored.held_bytes = layout.nbytes
             counters.kept_bytes += layout.nbytes
@@ -927,7 +931,7 @@ class Executor:
             counters.compressed_input_bytes += layout.nbytes
             counters.compressed_bytes += packed.compressed_nbytes
             if count_zeros:
-                zeros = layout.numel - packed.nnz
+                zeros = self._zeros_of(packed, flat, layout)
         if action.offloads:
             counters.offloaded_bytes += layout.nbytes
             counters.transferred_bytes += layout.nbytes if action is Action.SWAP else stored.packed.compressed_nbytes  # type: ignore[union-attr]
@@ -935,6 +939,12 @@ class Executor:
             stored.held_bytes = stored.packed.compressed_nbytes  # type: ignore[union-attr]
             counters.add_resident(stored.held_bytes)
         return stored, zeros
+
+    @classmethod
+    def _zeros_of(cls, packed: Any, flat: torch.Tensor, layout: Layout) -> Any:
+        """Zero elements of ``flat`` as its compression tells them (ZVC counts them), else counted."""
+        nnz = getattr(packed, "nnz", None)
+        return layout.numel - nnz if nnz is not None else cls._zeros(flat, layout)
 
     @staticmethod
     def _zeros(flat: torch.Tensor, layout: Layout) -> Any:

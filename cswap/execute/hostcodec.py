@@ -56,11 +56,11 @@ def default_workers() -> int:
     return max(1, min(4, (os.cpu_count() or 2) // 2))
 
 
-def _compress(raw: torch.Tensor, event: Any, launch: CpuLaunch) -> Packed:
+def _compress(raw: torch.Tensor, event: Any, launch: CpuLaunch, codec: str) -> Packed:
     """The worker's job: wait for the copy to land (GPU), then compress ``raw`` into fresh buffers."""
     if event is not None:
         event.synchronize()
-    return encode(raw, backend="cpu", launch=launch)
+    return encode(raw, backend="cpu", launch=launch, codec=codec)
 
 
 class HostCodec:
@@ -89,8 +89,8 @@ class HostCodec:
         """Whether the pool has been started and not shut down."""
         return self._pool is not None
 
-    def submit(self, raw: torch.Tensor, event: Any) -> Future[Packed]:
-        """Compress the flat host tensor ``raw`` on a worker once ``event`` (``None``: at once) has passed.
+    def submit(self, raw: torch.Tensor, event: Any, codec: str = "zvc") -> Future[Packed]:
+        """Compress the flat host tensor ``raw`` with ``codec`` on a worker once ``event`` (``None``: at once) has passed.
 
         The caller keeps ``raw`` alive and unchanged until the future is done.
         """
@@ -100,7 +100,7 @@ class HostCodec:
             # Shut down with its owner even when nobody calls close(): the pool holds no reference back.
             self._finalizer = weakref.finalize(self, pool.shutdown, wait=False)
         self.submitted += 1
-        return pool.submit(_compress, raw, event, self.launch)
+        return pool.submit(_compress, raw, event, self.launch, codec)
 
     @staticmethod
     def result(future: Future[Packed], key: int) -> Packed:

@@ -250,7 +250,7 @@ class Transfers:
         host = stored.host
         assert host is not None
         # Both forms of the host copy are contiguous: its flat view is the compact form.
-        stored.compressing = self.host_codec.submit(host.view(-1), event)
+        stored.compressing = self.host_codec.submit(host.view(-1), event, stored.decision.codec)
         self.compressing.append(stored)
 
     def finish_host(self, wait: bool) -> None:
@@ -411,7 +411,7 @@ class Transfers:
             self.copy_to_host(stored, flat, non_blocking=self.cuda, pool_key=pool_key)
             return
         with torch_threads_kept():
-            packed = encode(flat, backend=self.backend, launch=launch)
+            packed = encode(flat, backend=self.backend, launch=launch, codec=stored.decision.codec)
         if action is Action.ZVC_KEEP:
             stored.packed = packed
             return
@@ -461,17 +461,19 @@ class Transfers:
         return torch.empty(nbytes, dtype=torch.uint8), None
 
     def _copy_packed_to_host(self, stored: Stored, packed: Packed) -> None:
-        """Copy the three buffers of ``packed`` into one host block (on the current stream)."""
-        parts = (packed.bitmap, packed.offsets, packed.values)
+        """Copy the buffers of ``packed`` (any codec's) into one host block (on the current stream)."""
+        parts = packed.buffers()
         sizes = [p.numel() * p.element_size() for p in parts]
-        starts = [0, aligned(sizes[0]), aligned(sizes[0]) + aligned(sizes[1])]
-        host, stored.block = self._host(starts[2] + sizes[2])
+        starts = [0]
+        for size in sizes[:-1]:
+            starts.append(starts[-1] + aligned(size))
+        host, stored.block = self._host(starts[-1] + sizes[-1])
         views = []
         for part, start, size in zip(parts, starts, sizes):
             view = host[start : start + size].view(part.dtype)
             view.copy_(part, non_blocking=self.cuda)
             views.append(view)
-        stored.packed = replace(packed, bitmap=views[0], offsets=views[1], values=views[2])
+        stored.packed = replace(packed, **dict(zip(packed.buffer_names, views)))
         self._hold_host(stored, packed.compressed_nbytes)
 
     def _rebuild(self, stored: Stored) -> torch.Tensor:
@@ -494,8 +496,9 @@ class Transfers:
             if stored.action is Action.ZVC_SWAP and self.cuda:
                 packed = packed.to(self.device, non_blocking=True)
             launch = stored.decompress_launch
-            if launch is not None and getattr(launch, "chunk_words", packed.chunk_words) != packed.chunk_words:
-                launch = replace(launch, chunk_words=packed.chunk_words)
+            chunk_words = getattr(packed, "chunk_words", None)  # bit-packing has no chunks
+            if launch is not None and chunk_words is not None and getattr(launch, "chunk_words", chunk_words) != chunk_words:
+                launch = replace(launch, chunk_words=chunk_words)
             with torch_threads_kept():
                 decode(packed, flat, backend=self.backend, launch=launch, validate=False)
         return result if result is not None else layout.rebuild_from(flat)

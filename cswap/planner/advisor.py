@@ -42,6 +42,7 @@ from cswap.codecs.launch import Launch
 from cswap.codecs.launch import LaunchLookup
 from cswap.planner.actions import HOST_ZVC_SWAP, compressed_on_host_if_it_shrinks
 from cswap.planner.actions import RUNTIME_POLICIES as POLICIES
+from cswap.planner.codec_choice import codec_for
 from cswap.planner.costmodel import decide
 from cswap.planner.plan import DEFAULT_ACTIONS, POLICY_REASONS, Action, Decision, LaunchCache, Plan, constrained
 from cswap.profile.trace import Trace
@@ -140,7 +141,7 @@ class Advisor:
             if decision.action is Action.SWAP:
                 host_bytes += record.nbytes
             elif decision.action is Action.ZVC_SWAP:
-                host_bytes += self._encoding(record).compressed_nbytes(self._numel(record), record.sparsity, self._chunk_words(decision))
+                host_bytes += self._compressed(record, self._chunk_words(decision))[1]
             # host-zvc-swap adds nothing: its compressed buffers live outside the arena, and its raw
             # copies only until their compression is collected (the executor sizes the arena for
             # those from the last iteration's use).
@@ -152,6 +153,10 @@ class Advisor:
         """How the codec encodes ``record``'s tensor (narrower than its dtype when profiled so)."""
         return Encoding.named(record.dtype, record.narrow_dtype)
 
+    def _compressed(self, record: Any, chunk_words: int) -> tuple[str, int]:
+        """The codec that gives ``record``'s tensor the fewest bytes, and that size."""
+        return codec_for(record, self._encoding(record).compressed_nbytes(self._numel(record), record.sparsity, chunk_words))
+
     @staticmethod
     def _numel(record: Any) -> int:
         return record.nbytes // Encoding.named(record.dtype, None).dtype.itemsize
@@ -162,24 +167,30 @@ class Advisor:
 
     def _decide(self, record: Any, base: dict[str, Any], launch_cache: LaunchCache) -> Decision:
         if self.policy == "cpu-compress-swap":  # host compression takes the cpu backend's default launch
-            compressed = self._encoding(record).compressed_nbytes(self._numel(record), record.sparsity, DEFAULT_CHUNK_WORDS)
-            # a host copy ZVC would not shrink is moved raw, with no room set aside for a compression
+            codec, compressed = self._compressed(record, DEFAULT_CHUNK_WORDS)
+            # a host copy no codec would shrink is moved raw, with no room set aside for a compression
             action = Action(compressed_on_host_if_it_shrinks(HOST_ZVC_SWAP, record.nbytes, compressed))
             reason = POLICY_REASONS[self.policy] if action is Action.HOST_ZVC_SWAP else (
-                f"policy cpu-compress-swap: ZVC would not shrink it as profiled ({compressed:,d} B against {record.nbytes:,d} B): a raw swap")
-            return Decision(**base, action=action, reason=reason, compressed_nbytes=compressed)
+                f"policy cpu-compress-swap: no codec would shrink it as profiled ({compressed:,d} B against {record.nbytes:,d} B): a raw swap")
+            return Decision(**base, action=action, reason=reason, compressed_nbytes=compressed, codec=codec)
         if self.policy in ("none", "swap"):
             return Decision(**base, action=DEFAULT_ACTIONS[self.policy], reason=POLICY_REASONS[self.policy])
         launches = launch_cache.launches(record.dtype, record.nbytes)
         if self.policy in ("compress-swap", "compress-keep"):
-            return Decision(**base, action=DEFAULT_ACTIONS[self.policy], reason=POLICY_REASONS[self.policy], **launches)
+            codec, compressed = self._compressed(record, getattr(launches["compress_launch"], "chunk_words", DEFAULT_CHUNK_WORDS))
+            return Decision(**base, action=DEFAULT_ACTIONS[self.policy], reason=POLICY_REASONS[self.policy], codec=codec,
+                            **({"compressed_nbytes": compressed} if codec != "zvc" else {}), **launches)
         return self._cost_decision(record, base, launches)
 
     def _cost_decision(self, record: Any, base: dict[str, Any], launches: dict[str, Launch | None]) -> Decision:
         encoding = self._encoding(record)
         encoded_nbytes = self._numel(record) * encoding.encoded_itemsize
-        compress_s = float(self.time_model.compress_s(encoded_nbytes, record.density, encoding.encoded_itemsize, self.backend))
-        decompress_s = float(self.time_model.decompress_s(encoded_nbytes, record.density, encoding.encoded_itemsize, self.backend))
+        chunk_words = getattr(launches["compress_launch"], "chunk_words", DEFAULT_CHUNK_WORDS)
+        codec, compressed = self._compressed(record, chunk_words)
+        # Another codec's time is priced as ZVC's on a dense tensor, what its passes over every element cost.
+        density = record.density if codec == "zvc" or self.paper_size else 1.0
+        compress_s = float(self.time_model.compress_s(encoded_nbytes, density, encoding.encoded_itemsize, self.backend))
+        decompress_s = float(self.time_model.decompress_s(encoded_nbytes, density, encoding.encoded_itemsize, self.backend))
         cost = decide(
             nbytes=record.nbytes,
             sparsity=record.sparsity,
@@ -192,7 +203,8 @@ class Advisor:
             itemsize=encoding.dtype.itemsize,
             encoding=encoding,
             paper_size=self.paper_size,
-            chunk_words=getattr(launches["compress_launch"], "chunk_words", DEFAULT_CHUNK_WORDS),
+            chunk_words=chunk_words,
+            compressed_nbytes=compressed if codec != "zvc" and not self.paper_size else None,
         )
         t, t_prime = cost.compressed_swap_s, cost.swap_s
         if self.decider == "logistic":
@@ -220,5 +232,6 @@ class Advisor:
             compress_s=compress_s,
             decompress_s=decompress_s,
             compressed_nbytes=cost.compressed_nbytes,
+            codec=codec if compress and not self.paper_size else "zvc",
             **(launches if compress else {}),
         )

@@ -160,6 +160,7 @@ def _decisions(
     }
     lifetimes = {t.key: t.lifetime for t in problem.tensors}
     compressed = {t.key: t.compressed_nbytes for t in problem.tensors}
+    codecs = {t.key: t.codec for t in problem.tensors}
     timeline = planned.timeline_bytes
     kept_reasons: Mapping[str, str] = trace.meta.get("not_offloadable", {})
     duplicates: Mapping[str, int] = trace.meta.get("duplicates", {})
@@ -180,7 +181,7 @@ def _decisions(
         action = Action(compressed_on_host_if_it_shrinks(carried_out(policy, tensor.action), record.nbytes, compressed.get(record.key)))
         life = lifetimes[record.key]
         slack = planned.budget_bytes - max(timeline[life.pack : life.free + 1], default=0) if life is not None else None
-        extra: dict[str, Any] = launches.launches(record.dtype, record.nbytes) if action.compresses else {}
+        extra: dict[str, Any] = {**launches.launches(record.dtype, record.nbytes), "codec": codecs[record.key]} if action.compresses else {}
         if action is Action.ZVC_KEEP:
             extra["compressed_nbytes"] = float(tensor.held_bytes - record.nbytes)  # it holds raw + compressed at pack
         elif action is Action.HOST_ZVC_SWAP and compressed.get(record.key) is not None:

@@ -142,6 +142,7 @@ def decide(
     paper_size: bool = False,
     chunk_words: int = DEFAULT_CHUNK_WORDS,
     encoding: Encoding | None = None,
+    compressed_nbytes: float | None = None,
 ) -> CostDecision:
     """Apply the cost model to one tensor.
 
@@ -157,10 +158,13 @@ def decide(
         chunk_words: the ZVC chunk size, for the exact size.
         encoding: how the codec encodes the tensor (:class:`cswap.codecs.Encoding`), which
             predicts the exact size; ``None``: ZVC of ``itemsize``-byte elements as they are.
+        compressed_nbytes: the size another codec gives it, which then replaces ZVC's.
     """
     if not 0.0 <= sparsity <= 1.0:
         raise ValueError(f"sparsity must be in [0, 1], got {sparsity}")
-    if paper_size:
+    if compressed_nbytes is not None:
+        compressed = float(compressed_nbytes)
+    elif paper_size:
         compressed = paper_compressed_nbytes(nbytes, sparsity)
     elif encoding is not None:
         compressed = float(encoding.compressed_nbytes(int(nbytes) // encoding.dtype.itemsize, sparsity, chunk_words))

@@ -36,6 +36,7 @@ import torch
 
 from cswap.codecs.encoding import Encoding, encodable
 from cswap.codecs.format import DEFAULT_CHUNK_WORDS
+from cswap.planner.codec_choice import codec_for
 from cswap.planner.actions import ACTIONS, HOST_ZVC_SWAP
 from cswap.planner.costmodel import COPY_LATENCY_S, TimeModel
 from cswap.planner.lifetime import Lifetime, lifetimes_from_trace
@@ -71,7 +72,9 @@ def _spec(  # type: ignore[no-untyped-def]
     numel = record.nbytes // encoding.dtype.itemsize
     encoded_nbytes = numel * encoding.encoded_itemsize
     sparsity = max(record.sparsity - sparsity_margin, 0.0)
-    density = 1.0 - sparsity
+    codec, compressed_nbytes = codec_for(record, encoding.compressed_nbytes(numel, sparsity, chunk_words))
+    # Another codec's time is priced as ZVC's on a dense tensor, what its passes over every element cost.
+    density = 1.0 if codec != "zvc" else 1.0 - sparsity
     host: dict[str, float] = {}
     if host_time_model is not None:
         itemsize = encoding.encoded_itemsize
@@ -81,7 +84,8 @@ def _spec(  # type: ignore[no-untyped-def]
         key=record.key,
         nbytes=record.nbytes,
         lifetime=lifetime,
-        compressed_nbytes=encoding.compressed_nbytes(numel, sparsity, chunk_words),
+        compressed_nbytes=compressed_nbytes,
+        codec=codec,
         compress_s=float(time_model.compress_s(encoded_nbytes, density, encoding.encoded_itemsize, backend)),
         decompress_s=float(time_model.decompress_s(encoded_nbytes, density, encoding.encoded_itemsize, backend)) if used else 0.0,
         hidden_forward_s=record.hidden_forward_s,

@@ -239,6 +239,8 @@ class Decision:
             otherwise.
         outgrown: made at run time for a tensor larger than its key's planned one (same dtype and
             rank): the planned action, on the tensor's own size, within the budget.
+        codec: the codec a compressing action uses (``"zvc"``, ``"bitpack"``, ``"exponent"``: see
+            :mod:`cswap.planner.codec_choice`).
     """
 
     key: int
@@ -263,6 +265,7 @@ class Decision:
     raw_unless_smaller: bool = False
     encoded_dtype: str | None = None
     outgrown: bool = False
+    codec: str = "zvc"
 
     def matches(self, shape: tuple[int, ...], dtype: str, nbytes: int | None = None) -> bool:
         """Whether a tensor of ``shape``, ``dtype`` (and ``nbytes``, when given) passes this decision's
@@ -305,6 +308,7 @@ class Decision:
             "compress_s": self.compress_s,
             "decompress_s": self.decompress_s,
             "compressed_nbytes": self.compressed_nbytes,
+            "codec": self.codec,
             "compress_launch": self.compress_launch.to_params() if self.compress_launch else None,
             "decompress_launch": self.decompress_launch.to_params() if self.decompress_launch else None,
         }

@@ -94,7 +94,8 @@ class TensorSpec:
         key: the tensor's key in the plan (its ordinal in the pack sequence).
         nbytes: raw bytes.
         lifetime: its events.
-        compressed_nbytes: exact ZVC size, or ``None`` when ZVC cannot encode its dtype.
+        compressed_nbytes: exact size by ``codec``, or ``None`` when no codec can encode its dtype.
+        codec: the codec that gives it the fewest bytes (:func:`cswap.planner.codec_choice.codec_for`).
         compress_s, decompress_s: predicted codec seconds on the device.
         host_compress_s, host_decompress_s: predicted seconds of the host codec (the ``cpu``
             backend, on the host copy): what ``host-zvc-swap`` adds.
@@ -114,6 +115,7 @@ class TensorSpec:
     nbytes: int
     lifetime: Lifetime
     compressed_nbytes: int | None = None
+    codec: str = "zvc"
     compress_s: float = 0.0
     decompress_s: float = 0.0
     hidden_forward_s: float = 0.0
@@ -164,14 +166,15 @@ class Option:
 
 @dataclass(frozen=True)
 class TensorOptions:
-    """The options of one tensor (``keep`` always among them), its lifetime, and its planned ZVC
-    size (``None``: ZVC cannot encode it)."""
+    """The options of one tensor (``keep`` always among them), its lifetime, and its planned
+    compressed size by ``codec`` (``None``: no codec can encode it)."""
 
     key: int
     nbytes: int
     options: tuple[Option, ...]
     lifetime: Lifetime | None = None
     compressed_nbytes: int | None = None
+    codec: str = "zvc"
 
 
 @dataclass(frozen=True)
@@ -381,6 +384,6 @@ def build_problem(
                 options.append(_recompute_option(spec, events.forward_events))
         tensors.append(
             TensorOptions(key=spec.key, nbytes=spec.nbytes, options=_prune(events.event_count, options), lifetime=spec.lifetime,
-                          compressed_nbytes=spec.compressed_nbytes)
+                          compressed_nbytes=spec.compressed_nbytes, codec=spec.codec)
         )
     return PlanningProblem(tensors=tuple(tensors), event_count=events.event_count, forward_events=events.forward_events)

@@ -102,6 +102,7 @@ class _Pack:
     end: Any
     value_range: Any = None  # what the encoding needs (cswap.codecs.value_range): a tensor until the trace is built
     module: str = ""
+    coded: Any = None  # (codec, size) of the codec besides ZVC that takes it; the size a tensor until the trace is built
 
 
 class Profiler:
@@ -257,6 +258,7 @@ class Profiler:
         *,
         value_range: Any = None,
         module: str = "",
+        coded: Any = None,
     ) -> None:
         """One pack hook call.
 
@@ -272,8 +274,10 @@ class Profiler:
             value_range: what the encoding needs to predict its size (:func:`cswap.codecs.value_range`),
                 which gives the record's ``narrow_dtype``; None when it needs nothing.
             module: see :meth:`module`.
+            coded: ``(codec, size)`` from :func:`cswap.codecs.alternative_nbytes` (the size an int or
+                a 0-d tensor), or ``None``: no codec besides ZVC takes it.
         """
-        self._packs[key] = _Pack(key, shape, dtype, nbytes, numel, zeros, producer, offloadable, start, end, value_range, module)
+        self._packs[key] = _Pack(key, shape, dtype, nbytes, numel, zeros, producer, offloadable, start, end, value_range, module, coded)
         if not offloadable:
             self._reasons[key] = reason
 
@@ -324,6 +328,7 @@ class Profiler:
         unpack_at = {key: (seconds(s), seconds(e)) for key, (s, e) in self._unpacks.items()}
         backward_start = min((s for s, _ in unpack_at.values()), default=end_s)
         zeros = self._zero_counts(packs)
+        coded = self._coded_sizes(packs)
         narrow = self._encoded_dtypes(packs)
 
         def offloadable(p: _Pack) -> bool:
@@ -379,6 +384,7 @@ class Profiler:
                     unpack_order=rank,
                     free_order=free,
                     rebuilt_nbytes=self._rebuilt.get(p.key) if self._rebuilt.get(p.key, p.nbytes) != p.nbytes else None,
+                    **coded.get(source.key, {}),
                 )
             )
         reasons = {str(k): v for k, v in self._reasons.items()}
@@ -409,6 +415,18 @@ class Profiler:
             if encoded is not None:
                 found[p.key] = encoded
         return found
+
+    @staticmethod
+    def _coded_sizes(packs: list[_Pack]) -> dict[int, dict[str, Any]]:
+        """Per tensor another codec takes, the record's ``codec`` and ``codec_fraction`` (one transfer for all sizes)."""
+        coded = [p for p in packs if p.coded is not None and p.nbytes]
+        sizes = [size for _, size in (p.coded for p in coded)]
+        on_device = [i for i, size in enumerate(sizes) if isinstance(size, torch.Tensor)]
+        if on_device:
+            values = torch.stack([sizes[i].reshape(()).to(torch.int64) for i in on_device]).cpu().tolist()
+            for i, value in zip(on_device, values, strict=True):
+                sizes[i] = value
+        return {p.key: {"codec": p.coded[0], "codec_fraction": int(size) / p.nbytes} for p, size in zip(coded, sizes, strict=True)}
 
     def _zero_counts(self, packs: list[_Pack]) -> dict[int, int]:
         """Zero counts as ints, moving any device tensors to the host in one transfer."""

@@ -70,6 +70,9 @@ class TensorRecord:
         recompute_s: measured forward seconds of its producing op (what recomputing it costs), or
             ``None`` (traces written without it load as ``None``): then it is derived from
             ``flops`` where those are known.
+        codec: the codec besides ZVC that takes its dtype (``"bitpack"``, ``"exponent"``), or ``None``.
+        codec_fraction: the size ``codec`` gave it when profiled, as a fraction of ``nbytes`` (a
+            fraction, so that it holds for the same tensor at another size), or ``None``.
     """
 
     key: int
@@ -92,6 +95,13 @@ class TensorRecord:
     module: str = ""
     rebuilt_nbytes: int | None = None
     recompute_s: float | None = None
+    codec: str | None = None
+    codec_fraction: float | None = None
+
+    @property
+    def codec_nbytes(self) -> int | None:
+        """The size ``codec`` gives it, or ``None``."""
+        return None if self.codec_fraction is None else round(self.codec_fraction * self.nbytes)
 
     @property
     def density(self) -> float:

@@ -171,7 +171,7 @@ def test_a_dtype_the_encoding_cannot_take_is_swapped_raw() -> None:
 
 
 def test_a_worker_error_is_raised_not_trained_through(monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(raw: torch.Tensor, event: object, launch: object) -> None:
+    def broken(raw: torch.Tensor, event: object, launch: object, codec: str) -> None:
         raise MemoryError("no room for the values buffer")
 
     monkeypatch.setattr(hostcodec, "_compress", broken)

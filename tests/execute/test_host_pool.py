@@ -14,8 +14,9 @@ from tests.runtime.helpers import assert_bit_equal
 
 
 def _model() -> torch.nn.Module:
+    """Tanh layers in float64, which only ZVC takes and does not shrink: ``cswap`` swaps them raw."""
     torch.manual_seed(0)
-    return torch.nn.Sequential(*(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh()) for _ in range(5)))
+    return torch.nn.Sequential(*(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh()) for _ in range(5))).double()
 
 
 def _grads(model: torch.nn.Module, x: torch.Tensor, micro_batches: int = 1) -> list[torch.Tensor]:
@@ -58,7 +59,7 @@ def test_planned_swaps_take_their_slots_and_nothing_is_allocated_inside_iteratio
     policy: str, micro_batches: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model = _model()
-    x = torch.randn(32, 64)
+    x = torch.randn(32, 64, dtype=torch.float64)
     expected = _grads(model, x, micro_batches)
     rt = make_runtime(policy, model=model)
     allocations = _Allocations(monkeypatch, rt._executor)
@@ -82,7 +83,7 @@ def test_planned_swaps_take_their_slots_and_nothing_is_allocated_inside_iteratio
 
 def test_a_slot_still_held_falls_back_to_first_fit_with_the_right_values() -> None:
     model = _model()
-    x = torch.randn(32, 64)
+    x = torch.randn(32, 64, dtype=torch.float64)
     expected = _grads(model, x)
     rt = make_runtime("swap", model=model)
     for _ in range(2):
@@ -102,7 +103,7 @@ def test_a_slot_still_held_falls_back_to_first_fit_with_the_right_values() -> No
 
 def test_a_later_profile_finds_the_room_the_first_one_needed() -> None:
     model = _model()
-    x = torch.randn(32, 64)
+    x = torch.randn(32, 64, dtype=torch.float64)
     rt = make_runtime("swap", model=model)
     for epoch in range(3):
         rt.new_epoch()

@@ -170,10 +170,11 @@ def test_cswap_needs_a_time_model_and_bandwidths() -> None:
 
 
 def test_runtime_replans_each_epoch_from_the_new_sparsity() -> None:
-    """Dense activations are swapped; when they turn sparse, the next epoch's plan compresses them."""
+    """Dense activations are swapped; when they turn sparse, the next epoch's plan compresses them.
+    (float64: only ZVC takes it, so its sparsity alone decides.)"""
     rt = cswap.Runtime("cswap", device="cpu", min_bytes=0, d2h_gbps=0.05, h2d_gbps=0.05, time_model=CODEC)
-    w = torch.randn(256, 256, requires_grad=True)
-    base = torch.rand(64, 256) + 0.5
+    w = torch.randn(256, 256, dtype=torch.float64, requires_grad=True)
+    base = torch.rand(64, 256, dtype=torch.float64) + 0.5
     actions = []
     for epoch, shift in enumerate((0.0, 0.0, -10.0)):  # epoch 0 profiles keeping all; 2 is all zeros
         rt.new_epoch()
