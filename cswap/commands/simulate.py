@@ -52,8 +52,12 @@ def run_simulate(
     seq_len: int | str | None = None,
     num_layers: int | None = None,
     attention: str | None = None,
+    compressibility: str | None = "all-minilm-l6-v2",
 ) -> dict[str, Any]:
     """Simulate and return the JSON-ready report (``policies`` maps each policy to its figures).
+
+    ``compressibility`` names the profile of what the codecs besides ZVC give each kind of saved
+    tensor (:mod:`cswap.simulate.compressibility`), or ``None``: ZVC alone.
 
     With ``trace_path`` the trace is read from a file (``rt.trace().to_json(...)``) and its own
     compute times are used; otherwise a meta trace of ``model`` is built for ``hardware``: an image
@@ -94,6 +98,7 @@ def run_simulate(
     """
     from cswap.simulate import SimConfig, Simulator, load_hardware
     from cswap.simulate.engine import DEFAULT_MIN_BYTES
+    from cswap.simulate.compressibility import load_compressibility
     from cswap.simulate.metatrace import SparsityModel
     from cswap.simulate.modeltrace import trace_model
     from cswap.profile.trace import Trace
@@ -114,13 +119,15 @@ def run_simulate(
     names = _budget_policies(policies) if budgets else _unbudgeted_policies(policies)
     profile = load_hardware(hardware)
 
+    coded = None if compressibility in (None, "none") else load_compressibility(compressibility)
+
     def trace_at(tokens: int | None) -> Trace:
         return trace_model(
             model,
             batch_size,
             profile,
             dtype=dtype,
-            sparsity=None if sparsity is None else SparsityModel(relu=sparsity),
+            sparsity=SparsityModel(**({} if sparsity is None else {"relu": sparsity}), compressibility=coded),
             resolution=resolution,
             seq_len=tokens,
             num_layers=num_layers,
@@ -521,6 +528,11 @@ def register(app: typer.Typer) -> None:
         ),
         trace: Path = typer.Option(None, help="A profiled trace (rt.trace().to_json(path)) instead of a meta trace."),
         sparsity: float = typer.Option(None, min=0.0, max=1.0, help="ReLU-output sparsity of the meta trace (default 0.5)."),
+        compressibility: str = typer.Option(
+            "all-minilm-l6-v2",
+            help="What exponent coding and bit-packing give each kind of saved tensor of a meta trace: a profile in "
+            "configs/compressibility/ (measured on a trained model) or a YAML path; 'none' for ZVC alone.",
+        ),
         min_bytes: int = typer.Option(None, min=0, help="Activations below this stay on the device (default: the runtime's)."),
         prefetch_depth: int = typer.Option(1, min=1, help="Swap-ins issued ahead of need, in tensors."),
         max_inflight: int = typer.Option(None, min=1, help="Swap-outs in flight before compute waits (default: unbounded)."),
@@ -585,6 +597,7 @@ def register(app: typer.Typer) -> None:
                 seq_len=seq_len,
                 num_layers=layers,
                 attention=attention,
+                compressibility=compressibility,
             )
         except (ValueError, FileNotFoundError, ImportError) as error:
             raise fail(error) from None

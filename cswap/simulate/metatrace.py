@@ -44,6 +44,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
 from cswap.profile.trace import Trace, TensorRecord
+from cswap.simulate.compressibility import Compressibility
 from cswap.simulate.hardware import HardwareProfile, load_hardware
 
 __all__ = ["MetaRun", "ModuleCall", "SparsityModel", "meta_trace", "module_calls", "run_on_meta", "with_hidden_times"]
@@ -71,6 +72,8 @@ class SparsityModel:
         default: sparsity of every other output (convolutions, batch norm, additions: dense).
         by_producer: measured sparsities per producer name, in pack order (see :meth:`from_trace`);
             they take precedence over the estimates above.
+        compressibility: what the codecs besides ZVC give each kind of tensor
+            (:class:`cswap.simulate.compressibility.Compressibility`), or ``None``: ZVC alone.
 
     Example:
         >>> SparsityModel(relu=0.6).pooled(0.6, window=4) < 0.6
@@ -81,6 +84,7 @@ class SparsityModel:
     pool_window_exponent: float = 0.25
     default: float = 0.0
     by_producer: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    compressibility: Compressibility | None = None
 
     def __post_init__(self) -> None:
         for name in ("relu", "default"):
@@ -145,9 +149,22 @@ class _Clock(TorchDispatchMode):
         self.clock_s = 0.0
         self.estimate: dict[int, float] = {}
         self.flops: dict[int, float] = {}
-        # Storages holding attention probabilities; weak, so that a freed storage's reused address
-        # is not taken for one.
+        # Storages holding attention probabilities, and float32 casts of bf16 or fp16 values (whose
+        # low mantissa bits are zero); weak, so that a freed storage's reused address is not taken for one.
         self.probabilities: dict[int, StorageWeakRef] = {}
+        self.upcasts: dict[int, StorageWeakRef] = {}
+
+    def holds_upcast(self, t: torch.Tensor) -> bool:
+        """Whether ``t``'s storage holds float32 values cast up from a 16-bit float."""
+        ref = self.upcasts.get(_storage_key(t))
+        return ref is not None and not ref.expired()
+
+    def _mark_upcasts(self, packet: Any, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> None:
+        if packet in (_aten._to_copy, _aten.clone) and inputs and outputs and outputs[0].dtype == torch.float32:
+            source = inputs[0]
+            if source.dtype in (torch.bfloat16, torch.float16) or (source.dtype == torch.float32 and self.holds_upcast(source)):
+                storage = outputs[0].untyped_storage()
+                self.upcasts[storage._cdata] = StorageWeakRef(storage)
 
     def holds_probabilities(self, t: torch.Tensor) -> bool:
         """Whether ``t``'s storage holds attention probabilities (module docstring)."""
@@ -219,6 +236,7 @@ class _Clock(TorchDispatchMode):
         dtype = str(floating[0].dtype).removeprefix("torch.") if floating else "float32"
         self.clock_s += self.hardware.op_s(flops, nbytes, dtype)
         self._mark_probabilities(packet, inputs, outputs)
+        self._mark_upcasts(packet, inputs, outputs)
         for t, sparsity in zip(outputs, self._estimate(func, args, kwargs, out)):
             key = _storage_key(t)
             self.estimate[key] = sparsity
@@ -236,6 +254,7 @@ class _Saved:
     flops: float
     module: str = ""
     probabilities: bool = False
+    upcast: bool = False
     unpack_at_s: float | None = None
 
 
@@ -360,6 +379,7 @@ class _Recorder:
                     flops=self.clock.flops.get(key, 0.0),
                     module=self.modules[-1] if self.modules else "",
                     probabilities=self.clock.holds_probabilities(t),
+                    upcast=self.clock.holds_upcast(t),
                 )
             )
         return _Handle(index, ordinal, t)
@@ -599,6 +619,9 @@ def run_on_meta(
         value = saved.sparsity
         if saved.offloadable and measured.get(producer):
             value = measured[producer].popleft()
+        dtype = str(t.dtype).removeprefix("torch.")
+        kind = "mask" if dtype == "bool" else "attention_probabilities" if saved.probabilities else "upcast" if saved.upcast else "activation"
+        coded = sparsity.compressibility.codec_of(dtype, kind) if sparsity.compressibility is not None else None
         records.append(
             TensorRecord(
                 key=key,
@@ -612,6 +635,8 @@ def run_on_meta(
                 unpack_at_s=saved.unpack_at_s,
                 flops=saved.flops,
                 module=saved.module,
+                codec=coded[0] if coded else None,
+                codec_fraction=coded[1] if coded else None,
             )
         )
     return MetaRun(

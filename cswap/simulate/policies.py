@@ -26,6 +26,8 @@ Example:
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -35,6 +37,7 @@ import torch
 from cswap.codecs.encoding import Encoding
 from cswap.codecs.format import DEFAULT_CHUNK_WORDS, SUPPORTED_DTYPES
 from cswap.planner.actions import POLICY_TABLE, compressed_on_host_if_it_shrinks, uncompressed
+from cswap.planner.codec_choice import codec_for
 from cswap.planner.costmodel import TimeModel, paper_compressed_nbytes, zvc_nbytes_for
 from cswap.profile.trace import Trace
 
@@ -173,6 +176,10 @@ def tensor_costs(
         else:
             compressed = float(zvc_nbytes_for(record.nbytes, record.sparsity, itemsize, chunk_words))
         density = record.density
+        codec, smallest = codec_for(record, math.ceil(compressed))
+        if codec != "zvc" and not paper_size:
+            # the codec besides ZVC that the profile says gives fewer bytes; its time priced as ZVC's on a dense tensor
+            compressed, density = float(smallest), 1.0
         costs.append(
             TensorCost(
                 nbytes=record.nbytes,
