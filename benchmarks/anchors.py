@@ -52,7 +52,9 @@ from cswap.planner.actions import KEEP, SWAP, ZVC_KEEP, ZVC_SWAP
 from cswap.simulate import SimConfig, Simulator
 from cswap.simulate.policies import Action
 from cswap.simulate.budgeted import budget_policies, none_peak_bytes, planning_problem, replay_plan
+from cswap.simulate.compressibility import DEFAULT_COMPRESSIBILITY, load_compressibility
 from cswap.simulate.lmtrace import transformer_trace
+from cswap.simulate.metatrace import SparsityModel
 from cswap.simulate.strategies import STRATEGIES, Strategies
 from cswap.simulate.versus import run_side_by_side
 
@@ -95,10 +97,13 @@ def run_config(
     curve: Sequence[float],
     layers: int | None,
     time_limit_s: float,
+    compressibility: str = DEFAULT_COMPRESSIBILITY,
 ) -> dict[str, Any]:
     """Every policy and strategy of one model on one profile; returns what the figure needs."""
     started = time.perf_counter()
-    trace = transformer_trace(model, batch_size=1, seq_len=seq_len, hardware=hardware, attention=attention, num_layers=layers)
+    coded = None if compressibility == "none" else load_compressibility(compressibility)
+    trace = transformer_trace(model, batch_size=1, seq_len=seq_len, hardware=hardware, attention=attention, num_layers=layers,
+                              sparsity=SparsityModel(compressibility=coded))
     simulator = Simulator(trace, hardware, SimConfig())
     strategies = Strategies(simulator, time_limit_s)
     problem, _ = planning_problem(simulator)
@@ -307,6 +312,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--layers", type=int, default=None, help="transformer layers, replacing the presets'")
     parser.add_argument("--time-limit", type=float, default=30.0, help="solver seconds per solve")
     parser.add_argument("--plot", default=None, help="write the time-against-budget figure here")
+    parser.add_argument("--compressibility", default=DEFAULT_COMPRESSIBILITY,
+                        help="what the codecs besides ZVC give each kind of tensor (configs/compressibility/), or 'none'")
     args = parser.parse_args(argv)
     fractions = [float(f) for f in args.fractions.split(",") if f]
     curve = sorted({*fractions, *(float(f) for f in args.curve_fractions.split(",") if f)}) if args.plot else []
@@ -324,6 +331,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         curve_fractions=curve,
         layers=args.layers,
         time_limit_s=args.time_limit,
+        compressibility=args.compressibility,
         batch_size=1,
         dtype="bfloat16",
     )
@@ -331,7 +339,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     for spec in args.models.split(","):
         model, attention, seq_len = spec.split(":")
         for hardware in args.hardware.split(","):
-            panels.append(run_config(model, attention, int(seq_len), hardware, fractions, curve, args.layers, args.time_limit))
+            panels.append(run_config(model, attention, int(seq_len), hardware, fractions, curve, args.layers, args.time_limit,
+                                     args.compressibility))
     if args.plot:
         plot(panels, args.plot)
 
