@@ -53,7 +53,7 @@ import torch
 
 from cswap.codecs import compress, decompress
 from cswap.codecs.format import bits_dtype
-from cswap.codecs.launch import Launch
+from cswap.codecs.launch import CpuLaunch, Launch
 from cswap.device import fingerprint as device_fingerprint
 from cswap.device import time_call_s
 from cswap.tuner.kernels import codec_dtypes
@@ -244,7 +244,8 @@ class Sample:
         density: measured fraction of nonzero elements.
         time_s: seconds of one call (the minimum of ``times_s``).
         times_s: every timed call, in the order they ran.
-        launch: the launch config used (``{}`` for backends without one).
+        launch: the launch config used (``{}`` for backends without one); a CPU launch that leaves
+            the thread count to the codec records the count it ran on (one below 16 MiB).
         launch_match: how the config was found (``exact``, ``same-model``, ``transferred``, ``default``).
     """
 
@@ -346,6 +347,25 @@ def _launch_for(
         return None, "default"
     launch, found = launch_for(fingerprint, backend, op, dtype, nbytes, store=store, codec=codec)
     return launch, found.match
+
+
+def _launch_params(launch: Launch | None, nbytes: int) -> dict[str, int]:
+    """What a point ran with: the launch's fields, a CPU launch's thread count as the codec resolves it."""
+    if launch is None:
+        return {}
+    params = {k: v for k, v in launch.to_params().items() if v is not None}
+    if isinstance(launch, CpuLaunch) and launch.threads is None:
+        from cswap.codecs.cpu_launch import threads_for
+
+        params["threads"] = threads_for(launch, nbytes) or _numba_threads()
+    return params
+
+
+def _numba_threads() -> int:
+    """Numba's worker count: what a parallel CPU codec runs on when nothing limits it."""
+    import numba
+
+    return int(numba.config.NUMBA_NUM_THREADS)
 
 
 class _Progress:
@@ -513,7 +533,7 @@ def calibrate(
                 measured = int(torch.count_nonzero(base_bits[:numel])) / numel
                 for op in plan.ops:
                     launch, match = launches[(op, nbytes)]
-                    params = {} if launch is None else {k: v for k, v in launch.to_params().items() if v is not None}
+                    params = _launch_params(launch, nbytes)
                     points.append(
                         _Point(dtype_name, nbytes, density, measured, op, _op_call(plan, op, tensor, launch), params, match)
                     )

@@ -42,7 +42,7 @@ from cswap.tuner.search import METHODS, ObjectiveFn, ProgressFn, search
 from cswap.tuner.space import SearchSpace, load_search_space
 from cswap.tuner.store import ConfigStore, LookupResult, TuningRun, fingerprint_key, normalize_fingerprint, size_bucket
 
-__all__ = ["CACHED_METHOD", "HIT_MATCHES", "default_params", "launch_for", "tune"]
+__all__ = ["CACHED_METHOD", "HIT_MATCHES", "default_params", "launch_for", "launch_of", "tune"]
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +102,12 @@ def launch_for(
 
     Returns:
         ``(launch, found)``: a :class:`CpuLaunch` or :class:`CudaLaunch` valid on this machine,
-        and the store's answer (``found.match == "default"`` when nothing was tuned).
+        and the store's answer (``found.match == "default"`` when nothing was tuned). With
+        nothing tuned the launch is the codec's own default (``CpuLaunch()``, ``CudaLaunch()``),
+        the one the runtime uses without a store: on the CPU it leaves the thread count to the
+        codec, which runs a tensor under 16 MiB on one thread
+        (:data:`cswap.codecs.cpu_launch.SERIAL_BELOW_BYTES`); naming every core there makes a
+        small tensor wait milliseconds for a second thread on a busy machine.
 
     Raises:
         ValueError: unknown backend, op, codec, or a dtype the codec does not take.
@@ -126,7 +131,14 @@ def launch_for(
         size_bucket(nbytes),
         default=default_params(backend),
     )
-    return _launch(backend, space, found.params or default_params(backend)), found
+    return launch_of(backend, space, found), found
+
+
+def launch_of(backend: str, space: SearchSpace, found: LookupResult) -> Launch:
+    """The launch of a lookup's answer: its config fitted to this machine, or the codec's default launch."""
+    if found.match == "default" or not found.params:
+        return CpuLaunch() if backend == "cpu" else CudaLaunch()
+    return _launch(backend, space, found.params)
 
 
 def _cached_run(

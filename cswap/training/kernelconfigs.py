@@ -27,25 +27,25 @@ from __future__ import annotations
 
 import warnings
 from collections import Counter
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 import torch
 from rich.console import Console
 from rich.progress import Progress
 from torch import nn
 
-from cswap.codecs.launch import CpuLaunch, CudaLaunch, Launch, launch_from_params
+from cswap.codecs.launch import Launch
 from cswap.device import DeviceFingerprint
 from cswap.planner.costmodel import TimeModel
 from cswap.server.client import TuningClient, best_lookup, publish_or_queue
 from cswap.training.config import TrainConfig
 from cswap.tuner import ConfigStore, LookupResult, TuningRun, size_bucket
 from cswap.tuner.kernels import dtype_name, kernel_name, kernel_source_hash
-from cswap.tuner.lookup import CACHED_METHOD, default_params, launch_for, tune
+from cswap.tuner.lookup import CACHED_METHOD, default_params, launch_for, launch_of, tune
 from cswap.tuner.search import ProgressFn
-from cswap.tuner.space import SearchSpace
+from cswap.tuner.space import SearchSpace, load_search_space
 
 __all__ = ["PUBLICATIONS", "KernelConfigs", "Settled", "prepare_kernel_configs", "saved_bytes_by_bucket", "settle_config"]
 
@@ -241,14 +241,6 @@ def saved_bytes_by_bucket(model: nn.Module, images: torch.Tensor) -> tuple[torch
     return dtype, by_bucket
 
 
-def _launch_from(backend: str, params: Mapping[str, int]) -> Launch:
-    valid = {f.name for f in fields(CpuLaunch if backend == "cpu" else CudaLaunch)}
-    merged = {**default_params(backend), **params}
-    launch = launch_from_params(backend, {k: v for k, v in merged.items() if k in valid})
-    assert launch is not None
-    return launch
-
-
 def prepare_kernel_configs(
     cfg: TrainConfig,
     fp: DeviceFingerprint,
@@ -306,7 +298,10 @@ def prepare_kernel_configs(
                         configs.runs.append(settled.run)
                         configs.publications[settled.run.run_id] = settled.publication
                     found = settled.result
-                    configs.chosen[(op, dtype_name(dtype), bucket)] = (_launch_from(backend, found.params or {}), found)
+                    # As launch_for: fitted to this machine's space (a transferred config's threads to
+                    # its cores), the codec's default launch when nothing was found.
+                    launch = launch_of(backend, load_search_space(backend, op), found)
+                    configs.chosen[(op, dtype_name(dtype), bucket)] = (launch, found)
     if client is not None:
         configs.service_answered = client.answered
         client.close()

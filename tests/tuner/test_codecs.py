@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from typer.testing import CliRunner
 
 from cswap.cli import app
 from cswap.codecs import CODECS
-from cswap.codecs.launch import CpuLaunch
+from cswap.codecs.launch import CpuLaunch, CudaLaunch
 from cswap.device import fingerprint
 from cswap.server.schemas import TuningRunIn
 from cswap.training.kernelconfigs import KernelConfigs
@@ -30,7 +31,7 @@ from cswap.tuner.kernels import (
     kernel_source_hash,
     split_kernel,
 )
-from cswap.tuner.lookup import CACHED_METHOD
+from cswap.tuner.lookup import CACHED_METHOD, launch_of
 from cswap.tuner.objective import KernelObjective, representative_tensor
 from cswap.tuner.space import (
     CODEC_LAUNCH_FIELDS,
@@ -41,7 +42,7 @@ from cswap.tuner.space import (
     load_search_spaces,
     parse_codecs,
 )
-from cswap.tuner.store import ConfigStore, TuningRun, size_bucket
+from cswap.tuner.store import ConfigStore, LookupResult, TuningRun, size_bucket
 
 NEW = ("bitpack", "exponent")
 NBYTES = 1 << 14  # tiny tensors: these tests check keys and values, not speed
@@ -200,6 +201,18 @@ def test_the_runtime_lookup_asks_by_codec(store: ConfigStore) -> None:
     kernels = configs.summary()["kernels"]
     assert [(k["codec"], k["dtype"], k["match"]) for k in kernels] == [
         ("zvc", "float32", "exact"), ("exponent", "bfloat16", "exact"), ("exponent", "float32", "default")]
+
+
+def test_a_lookup_without_a_config_gives_the_codecs_own_default_launch() -> None:
+    """What the runtime uses without a store: CpuLaunch() runs a tensor under 16 MiB on one thread,
+    where a launch naming every core made it wait for a busy second core."""
+    cores = os.cpu_count() or 1
+    for codec in TUNED_CODECS:
+        space = load_search_space("cpu", "compress", codec=codec)
+        assert launch_of("cpu", space, LookupResult({"threads": cores}, None, "default", None)) == CpuLaunch()
+        transferred = launch_of("cpu", space, LookupResult({"threads": 64, "chunk_words": 4096}, 1e-4, "transferred", "k"))
+        assert transferred.threads == cores  # fitted to the cores here, as launch_for does
+    assert launch_of("cuda", load_search_space("cuda", "decompress"), LookupResult(None, None, "default", None)) == CudaLaunch()
 
 
 # ---------------------------------------------------------------------------- cswap tune --codec

@@ -86,7 +86,8 @@ def test_dtype_names_and_bucket_sizes() -> None:
 def test_launch_for_falls_back_to_the_codec_default(store: ConfigStore, op: str) -> None:
     launch, found = launch_for(cpu_fp(), "cpu", op, torch.float32, 1 << 20, store)
     assert found.match == "default" and found.source_key is None
-    assert launch == CpuLaunch(threads=CORES, chunk_words=32)
+    # The codec's own default: it runs a tensor under 16 MiB on one thread (cpu_launch.threads_for).
+    assert launch == CpuLaunch()
     assert found.params == default_params("cpu")
 
 
