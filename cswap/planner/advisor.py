@@ -178,8 +178,9 @@ class Advisor:
         launches = launch_cache.launches(record.dtype, record.nbytes)
         if self.policy in ("compress-swap", "compress-keep"):
             codec, compressed = self._compressed(record, getattr(launches["compress_launch"], "chunk_words", DEFAULT_CHUNK_WORDS))
+            # ZVC's tuned launches are for ZVC's kernels: another codec runs with its own defaults
             return Decision(**base, action=DEFAULT_ACTIONS[self.policy], reason=POLICY_REASONS[self.policy], codec=codec,
-                            **({"compressed_nbytes": compressed} if codec != "zvc" else {}), **launches)
+                            **({"compressed_nbytes": compressed} if codec != "zvc" else launches))
         return self._cost_decision(record, base, launches)
 
     def _cost_decision(self, record: Any, base: dict[str, Any], launches: dict[str, Launch | None]) -> Decision:
@@ -233,5 +234,5 @@ class Advisor:
             decompress_s=decompress_s,
             compressed_nbytes=cost.compressed_nbytes,
             codec=codec if compress and not self.paper_size else "zvc",
-            **(launches if compress else {}),
+            **(launches if compress and (codec == "zvc" or self.paper_size) else {}),
         )

@@ -181,7 +181,10 @@ def _decisions(
         action = Action(compressed_on_host_if_it_shrinks(carried_out(policy, tensor.action), record.nbytes, compressed.get(record.key)))
         life = lifetimes[record.key]
         slack = planned.budget_bytes - max(timeline[life.pack : life.free + 1], default=0) if life is not None else None
-        extra: dict[str, Any] = {**launches.launches(record.dtype, record.nbytes), "codec": codecs[record.key]} if action.compresses else {}
+        extra: dict[str, Any] = {}
+        if action.compresses:  # ZVC's tuned launches are for ZVC's kernels: another codec runs with its own defaults
+            codec = codecs[record.key]
+            extra = {**(launches.launches(record.dtype, record.nbytes) if codec == "zvc" else {}), "codec": codec}
         if action is Action.ZVC_KEEP:
             extra["compressed_nbytes"] = float(tensor.held_bytes - record.nbytes)  # it holds raw + compressed at pack
         elif action is Action.HOST_ZVC_SWAP and compressed.get(record.key) is not None:
