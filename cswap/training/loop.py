@@ -282,9 +282,12 @@ def train(cfg: TrainConfig, console: Console | None = None, show_progress: bool 
     probe_images = next(iter(loader))[0].to(device)
     if cfg.tuner_url is not None and ctx.is_main:
         console.print(_service_notice(cfg), markup=False, highlight=False, soft_wrap=True)
-    kernels: KernelConfigs = prepare_kernel_configs(
-        cfg, fp, device, model, probe_images, ctx.is_main, ctx.barrier, console, show_progress=show_progress
-    )
+    # Tuning draws its sample tensors from torch's generator: forked, so that a run with --tune
+    # trains on the same dropout masks and losses as one without it (and as plain PyTorch).
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        kernels: KernelConfigs = prepare_kernel_configs(
+            cfg, fp, device, model, probe_images, ctx.is_main, ctx.barrier, console, show_progress=show_progress
+        )
     runtime_options: dict[str, Any] = {"model": model, "device": str(device), "launch_lookup": kernels.launch_lookup}
     if kernels.time_model is not None:
         runtime_options["time_model"] = kernels.time_model
