@@ -108,7 +108,15 @@ def test_both_budgets_held_or_the_binding_one_named(name: str, policy: str, refe
         else:
             assert error.minimum_bytes > device
             device_bytes = error.minimum_bytes
-        grads, rt = _run(name, policy, memory_budget=device_bytes, host_memory_budget=host)
+        try:
+            grads, rt = _run(name, policy, memory_budget=device_bytes, host_memory_budget=host)
+        except cswap.BudgetError as again:
+            # cpu-compress-swap's host least follows the host codec's measured seconds (how long raw
+            # copies wait for their compression), which the rerun's profile measures again
+            assert policy == "cpu-compress-swap" and again.binding == "host", str(again)
+            assert again.host_minimum_bytes <= 1.02 * host, str(again)
+            host = again.host_minimum_bytes
+            grads, rt = _run(name, policy, memory_budget=device_bytes, host_memory_budget=host)
         device = device_bytes
     stats = rt.stats()
     assert stats.budget_bytes == device and stats.host_budget_bytes == host
