@@ -217,6 +217,76 @@ def measure(
                     del packed, workspace, restored
 
 
+#: Saved-tensor kinds of a transformer the lossless codecs are measured on: (codec, dtype, what).
+LOSSLESS_CASES: tuple[tuple[str, str, str], ...] = (
+    ("exponent", "bf16", "normal values in bf16, as hidden states"),
+    ("exponent", "fp32", "normal values in fp32"),
+    ("exponent", "fp32-upcast", "fp32 upcasts of bf16 values, as RMSNorm saves"),
+    ("bitpack", "bool", "dropout masks at p = 0.1, as bool"),
+)
+
+
+def make_lossless_tensor(nbytes: int, kind: str, device: torch.device, seed: int = 0) -> torch.Tensor:
+    """A tensor of ``kind`` (a dtype name of :data:`LOSSLESS_CASES`) of ``nbytes`` bytes, made on ``device``."""
+    generator = torch.Generator(device=device).manual_seed(seed)
+    if kind == "bool":
+        return torch.rand(nbytes, generator=generator, device=device) >= 0.1
+    itemsize = 2 if kind == "bf16" else 4
+    values = torch.randn(nbytes // itemsize, generator=generator, device=device)
+    if kind == "bf16":
+        return values.to(torch.bfloat16)
+    return values.to(torch.bfloat16).float() if kind == "fp32-upcast" else values
+
+
+def nvcomp_ans() -> tuple[Callable[[torch.Tensor], object], Callable[[object], object], Callable[[object], int]] | str:
+    """nvCOMP's ANS codec as (encode, decode, compressed size), or why it is not here."""
+    try:
+        from nvidia import nvcomp  # type: ignore[import-not-found]
+    except ImportError as error:
+        return f"optional package missing: nvidia-nvcomp ({error})"
+    codec = nvcomp.Codec(algorithm="ANS")
+    return (lambda t: codec.encode(nvcomp.as_array(t.view(torch.uint8))), codec.decode,
+            lambda encoded: int(encoded.buffer_size))
+
+
+def measure_lossless(sizes_mib: list[int], device: torch.device, repeats: int, budget_s: float) -> Iterator[dict[str, object]]:
+    """Exponent coding and bit-packing on ``device``'s backend, each op interleaved with a copy of the
+    same bytes; nvCOMP's ANS on the same tensors where that package imports (a GPU only).
+
+    Rows: codec, op, kind, nbytes, ratio, seconds, input_gbps, copy_gbps, ``input_vs_copy`` (the
+    tensor's bytes per second against the copy's), and the same from the fastest rounds.
+    """
+    timer = Timer(device)
+    backend = "cuda" if device.type == "cuda" else "cpu"
+    ans = nvcomp_ans() if device.type == "cuda" else "needs a GPU"
+    for size_mib in sizes_mib:
+        nbytes = size_mib * MiB
+        for codec, kind, what in LOSSLESS_CASES:
+            t = make_lossless_tensor(nbytes, kind, device)
+            src, dst = t.clone(), torch.empty_like(t)
+            packed = compress(t, codec=codec, backend=backend)
+            runners: list[tuple[str, str, int, Callable[[], object]]] = [
+                (codec, "compress", packed.compressed_nbytes, functools.partial(compress, t, codec=codec, backend=backend)),
+                (codec, "decompress", packed.compressed_nbytes,
+                 functools.partial(decompress, packed, backend=backend, validate=False)),
+            ]
+            if not isinstance(ans, str):
+                encode, decode, size_of = ans
+                encoded = encode(t)
+                runners += [("nvcomp-ans", "compress", size_of(encoded), functools.partial(encode, t)),
+                            ("nvcomp-ans", "decompress", size_of(encoded), functools.partial(decode, encoded))]
+            for name, op, compressed, fn in runners:
+                timing = interleaved(fn, functools.partial(dst.copy_, src), timer, repeats, budget_s)
+                copy_gbps = nbytes / timing.copy_median_s / 1e9
+                yield {"codec": name, "op": op, "kind": kind, "what": what, "backend": backend if name == codec else "nvcomp",
+                       "nbytes": nbytes, "ratio": nbytes / max(compressed, 1), "seconds": timing.median_s,
+                       "input_gbps": nbytes / timing.median_s / 1e9, "copy_gbps": copy_gbps,
+                       "input_vs_copy": timing.copy_median_s / timing.median_s,
+                       "input_vs_copy_min": timing.copy_min_s / timing.min_s, "repeats": timing.rounds,
+                       "nvcomp": ans if isinstance(ans, str) else "measured", "device": device.type}
+            del packed, src, dst, t
+
+
 def measure_validation(
     size_mib: int, device: torch.device, backend: str, repeats: int, budget_s: float, sparsity: float = 0.5
 ) -> dict[str, object]:

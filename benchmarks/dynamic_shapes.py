@@ -55,6 +55,8 @@ __all__ = ["main", "measure"]
 def _build(name: str, max_len: int) -> torch.nn.Module:
     import transformers
 
+    if name == "gpt2-shipped":  # GPT-2 small as its authors ship the config (124M parameters)
+        return transformers.GPT2LMHeadModel(transformers.GPT2Config())
     if name == "gpt2":
         config = transformers.GPT2Config(vocab_size=1000, n_positions=max_len, n_embd=128, n_layer=4, n_head=4)
         return transformers.GPT2LMHeadModel(config)
@@ -77,42 +79,60 @@ def _batches(lengths: list[list[int]], seed: int) -> list[tuple[torch.Tensor, to
 
 
 def _run(name: str, max_len: int, batches: list[tuple[torch.Tensor, torch.Tensor]], policy: str | None,
-         budget: float) -> tuple[float, cswap.Runtime | None]:
+         budget: float, device: torch.device) -> tuple[float, cswap.Runtime | None, int]:
+    """Seconds of the steps, the runtime, and the iterations whose resident peak exceeded the cap in force."""
     torch.manual_seed(0)
-    model = _build(name, max_len)
+    model = _build(name, max_len).to(device)
+    # bf16 autocast on a GPU, as the Trainer's bf16=True runs; float32 on the CPU.
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
     model.train()
-    rt = cswap.Runtime(policy, model=model, memory_budget=budget) if policy is not None else None
+    rt = cswap.Runtime(policy, model=model, memory_budget=budget, device=str(device)) if policy is not None else None
+    batches = [(ids.to(device), mask.to(device)) for ids, mask in batches]
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    over = 0
     started = time.perf_counter()
     for i, (ids, mask) in enumerate(batches):
         torch.manual_seed(i)
         labels = ids.masked_fill(mask == 0, -100)
         if rt is None:
-            model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+            with autocast:
+                loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+            loss.backward()
         else:
             with rt.iteration():
-                model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+                with autocast:
+                    loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+                loss.backward()
+            stats = rt.stats()
+            over += bool(stats.budget_bytes) and stats.iteration_peak_resident_bytes > stats.budget_bytes
         model.zero_grad(set_to_none=True)
-    return time.perf_counter() - started, rt
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - started, rt, over
 
 
 def measure(name: str, steps: int, batch: int, min_len: int, max_len: int, policy: str, budget: float, repeats: int,
-            seed: int = 0) -> dict[str, Any]:
+            seed: int = 0, device: torch.device | str = "cpu") -> dict[str, Any]:
     """The row of model ``name``: plain and ``policy`` at a fixed length and under dynamic padding
-    (lengths drawn from ``seed``)."""
+    (lengths drawn from ``seed``), on ``device``."""
+    device = torch.device(device)
     rng = random.Random(seed)
     dynamic_lengths = [[rng.randint(min_len, max_len) for _ in range(batch)] for _ in range(steps)]
     data = {"fixed": _batches([[max_len] * batch for _ in range(steps)], 1), "dynamic": _batches(dynamic_lengths, 1)}
     seconds: dict[tuple[str, str], list[float]] = {}
     last: dict[str, cswap.Runtime] = {}
+    over_budget: dict[str, int] = {}
     for repeat in range(repeats + 1):
         for shape, batches in data.items():
             for who in ("plain", policy):
-                elapsed, rt = _run(name, max_len, batches, None if who == "plain" else policy, budget)
+                elapsed, rt, over = _run(name, max_len, batches, None if who == "plain" else policy, budget, device)
                 if repeat:
                     seconds.setdefault((shape, who), []).append(elapsed)
                 if rt is not None:
                     last[shape] = rt
-    row: dict[str, Any] = {"model": name, "policy": policy, "memory_budget": budget, "steps": steps, "batch": batch,
+                    over_budget[shape] = over_budget.get(shape, 0) + over
+    row: dict[str, Any] = {"model": name, "device": device.type, "policy": policy, "memory_budget": budget, "steps": steps, "batch": batch,
                            "lengths": [min_len, max_len], "seed": seed, "first_length": max(dynamic_lengths[0])}
     for shape in data:
         plain = statistics.median(seconds[shape, "plain"])
@@ -122,7 +142,8 @@ def measure(name: str, steps: int, batch: int, min_len: int, max_len: int, polic
                       "over_plain_without_planning": (ours - stats.planning_s) / plain,
                       "profiled_iterations": stats.profiled_iterations, "unprofiled_plans": stats.unprofiled_plans,
                       "structures": stats.structures, "budget_bytes": stats.budget_bytes,
-                      "peak_resident_bytes": stats.peak_resident_bytes}
+                      "peak_resident_bytes": stats.peak_resident_bytes,
+                      "iterations_over_budget": over_budget[shape]}
     row["dynamic_over_fixed"] = row["dynamic"]["over_plain"] / row["fixed"]["over_plain"]
     row["dynamic_over_fixed_without_planning"] = (row["dynamic"]["over_plain_without_planning"]
                                                   / row["fixed"]["over_plain_without_planning"])
@@ -176,7 +197,8 @@ def replan(layers_model: str, from_len: int, to_len: int, policy: str, fraction:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default="gpt2,llama", help="comma-separated; empty for none")
+    parser.add_argument("--models", default="gpt2,llama",
+                        help="comma-separated (gpt2, llama, gpt2-shipped: GPT2Config's defaults); empty for none")
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--min-len", type=int, default=20)
@@ -185,6 +207,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--memory-budget", type=float, default=0.6)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seeds", default="0", help="comma-separated seeds of the dynamic lengths, a row each")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--replan", action="store_true", help="also time planning a 32-layer Llama at a new size")
     parser.add_argument("--replan-from", type=int, default=512)
     parser.add_argument("--replan-to", type=int, default=1024)
@@ -201,7 +224,7 @@ def main(argv: list[str] | None = None) -> None:
     for name in models:
         for seed in (int(s) for s in args.seeds.split(",")):
             row = measure(name, args.steps, args.batch, args.min_len, args.max_len, args.policy, args.memory_budget, args.repeats,
-                          seed)
+                          seed, args.device)
             print(json.dumps({"kind": "padding", **row, **machine}), flush=True)
     if args.replan:
         if models:

@@ -47,7 +47,8 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-STEPS: tuple[str, ...] = ("gpu_tests", "codec_traffic", "tuning", "training", "max_batch", "simulator")
+STEPS: tuple[str, ...] = ("gpu_tests", "lossless_traffic", "transformers", "codec_traffic", "tuning", "training", "max_batch",
+                          "simulator")
 #: Steps that only a GPU can run, and why.
 GPU_ONLY: dict[str, str] = {
     "gpu_tests": "the gpu-marked tests run the CUDA kernels and streams on a real device",
@@ -94,15 +95,20 @@ class Scale:
     sim_batch: int
     sim_resolution: int
     sim_iterations: int
+    lossless_sizes_mib: tuple[int, ...] = (1,)
+    #: Dynamic padding rows: (models, steps, batch, shortest, longest, repeats).
+    transformer_runs: tuple[tuple[str, ...], int, int, int, int, int] = (("gpt2",), 3, 2, 8, 24, 1)
 
 
 SCALES: dict[str, Scale] = {
     # The CUDA compress grid has 5400 configs and run_case walks it about four times (grid, the
     # reference passes, the peer's warm start): few repeats keep the step within a couple of minutes.
     "gpu": Scale((64, 256), 11, 2.0, 16 << 20, ("compress", "decompress"), 2, 3, 2, None,
-                 ("vgg16", "resnet50"), None, 224, 1.0, 5, 2, ("vgg16", "resnet50"), 8, 32, 2),
+                 ("vgg16", "resnet50"), None, 224, 1.0, 5, 2, ("vgg16", "resnet50"), 8, 32, 2,
+                 lossless_sizes_mib=(64,), transformer_runs=(("gpt2-shipped", "llama"), 12, 8, 64, 512, 1)),
     "cpu": Scale((4, 16), 7, 1.0, 1 << 20, ("compress",), 2, 3, 2, None,
-                 ("vgg16", "resnet50"), 4, 32, 0.125, 3, 2, ("vgg16", "resnet50"), 4, 32, 2),
+                 ("vgg16", "resnet50"), 4, 32, 0.125, 3, 2, ("vgg16", "resnet50"), 4, 32, 2,
+                 lossless_sizes_mib=(4,), transformer_runs=(("gpt2",), 8, 4, 20, 120, 1)),
     "smoke": Scale((1,), 3, 0.2, 64 << 10, ("compress",), 1, 1, 1, 3,
                    ("vgg16", "resnet50"), 2, 32, 0.0625, 2, 1, ("vgg16",), 2, 32, 1),
 }
@@ -197,6 +203,27 @@ def step_codec_traffic(device: torch.device, scale: Scale) -> dict[str, Any]:
     )]
     baseline = "device copy (Tensor.copy_)" if device.type == "cuda" else "memcpy (Tensor.copy_ on the host)"
     return {"backend": backend, "baseline": baseline, "rows": rows}
+
+
+def step_lossless_traffic(device: torch.device, scale: Scale) -> dict[str, Any]:
+    """Exponent coding and bit-packing against a copy of the same bytes (and nvCOMP's ANS where it imports)."""
+    codecs = load_benchmark("codecs")
+    rows = list(codecs.measure_lossless(list(scale.lossless_sizes_mib), device, scale.codec_repeats, scale.codec_budget_s))
+    return {"backend": "cuda" if device.type == "cuda" else "cpu", "rows": rows}
+
+
+def step_transformers(device: torch.device, scale: Scale, deadline: Deadline | None = None) -> dict[str, Any]:
+    """cswap under dynamic padding against a fixed length (``benchmarks/dynamic_shapes.py``), per model."""
+    dynamic = load_benchmark("dynamic_shapes")
+    models, steps, batch, shortest, longest, repeats = scale.transformer_runs
+    rows, skipped = [], {}
+    for model in models:
+        if deadline is not None and deadline.passed():
+            skipped[model] = deadline.reason("transformers")
+            continue
+        rows.append(dynamic.measure(model, steps, batch, shortest, longest, "cswap", 0.6, repeats, 0, device))
+    return {"rows": rows, "skipped_models": skipped,
+            "autocast": "bf16 on a GPU, none on the CPU", "policy": "cswap", "memory_budget": 0.6}
 
 
 def step_tuning(device: torch.device, scale: Scale) -> dict[str, Any]:
@@ -328,6 +355,25 @@ def summary(report: dict[str, Any]) -> str:
                              f"{row['traffic_gbps']:.2f} | {row['copy_gbps']:.2f} | {row['traffic_vs_copy']:.2f} |")
         lines += ["", f"Goal on a GPU: traffic >= {GOALS['codec_traffic_vs_copy_at_64mib']:.0%} of device copy at 64 MiB. "
                   f"Yardstick (published figures, not measured here): {NVCOMP_PUBLISHED}"]
+    lossless = steps["lossless_traffic"]
+    if lossless["status"] == "ok":
+        lines += ["", f"## Lossless codecs ({lossless['result']['backend']} backend) against a copy of the same bytes", "",
+                  "| codec | op | tensors | MiB | ratio | GB/s of input | copy GB/s | vs copy |", "|---|---|---|---|---|---|---|---|"]
+        for row in lossless["result"]["rows"]:
+            lines.append(f"| {row['codec']} | {row['op']} | {row['kind']} | {row['nbytes'] >> 20} | {row['ratio']:.2f} | "
+                         f"{row['input_gbps']:.1f} | {row['copy_gbps']:.1f} | {row['input_vs_copy']:.2f} |")
+        nvcomp = {row["nvcomp"] for row in lossless["result"]["rows"]}
+        lines += ["", f"nvCOMP ANS: {', '.join(sorted(nvcomp))}."]
+    transformers = steps["transformers"]
+    if transformers["status"] == "ok":
+        lines += ["", "## Dynamic padding (cswap at 0.6 of the peak, ratios to plain in the same run)", "",
+                  "| model | shape | vs plain | without planning | profiled | planned unprofiled | iterations over budget |",
+                  "|---|---|---|---|---|---|---|"]
+        for row in transformers["result"]["rows"]:
+            for shape in ("fixed", "dynamic"):
+                r = row[shape]
+                lines.append(f"| {row['model']} | {shape} | {r['over_plain']:.2f} | {r['over_plain_without_planning']:.2f} | "
+                             f"{r['profiled_iterations']} | {r['unprofiled_plans']} | {r['iterations_over_budget']} |")
     tune = steps["tuning"]
     if tune["status"] == "ok":
         lines += ["", f"## BO against grid ({tune['result']['backend']} search space)", ""]
@@ -378,6 +424,8 @@ def run_suite(device: torch.device, scale_name: str, out: Path, only: tuple[str,
     deadline = Deadline(start, deadline_s)
     runners: dict[str, Callable[[], dict[str, Any]]] = {
         "gpu_tests": lambda: step_gpu_tests(device, out),
+        "lossless_traffic": lambda: step_lossless_traffic(device, scale),
+        "transformers": lambda: step_transformers(device, scale, deadline),
         "codec_traffic": lambda: step_codec_traffic(device, scale),
         "tuning": lambda: step_tuning(device, scale),
         "training": lambda: step_training(device, scale, deadline),

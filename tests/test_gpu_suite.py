@@ -51,7 +51,7 @@ def test_every_step_has_a_status(cpu_run: tuple[dict, str]) -> None:
 def test_cpu_capable_steps_ran_and_gpu_steps_say_why_not(cpu_run: tuple[dict, str]) -> None:
     report, summary = cpu_run
     steps = report["steps"]
-    for name in ("codec_traffic", "tuning", "training", "simulator"):
+    for name in ("lossless_traffic", "transformers", "codec_traffic", "tuning", "training", "simulator"):
         assert steps[name]["status"] == "ok", steps[name].get("error")
     for name in ("gpu_tests", "max_batch"):
         assert steps[name]["status"] == "skipped"
@@ -156,3 +156,22 @@ def test_a_step_cut_short_leaves_the_steps_before_it_on_disk(tmp_path: Path, mon
     assert written["complete"] is False and written["steps"]["codec_traffic"]["status"] == "ok"
     assert written["steps"]["simulator"]["reason"] == "not reached: the suite stopped before it"
     assert "**Incomplete**" in (tmp_path / "summary.md").read_text()
+
+
+def test_lossless_codecs_shrink_their_tensors_and_say_whether_nvcomp_ran(cpu_run: tuple[dict, str]) -> None:
+    report, summary = cpu_run
+    rows = report["steps"]["lossless_traffic"]["result"]["rows"]
+    ratios = {(row["codec"], row["kind"]): row["ratio"] for row in rows}
+    assert ratios[("bitpack", "bool")] == pytest.approx(8.0, rel=0.01)
+    assert ratios[("exponent", "bf16")] > 1.3 and ratios[("exponent", "fp32-upcast")] > 2.5
+    assert all(row["nvcomp"] == "needs a GPU" and row["seconds"] > 0 for row in rows)
+    assert "## Lossless codecs (cpu backend)" in summary
+
+
+def test_dynamic_padding_rows_profile_once_and_hold_the_budget(cpu_run: tuple[dict, str]) -> None:
+    report, summary = cpu_run
+    (row,) = report["steps"]["transformers"]["result"]["rows"]
+    for shape in ("fixed", "dynamic"):
+        assert row[shape]["profiled_iterations"] == 1, shape
+        assert row[shape]["iterations_over_budget"] == 0, shape
+    assert "## Dynamic padding" in summary

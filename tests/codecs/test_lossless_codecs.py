@@ -31,6 +31,8 @@ BACKENDS = ("torch", "cpu", "cuda") if (SIMULATOR or GPU) else ("torch", "cpu")
 FLOATS = (torch.bfloat16, torch.float16, torch.float32)
 MAX_NUMEL = 300 if SIMULATOR else 5000
 EXAMPLES = 5 if SIMULATOR else 40
+# On a GPU every test here also runs the cuda backend on the device: the GPU suite's `-m gpu` selects them.
+pytestmark = [pytest.mark.gpu] if GPU else []
 
 
 def _device(backend: str) -> str:
