@@ -59,7 +59,7 @@ GPU_PYTHON ?= python3
 WHEELS     ?= .whl
 GPU_SITE   ?= /tmp/cswap-wheels
 GPU_OUT    ?= benchmarks/results/gpu-$(shell date -u +%F)
-GPU_WHEEL_PACKAGES := scikit-optimize|pyaml|fastapi|starlette|pydantic|pydantic[-_]core|annotated[-_]types|typing[-_]inspection|uvicorn
+GPU_WHEEL_PACKAGES := scikit-optimize|pyaml|fastapi|starlette|pydantic|pydantic[-_]core|annotated[-_]types|annotated[-_]doc|typing[-_]inspection|uvicorn|opentelemetry[-_]api|anyio|sniffio|idna
 
 gpu-check:
 	@$(GPU_PYTHON) -c "import skopt, fastapi, pydantic" 2>/dev/null \

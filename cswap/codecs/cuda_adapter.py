@@ -41,6 +41,19 @@ __all__ = [
 _LOW_OCCUPANCY_WARNING = r"Grid size \d+ will likely result in GPU under-utilization"
 
 
+def _restore_numpy_aliases() -> None:
+    """Give NumPy back ``row_stack`` (an alias of ``vstack`` that recent NumPy releases removed) when it lacks it.
+
+    numba-cuda registers an overload for ``np.row_stack`` when its CUDA target first compiles; on a
+    NumPy without the alias that raises ``AttributeError`` and no kernel compiles at all.
+    """
+    if not hasattr(np, "row_stack"):
+        np.row_stack = np.vstack  # type: ignore[attr-defined]
+
+
+_restore_numpy_aliases()
+
+
 def simulator_enabled() -> bool:
     """Whether Numba runs CUDA kernels in its simulator (``NUMBA_ENABLE_CUDASIM=1``).
 
