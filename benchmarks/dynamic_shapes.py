@@ -10,8 +10,10 @@ one process, each run in a fresh model from one seed: plain PyTorch and cswap (`
 
 Each runtime row reports its seconds, its ratio to plain PyTorch on the same batches (and the
 same without the seconds the last run spent planning, ``stats().planning_s``), how many
-iterations profiled and how many plans it made without a profile, and the budget's bytes at the
-end; per model ``dynamic_over_fixed`` is the ratio of the two ratios (1.0: dynamic padding costs
+iterations profiled and how many plans it made without a profile, the budget's bytes at the
+end, the iterations whose resident peak passed the cap then in force, and ``steady_over_plain``: the
+median over the steps after a run's last profile or plan of that step's seconds over plain's same
+step (what a long run pays once its shapes are planned); per model ``dynamic_over_fixed`` is the ratio of the two ratios (1.0: dynamic padding costs
 cswap nothing more than a fixed length). Timings are medians over ``--repeats`` runs, taken in
 alternation; the first run of each warms up and is dropped.
 
@@ -40,6 +42,7 @@ import statistics
 import sys
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -78,9 +81,26 @@ def _batches(lengths: list[list[int]], seed: int) -> list[tuple[torch.Tensor, to
     return out
 
 
+@dataclass(frozen=True)
+class Run:
+    """One run of the steps: its seconds, per step too, and what the runtime did."""
+
+    seconds: float
+    step_s: tuple[float, ...]
+    runtime: cswap.Runtime | None
+    iterations_over_budget: int
+    #: Index of the last step that profiled or planned (-1: none did).
+    last_planning_step: int
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _run(name: str, max_len: int, batches: list[tuple[torch.Tensor, torch.Tensor]], policy: str | None,
-         budget: float, device: torch.device) -> tuple[float, cswap.Runtime | None, int]:
-    """Seconds of the steps, the runtime, and the iterations whose resident peak exceeded the cap in force."""
+         budget: float, device: torch.device) -> Run:
+    """The steps of one fresh model on ``batches``, plain (``policy`` None) or under the runtime."""
     torch.manual_seed(0)
     model = _build(name, max_len).to(device)
     # bf16 autocast on a GPU, as the Trainer's bf16=True runs; float32 on the CPU.
@@ -88,11 +108,11 @@ def _run(name: str, max_len: int, batches: list[tuple[torch.Tensor, torch.Tensor
     model.train()
     rt = cswap.Runtime(policy, model=model, memory_budget=budget, device=str(device)) if policy is not None else None
     batches = [(ids.to(device), mask.to(device)) for ids, mask in batches]
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    over = 0
+    _sync(device)
+    over, last_planning, step_s, planned_before = 0, -1, [], (0, 0.0)
     started = time.perf_counter()
     for i, (ids, mask) in enumerate(batches):
+        step_started = time.perf_counter()
         torch.manual_seed(i)
         labels = ids.masked_fill(mask == 0, -100)
         if rt is None:
@@ -106,10 +126,13 @@ def _run(name: str, max_len: int, batches: list[tuple[torch.Tensor, torch.Tensor
                 loss.backward()
             stats = rt.stats()
             over += bool(stats.budget_bytes) and stats.iteration_peak_resident_bytes > stats.budget_bytes
+            planned = (stats.profiled_iterations + stats.unprofiled_plans, stats.planning_s)
+            if planned != planned_before:
+                last_planning, planned_before = i, planned
         model.zero_grad(set_to_none=True)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - started, rt, over
+        _sync(device)
+        step_s.append(time.perf_counter() - step_started)
+    return Run(time.perf_counter() - started, tuple(step_s), rt, over, last_planning)
 
 
 def measure(name: str, steps: int, batch: int, min_len: int, max_len: int, policy: str, budget: float, repeats: int,
@@ -123,15 +146,20 @@ def measure(name: str, steps: int, batch: int, min_len: int, max_len: int, polic
     seconds: dict[tuple[str, str], list[float]] = {}
     last: dict[str, cswap.Runtime] = {}
     over_budget: dict[str, int] = {}
+    # Per shape, each timed run's step-by-step ratio to plain's steps after the run's last plan.
+    steady: dict[str, list[float]] = {}
     for repeat in range(repeats + 1):
         for shape, batches in data.items():
-            for who in ("plain", policy):
-                elapsed, rt, over = _run(name, max_len, batches, None if who == "plain" else policy, budget, device)
-                if repeat:
-                    seconds.setdefault((shape, who), []).append(elapsed)
-                if rt is not None:
-                    last[shape] = rt
-                    over_budget[shape] = over_budget.get(shape, 0) + over
+            plain_run = _run(name, max_len, batches, None, budget, device)
+            ours_run = _run(name, max_len, batches, policy, budget, device)
+            assert ours_run.runtime is not None
+            last[shape] = ours_run.runtime
+            over_budget[shape] = over_budget.get(shape, 0) + ours_run.iterations_over_budget
+            if repeat:
+                seconds.setdefault((shape, "plain"), []).append(plain_run.seconds)
+                seconds.setdefault((shape, policy), []).append(ours_run.seconds)
+                after = range(ours_run.last_planning_step + 1, len(batches))
+                steady.setdefault(shape, []).extend(ours_run.step_s[i] / plain_run.step_s[i] for i in after)
     row: dict[str, Any] = {"model": name, "device": device.type, "policy": policy, "memory_budget": budget, "steps": steps, "batch": batch,
                            "lengths": [min_len, max_len], "seed": seed, "first_length": max(dynamic_lengths[0])}
     for shape in data:
@@ -143,7 +171,10 @@ def measure(name: str, steps: int, batch: int, min_len: int, max_len: int, polic
                       "profiled_iterations": stats.profiled_iterations, "unprofiled_plans": stats.unprofiled_plans,
                       "structures": stats.structures, "budget_bytes": stats.budget_bytes,
                       "peak_resident_bytes": stats.peak_resident_bytes,
-                      "iterations_over_budget": over_budget[shape]}
+                      "iterations_over_budget": over_budget[shape],
+                      # the median step after the last profile or plan, over plain's same step
+                      "steady_over_plain": statistics.median(steady[shape]) if steady.get(shape) else None,
+                      "steady_steps": len(steady.get(shape, []))}
     row["dynamic_over_fixed"] = row["dynamic"]["over_plain"] / row["fixed"]["over_plain"]
     row["dynamic_over_fixed_without_planning"] = (row["dynamic"]["over_plain_without_planning"]
                                                   / row["fixed"]["over_plain_without_planning"])
