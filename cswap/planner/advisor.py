@@ -43,7 +43,7 @@ from cswap.codecs.launch import LaunchLookup
 from cswap.planner.actions import HOST_ZVC_SWAP, compressed_on_host_if_it_shrinks
 from cswap.planner.actions import RUNTIME_POLICIES as POLICIES
 from cswap.planner.codec_choice import codec_for
-from cswap.planner.costmodel import decide
+from cswap.planner.costmodel import codec_seconds, decide
 from cswap.planner.plan import DEFAULT_ACTIONS, POLICY_REASONS, Action, Decision, LaunchCache, Plan, constrained
 from cswap.profile.trace import Trace
 
@@ -188,10 +188,12 @@ class Advisor:
         encoded_nbytes = self._numel(record) * encoding.encoded_itemsize
         chunk_words = getattr(launches["compress_launch"], "chunk_words", DEFAULT_CHUNK_WORDS)
         codec, compressed = self._compressed(record, chunk_words)
-        # Another codec's time is priced as ZVC's on a dense tensor, what its passes over every element cost.
-        density = record.density if codec == "zvc" or self.paper_size else 1.0
-        compress_s = float(self.time_model.compress_s(encoded_nbytes, density, encoding.encoded_itemsize, self.backend))
-        decompress_s = float(self.time_model.decompress_s(encoded_nbytes, density, encoding.encoded_itemsize, self.backend))
+        # The paper's size model knows ZVC alone; otherwise each codec at its own speed.
+        timed_codec = "zvc" if self.paper_size else codec
+        compress_s, decompress_s = (
+            codec_seconds(self.time_model, op, encoded_nbytes, record.density, encoding.encoded_itemsize, self.backend, timed_codec)
+            for op in ("compress", "decompress")
+        )
         cost = decide(
             nbytes=record.nbytes,
             sparsity=record.sparsity,

@@ -21,8 +21,9 @@ Example:
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 from cswap.codecs.encoding import Encoding
 from cswap.codecs.format import DEFAULT_CHUNK_WORDS, zvc_compressed_nbytes
@@ -31,6 +32,7 @@ __all__ = [
     "COPY_LATENCY_S",
     "CostDecision",
     "TimeModel",
+    "codec_seconds",
     "compressed_swap_s",
     "decide",
     "exposed_transfer_s",
@@ -61,11 +63,64 @@ class TimeModel(Protocol):
         density: fraction of nonzero elements (1 - sparsity).
         itemsize: bytes per element (1, 2, 4 or 8).
         backend: codec backend (``cpu``, ``cuda``, ``torch``).
+
+    A model may also take a ``codec`` keyword (``"zvc"`` by default) and price each registered codec
+    at its own speed, as :class:`cswap.profile.codec_speed.CodecSpeed` and the calibrated predictors
+    do; :func:`codec_seconds` asks it that way, and raising ``ValueError`` for a codec means "not
+    measured".
     """
 
     def compress_s(self, nbytes: int, density: float, itemsize: int, backend: str) -> float: ...
 
     def decompress_s(self, nbytes: int, density: float, itemsize: int, backend: str) -> float: ...
+
+
+def _takes_codec(method: object) -> bool:
+    try:
+        return "codec" in inspect.signature(method).parameters  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+
+
+def codec_seconds(
+    time_model: TimeModel,
+    op: Literal["compress", "decompress"],
+    nbytes: int,
+    density: float,
+    itemsize: int,
+    backend: str,
+    codec: str = "zvc",
+) -> float:
+    """Seconds of ``op`` on one tensor by ``codec``, from ``time_model``.
+
+    A codec other than ZVC is priced at its own speed where the model takes a ``codec`` keyword and
+    knows that codec; otherwise as ZVC's on a dense tensor (a pass over every element), the
+    approximation a ZVC-only model allows. The codecs differ by far more than that on a GPU (exponent
+    coding ran 20x below ZVC's copy-bound speed on an H200, BENCHMARKS.md "GPU suite"), so the
+    runtime's own model (:func:`cswap.profile.codec_speed.codec_speed`) measures every codec.
+
+    Args:
+        time_model: the :class:`TimeModel`.
+        op: ``"compress"`` or ``"decompress"``.
+        nbytes, density, itemsize, backend: as :class:`TimeModel` takes them.
+        codec: the codec's registry name.
+
+    Example:
+        >>> class Flat:
+        ...     def compress_s(self, nbytes, density, itemsize, backend): return nbytes * density
+        ...     def decompress_s(self, nbytes, density, itemsize, backend): return 0.0
+        >>> codec_seconds(Flat(), "compress", 1000, 0.5, 2, "cuda"), codec_seconds(Flat(), "compress", 1000, 0.5, 2, "cuda", "exponent")
+        (500.0, 1000.0)
+    """
+    method = getattr(time_model, f"{op}_s")
+    if codec == "zvc":
+        return float(method(nbytes, density, itemsize, backend))
+    if _takes_codec(method):
+        try:
+            return float(method(nbytes, density, itemsize, backend, codec=codec))
+        except ValueError:
+            pass  # not measured for this codec: the dense-ZVC approximation below
+    return float(method(nbytes, 1.0, itemsize, backend))
 
 
 def exposed_transfer_s(nbytes: float, gbps: float, hidden_s: float) -> float:

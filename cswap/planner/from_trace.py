@@ -30,6 +30,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Literal
 
 import numpy as np
 import torch
@@ -38,7 +39,7 @@ from cswap.codecs.encoding import Encoding, encodable
 from cswap.codecs.format import DEFAULT_CHUNK_WORDS
 from cswap.planner.codec_choice import codec_for
 from cswap.planner.actions import ACTIONS, HOST_ZVC_SWAP
-from cswap.planner.costmodel import COPY_LATENCY_S, TimeModel
+from cswap.planner.costmodel import COPY_LATENCY_S, TimeModel, codec_seconds
 from cswap.planner.lifetime import Lifetime, lifetimes_from_trace
 from cswap.planner.problem import DEFAULT_PREFETCH_DISTANCES, LinkModel, PlanningProblem, TensorSpec, build_problem
 from cswap.profile.trace import TensorRecord, Trace
@@ -73,21 +74,24 @@ def _spec(  # type: ignore[no-untyped-def]
     encoded_nbytes = numel * encoding.encoded_itemsize
     sparsity = max(record.sparsity - sparsity_margin, 0.0)
     codec, compressed_nbytes = codec_for(record, encoding.compressed_nbytes(numel, sparsity, chunk_words))
-    # Another codec's time is priced as ZVC's on a dense tensor, what its passes over every element cost.
-    density = 1.0 if codec != "zvc" else 1.0 - sparsity
+    density = 1.0 - sparsity
+    itemsize = encoding.encoded_itemsize
+
+    def seconds(model: TimeModel, op: Literal["compress", "decompress"], on: str) -> float:
+        return codec_seconds(model, op, encoded_nbytes, density, itemsize, on, codec)
+
     host: dict[str, float] = {}
     if host_time_model is not None:
-        itemsize = encoding.encoded_itemsize
-        host["host_compress_s"] = float(host_time_model.compress_s(encoded_nbytes, density, itemsize, HOST_BACKEND))
-        host["host_decompress_s"] = float(host_time_model.decompress_s(encoded_nbytes, density, itemsize, HOST_BACKEND)) if used else 0.0
+        host["host_compress_s"] = seconds(host_time_model, "compress", HOST_BACKEND)
+        host["host_decompress_s"] = seconds(host_time_model, "decompress", HOST_BACKEND) if used else 0.0
     return TensorSpec(
         key=record.key,
         nbytes=record.nbytes,
         lifetime=lifetime,
         compressed_nbytes=compressed_nbytes,
         codec=codec,
-        compress_s=float(time_model.compress_s(encoded_nbytes, density, encoding.encoded_itemsize, backend)),
-        decompress_s=float(time_model.decompress_s(encoded_nbytes, density, encoding.encoded_itemsize, backend)) if used else 0.0,
+        compress_s=seconds(time_model, "compress", backend),
+        decompress_s=seconds(time_model, "decompress", backend) if used else 0.0,
         hidden_forward_s=record.hidden_forward_s,
         movable=record.nbytes >= min_bytes,
         rebuilt_nbytes=record.rebuilt_nbytes,

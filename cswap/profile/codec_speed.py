@@ -1,4 +1,4 @@
-"""The fallback time model: ZVC (de)compression seconds from a short micro-benchmark of one backend.
+"""The fallback time model: every codec's (de)compression seconds from a short micro-benchmark of one backend.
 
 When no calibrated :class:`cswap.planner.costmodel.TimeModel` is given, the runtime times the chosen codec
 backend on a few synthetic float32 tensors (three sizes, two densities) and fits, per operation,
@@ -6,9 +6,12 @@ backend on a few synthetic float32 tensors (three sizes, two densities) and fits
     seconds = fixed_s + s_per_byte * nbytes + s_per_nonzero_byte * nbytes * density
 
 by non-negative least squares (``scipy.optimize.nnls``): a launch/call overhead, the pass over the
-whole tensor, and the nonzero values written (compress) or read (decompress). The fit is cached as
-JSON per device fingerprint and backend under :func:`cswap.paths.cswap_home`, so each machine pays
-the benchmark once.
+whole tensor, and the nonzero values written (compress) or read (decompress). The other codecs do
+the same work whatever the values, so each is timed on dense tensors of each width it takes
+(exponent coding on bf16 normals and on fp32 normals, bit-packing on bool masks) and fitted on size
+alone, per width: their speeds differ from ZVC's, and from each other, by an order of magnitude on
+a GPU. The fit is cached as JSON per device fingerprint and backend under
+:func:`cswap.paths.cswap_home`, so each machine pays the benchmark once.
 
 Example:
     >>> speed = CodecSpeed(backend="cpu", compress=OpSpeed(1e-5, 1e-9, 0.0), decompress=OpSpeed(1e-5, 1e-9, 0.0))
@@ -30,13 +33,18 @@ import numpy as np
 import torch
 from scipy.optimize import nnls
 
-from cswap.codecs import compress, decompress
+from cswap.codecs import CODECS, compress, decompress
 from cswap.device import fingerprint, resolve_device
 from cswap.paths import cswap_home
 
 __all__ = ["CodecSpeed", "OpSpeed", "codec_speed", "measure_codec_speed"]
 
-_FORMAT_VERSION = 1
+_FORMAT_VERSION = 2
+#: The codecs besides ZVC that are timed, and the dtypes each is timed on (one fit per width).
+OTHER_CODEC_DTYPES: dict[str, tuple[torch.dtype, ...]] = {
+    "exponent": (torch.bfloat16, torch.float32),
+    "bitpack": (torch.bool,),
+}
 
 
 @dataclass(frozen=True)
@@ -70,14 +78,26 @@ class CodecSpeed:
 
     Attributes:
         backend: the backend measured (``cpu``, ``cuda``, ``torch``).
-        compress, decompress: the fitted :class:`OpSpeed` of each operation.
+        compress, decompress: the fitted :class:`OpSpeed` of ZVC's operations.
         device_key: fingerprint key of the device measured (``""`` when built by hand).
+        others: ``(codec, itemsize, compress, decompress)`` of each other codec and width timed;
+            a codec or width not here raises ``ValueError`` when asked for (see
+            :func:`cswap.planner.costmodel.codec_seconds`).
     """
 
     backend: str
     compress: OpSpeed
     decompress: OpSpeed
     device_key: str = ""
+    others: tuple[tuple[str, int, OpSpeed, OpSpeed], ...] = ()
+
+    def _other(self, codec: str, itemsize: int) -> tuple[OpSpeed, OpSpeed]:
+        widths = {width: (c, d) for name, width, c, d in self.others if name == codec}
+        if not widths:
+            known = sorted({name for name, *_ in self.others})
+            raise ValueError(f"codec {codec!r} was not timed on backend {self.backend!r} (timed: zvc, {', '.join(known) or 'nothing else'})")
+        # the nearest width timed: per byte, exponent coding of fp16 runs as bf16's
+        return widths[min(widths, key=lambda width: (abs(width - itemsize), width))]
 
     def _check(self, backend: str) -> None:
         if backend != self.backend:
@@ -86,19 +106,26 @@ class CodecSpeed:
                 f"measure it with codec_speed(device, {backend!r})"
             )
 
-    def compress_s(self, nbytes: int, density: float, itemsize: int, backend: str) -> float:
-        """Predicted compression seconds (``itemsize`` is accepted for the protocol; the fit is per byte)."""
+    def compress_s(self, nbytes: int, density: float, itemsize: int, backend: str, codec: str = "zvc") -> float:
+        """Predicted compression seconds (ZVC's fit is per byte whatever ``itemsize``; another codec's per width)."""
         self._check(backend)
-        return self.compress.seconds(nbytes, density)
+        if codec == "zvc":
+            return self.compress.seconds(nbytes, density)
+        return self._other(codec, itemsize)[0].seconds(nbytes, 1.0)
 
-    def decompress_s(self, nbytes: int, density: float, itemsize: int, backend: str) -> float:
+    def decompress_s(self, nbytes: int, density: float, itemsize: int, backend: str, codec: str = "zvc") -> float:
         """Predicted decompression seconds."""
         self._check(backend)
-        return self.decompress.seconds(nbytes, density)
+        if codec == "zvc":
+            return self.decompress.seconds(nbytes, density)
+        return self._other(codec, itemsize)[1].seconds(nbytes, 1.0)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict with a format version."""
-        return {"version": _FORMAT_VERSION, **asdict(self)}
+        data = asdict(self)
+        data["others"] = [{"codec": codec, "itemsize": itemsize, "compress": asdict(c), "decompress": asdict(d)}
+                          for codec, itemsize, c, d in self.others]
+        return {"version": _FORMAT_VERSION, **data}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CodecSpeed:
@@ -110,6 +137,10 @@ class CodecSpeed:
             compress=OpSpeed(**data["compress"]),
             decompress=OpSpeed(**data["decompress"]),
             device_key=str(data.get("device_key", "")),
+            others=tuple(
+                (str(o["codec"]), int(o["itemsize"]), OpSpeed(**o["compress"]), OpSpeed(**o["decompress"]))
+                for o in data.get("others", ())
+            ),
         )
 
 
@@ -124,6 +155,13 @@ def _synthetic(nbytes: int, density: float, device: torch.device, generator: tor
     mask = torch.rand(numel, generator=generator) < density
     values = torch.rand(numel, generator=generator) + 1.0
     return torch.where(mask, values, torch.zeros(())).to(device)
+
+
+def _dense(nbytes: int, dtype: torch.dtype, device: torch.device, generator: torch.Generator) -> torch.Tensor:
+    """Values another codec codes as it would an activation: normals, or a mask with one element in ten off."""
+    if dtype == torch.bool:
+        return (torch.rand(nbytes, generator=generator) >= 0.1).to(device)
+    return torch.randn(nbytes // dtype.itemsize, generator=generator).to(dtype).to(device)
 
 
 def _timed(fn: Any, device: torch.device, repeats: int, clock: Callable[[], float]) -> float:
@@ -190,9 +228,30 @@ def measure_codec_speed(
                 decompress_rows.append(
                     (nbytes, actual_density, _timed(lambda: decompress(packed, backend=backend, out=out, validate=False), device, repeats, clock))
                 )
+        others = tuple(_time_other(codec, dtype, backend, device, sizes or _default_sizes(device), repeats, clock, generator)
+                       for codec, dtypes in OTHER_CODEC_DTYPES.items() if backend in CODECS.get(codec).available_backends()
+                       for dtype in dtypes)
     finally:
         torch.set_num_threads(threads)
-    return CodecSpeed(backend=backend, compress=_fit(compress_rows), decompress=_fit(decompress_rows), device_key=fingerprint(device).key)
+    return CodecSpeed(backend=backend, compress=_fit(compress_rows), decompress=_fit(decompress_rows), device_key=fingerprint(device).key,
+                      others=others)
+
+
+def _time_other(
+    codec: str, dtype: torch.dtype, backend: str, device: torch.device, sizes: tuple[int, ...], repeats: int,
+    clock: Callable[[], float], generator: torch.Generator,
+) -> tuple[str, int, OpSpeed, OpSpeed]:
+    """``codec`` on dense ``dtype`` tensors of each size, fitted on size alone (density 1)."""
+    compress_rows, decompress_rows = [], []
+    for nbytes in sizes:
+        tensor = _dense(nbytes, dtype, device, generator)
+        packed = compress(tensor, codec=codec, backend=backend)
+        out = torch.empty_like(tensor)
+        compress_rows.append((nbytes, 1.0, _timed(lambda: compress(tensor, codec=codec, backend=backend), device, repeats, clock)))
+        decompress_rows.append(
+            (nbytes, 1.0, _timed(lambda: decompress(packed, backend=backend, out=out, validate=False), device, repeats, clock))
+        )
+    return codec, dtype.itemsize, _fit(compress_rows), _fit(decompress_rows)
 
 
 def codec_speed(device: str | torch.device | None, backend: str, cache_dir: Path | None = None) -> CodecSpeed:

@@ -18,7 +18,7 @@ MIB = 1 << 20
 
 
 def _record(key: int, nbytes: int = 4 * MIB, dtype: str = "float32", sparsity: float = 0.5, **fields) -> TensorRecord:
-    itemsize = {"float32": 4, "int64": 8, "complex64": 8, "bool": 1}[dtype]
+    itemsize = {"float32": 4, "bfloat16": 2, "int64": 8, "complex64": 8, "bool": 1}[dtype]
     fields.setdefault("unpack_at_s", 10.0 - key)
     return TensorRecord(key=key, shape=(nbytes // itemsize,), dtype=dtype, nbytes=nbytes, sparsity=sparsity, **fields)
 
@@ -78,6 +78,22 @@ def test_cswap_decisions_carry_t_and_t_prime() -> None:
     assert dense.swap_s == 0.0 and dense.compressed_swap_s > 0
     assert ">= T'=" in dense.reason and "plain swap is no slower" in dense.reason
     assert "T=" in str(plan) and plan.to_dict()["decisions"][0]["compressed_swap_s"] == sparse.compressed_swap_s
+
+
+@pytest.mark.parametrize(("exponent_s_per_byte", "chosen"), [(1e-12, "zvc-swap"), (1e-8, "swap")])
+def test_cswap_prices_each_codec_at_its_own_speed(exponent_s_per_byte: float, chosen: str) -> None:
+    """A dense bf16 tensor exponent coding shrinks to 0.7: compressed where the codec is fast, a plain
+    swap where it is slower than the bytes it saves on the link (ZVC's speed does not decide it)."""
+    exponent = OpSpeed(0.0, exponent_s_per_byte, 0.0)
+    speed = CodecSpeed(backend="cpu", compress=OpSpeed(0.0, 1e-12, 0.0), decompress=OpSpeed(0.0, 1e-12, 0.0),
+                       others=(("exponent", 2, exponent, exponent),))
+    advisor = Advisor(policy="cswap", backend="cpu", min_bytes=0, d2h_gbps=1, h2d_gbps=1, time_model=speed)
+    record = _record(0, dtype="bfloat16", sparsity=0.0, codec="exponent", codec_fraction=0.7)
+    decision = advisor.plan(Trace(tensors=(record,)), 0).decisions[0]
+    assert decision.action.value == chosen
+    assert decision.compress_s == pytest.approx(exponent.seconds(4 * MIB, 1.0))
+    if chosen == "zvc-swap":
+        assert decision.codec == "exponent" and decision.compressed_nbytes == pytest.approx(0.7 * 4 * MIB, rel=0.01)
 
 
 def test_paper_size_option_reaches_the_cost_model() -> None:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from cswap.codecs import Encoding, zvc_compressed_nbytes
-from cswap.planner.costmodel import compressed_swap_s, decide, exposed_transfer_s, swap_s, zvc_nbytes_for
+from cswap.planner.costmodel import codec_seconds, compressed_swap_s, decide, exposed_transfer_s, swap_s, zvc_nbytes_for
 
 GB = 1e9
 
@@ -103,3 +103,28 @@ def test_narrowed_int64_is_costed_at_its_encoded_width(encoded_itemsize: int) ->
     # Dense, so only narrowing makes the compressed transfer smaller than the plain one.
     assert cost.compress is (encoded_itemsize < 8)
     assert cost.swap_s == pytest.approx(2 * numel * 8 / (10 * GB))
+
+
+class ZvcOnly:
+    def compress_s(self, nbytes, density, itemsize, backend):
+        return nbytes * density * 1e-9
+
+    def decompress_s(self, nbytes, density, itemsize, backend):
+        return nbytes * density * 2e-9
+
+
+class PerCodec(ZvcOnly):
+    def compress_s(self, nbytes, density, itemsize, backend, codec="zvc"):
+        if codec == "bitpack":
+            raise ValueError("codec 'bitpack' was not timed")
+        return super().compress_s(nbytes, density, itemsize, backend) * (50 if codec == "exponent" else 1)
+
+
+@pytest.mark.parametrize(("model", "codec", "want_s"), [
+    (ZvcOnly(), "zvc", 0.25e-3),  # ZVC at the tensor's density
+    (ZvcOnly(), "exponent", 1e-3),  # a ZVC-only model: ZVC's time on a dense tensor
+    (PerCodec(), "exponent", 12.5e-3),  # the codec's own time, asked at the tensor's density
+    (PerCodec(), "bitpack", 1e-3),  # a codec the model did not time: ZVC's dense time
+])
+def test_codec_seconds_asks_for_the_codec_where_the_model_knows_it(model, codec: str, want_s: float) -> None:
+    assert codec_seconds(model, "compress", 1_000_000, 0.25, 2, "cuda", codec) == pytest.approx(want_s)

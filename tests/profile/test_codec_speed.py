@@ -30,19 +30,28 @@ class FakeClock:
         return self.now_s
 
 
+#: Seconds per byte each fake codec call "takes" beyond ZVC's 1e-9 (compress) on the injected clock.
+OTHER_RATES = {("exponent", 2): (60e-9, 12e-9), ("exponent", 4): (30e-9, 8e-9), ("bitpack", 1): (0.2e-9, 0.5e-9)}
+
+
 def test_measurement_fits_the_seconds_its_clock_reads(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each call "takes" a known linear time on an injected clock; the fit recovers its coefficients."""
+    """Each call "takes" a known linear time on an injected clock, per codec and width; the fit
+    recovers each one's coefficients."""
     import cswap.profile.codec_speed as module
 
     clock = FakeClock()
     real_compress, real_decompress = module.compress, module.decompress
 
-    def compress(tensor, **kwargs):
-        clock.now_s += 1e-5 + 1e-9 * tensor.nbytes
-        return real_compress(tensor, **kwargs)
+    def compress(tensor, codec="zvc", **kwargs):
+        rate = 1e-9 if codec == "zvc" else OTHER_RATES[codec, tensor.element_size()][0]
+        clock.now_s += 1e-5 + rate * tensor.nbytes
+        return real_compress(tensor, codec=codec, **kwargs)
 
     def decompress(packed, *, out, **kwargs):
-        clock.now_s += 2e-5 + 0.5e-9 * out.nbytes + 2e-9 * out.nbytes * packed.density
+        if packed.codec == "zvc":
+            clock.now_s += 2e-5 + 0.5e-9 * out.nbytes + 2e-9 * out.nbytes * packed.density
+        else:
+            clock.now_s += 2e-5 + OTHER_RATES[packed.codec, out.element_size()][1] * out.nbytes
         return real_decompress(packed, out=out, **kwargs)
 
     monkeypatch.setattr(module, "compress", compress)
@@ -55,6 +64,19 @@ def test_measurement_fits_the_seconds_its_clock_reads(monkeypatch: pytest.Monkey
         small = getattr(speed, op)(64 << 10, 0.5, 4, "cpu")
         large = getattr(speed, op)(16 << 20, 0.5, 4, "cpu")
         assert 0 < small < large
+    assert {(codec, width) for codec, width, *_ in speed.others} == set(OTHER_RATES)
+    for (codec, width), (compress_rate, decompress_rate) in OTHER_RATES.items():
+        nbytes = 8 << 20
+        # whatever the density asked for: these codecs pass over every element
+        assert speed.compress_s(nbytes, 0.3, width, "cpu", codec=codec) == pytest.approx(1e-5 + compress_rate * nbytes, rel=1e-4)
+        assert speed.decompress_s(nbytes, 0.3, width, "cpu", codec=codec) == pytest.approx(2e-5 + decompress_rate * nbytes, rel=1e-4)
+
+
+def test_a_codec_not_timed_is_refused_by_name() -> None:
+    speed = CodecSpeed(backend="cpu", compress=OpSpeed(0, 1e-9, 0), decompress=OpSpeed(0, 1e-9, 0),
+                       others=(("bitpack", 1, OpSpeed(0, 1e-10, 0), OpSpeed(0, 1e-10, 0)),))
+    with pytest.raises(ValueError, match="codec 'exponent' was not timed on backend 'cpu' \\(timed: zvc, bitpack\\)"):
+        speed.compress_s(100, 1.0, 2, "cpu", codec="exponent")
 
 
 def test_measurement_leaves_torch_threads_alone() -> None:
@@ -81,7 +103,8 @@ def test_asking_for_another_backend_is_an_error() -> None:
 
 
 def test_round_trip_and_version_check() -> None:
-    speed = CodecSpeed(backend="cpu", compress=OpSpeed(1, 2, 3), decompress=OpSpeed(4, 5, 6), device_key="k")
+    speed = CodecSpeed(backend="cpu", compress=OpSpeed(1, 2, 3), decompress=OpSpeed(4, 5, 6), device_key="k",
+                       others=(("exponent", 2, OpSpeed(7, 8, 0), OpSpeed(9, 10, 0)),))
     assert CodecSpeed.from_dict(speed.to_dict()) == speed
     with pytest.raises(ValueError, match="format"):
         CodecSpeed.from_dict({**speed.to_dict(), "version": 99})
