@@ -95,9 +95,10 @@ def codec_seconds(
 
     A codec other than ZVC is priced at its own speed where the model takes a ``codec`` keyword and
     knows that codec; otherwise as ZVC's on a dense tensor (a pass over every element), the
-    approximation a ZVC-only model allows. The codecs differ by far more than that on a GPU (exponent
-    coding ran 20x below ZVC's copy-bound speed on an H200, BENCHMARKS.md "GPU suite"), so the
-    runtime's own model (:func:`cswap.profile.codec_speed.codec_speed`) measures every codec.
+    approximation a ZVC-only model allows. The codecs differ by far more than that (exponent coding
+    compressed at 14 GB/s on an H200, BENCHMARKS.md "GPU suite", and 40 times slower than ZVC's
+    dense pass on a 2-core host), so the runtime's own model
+    (:func:`cswap.profile.codec_speed.codec_speed`) times every codec.
 
     Args:
         time_model: the :class:`TimeModel`.
