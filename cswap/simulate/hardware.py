@@ -81,7 +81,10 @@ class DeviceSpec(_Frozen):
         memory_efficiency: fraction of ``memory_gbps`` memory-bound operators reach.
         peak_tflops: peak dense throughput per dtype name (``float32``, ``float16``, ``bfloat16``),
             TFLOP/s, for the math PyTorch uses by default on that dtype.
-        compute_efficiency: fraction of ``peak_tflops`` compute-bound operators reach.
+        compute_efficiency: fraction of ``peak_tflops`` compute-bound operators reach (every dtype
+            not in ``compute_efficiency_by_dtype``).
+        compute_efficiency_by_dtype: the same per dtype name, where a dtype's math differs (bf16
+            and fp16 on tensor cores against TF32), each from its own published source.
         op_overhead_s: fixed seconds per operator (launch and scheduling).
         hook_overhead_s: seconds of the runtime's own work per saved-tensor hook call (pack or
             unpack) that compute waits for. On a GPU the host runs ahead of queued kernels and
@@ -98,6 +101,7 @@ class DeviceSpec(_Frozen):
     memory_efficiency: float = Field(gt=0, le=1)
     peak_tflops: dict[str, float] = Field(min_length=1)
     compute_efficiency: float = Field(gt=0, le=1)
+    compute_efficiency_by_dtype: dict[str, float] = Field(default_factory=dict)
     op_overhead_s: float = Field(default=0.0, ge=0)
     hook_overhead_s: float = Field(default=0.0, ge=0)
     move_overhead_s: float = Field(default=0.0, ge=0)
@@ -112,6 +116,18 @@ class DeviceSpec(_Frozen):
         if "float32" not in value:
             raise ValueError("needs a 'float32' entry (the fallback for dtypes not listed)")
         return value
+
+    @field_validator("compute_efficiency_by_dtype")
+    @classmethod
+    def _fractions(cls, value: dict[str, float]) -> dict[str, float]:
+        bad = {k: v for k, v in value.items() if not 0 < v <= 1}
+        if bad:
+            raise ValueError(f"every efficiency must be in (0, 1], got {bad}")
+        return value
+
+    def efficiency(self, dtype: str) -> float:
+        """The fraction of ``dtype``'s peak compute-bound operators reach."""
+        return self.compute_efficiency_by_dtype.get(dtype, self.compute_efficiency)
 
 
 class LinkSpec(_Frozen):
@@ -152,6 +168,29 @@ class CodecSpec(_Frozen):
         return (nbytes + compressed_nbytes) / (self.decompress_gbps * 1e9) + self.decompress_overhead_s
 
 
+class CodecRate(_Frozen):
+    """Speed of a codec besides ZVC on one processor, in GB/s of the uncompressed tensor.
+
+    Exponent coding and bit-packing do the same work on every element whatever its value, so their
+    time follows the tensor's size alone.
+
+    Args:
+        compress_gbps, decompress_gbps: uncompressed bytes per second, GB/s.
+        compress_overhead_s, decompress_overhead_s: fixed seconds per call.
+    """
+
+    compress_gbps: float = Field(gt=0)
+    decompress_gbps: float = Field(gt=0)
+    compress_overhead_s: float = Field(default=0.0, ge=0)
+    decompress_overhead_s: float = Field(default=0.0, ge=0)
+
+    def seconds(self, op: str, nbytes: float) -> float:
+        """Seconds of ``op`` (``compress`` or ``decompress``) on ``nbytes`` uncompressed bytes."""
+        if op == "compress":
+            return nbytes / (self.compress_gbps * 1e9) + self.compress_overhead_s
+        return nbytes / (self.decompress_gbps * 1e9) + self.decompress_overhead_s
+
+
 class HardwareProfile(_Frozen):
     """One machine as the simulator sees it.
 
@@ -159,6 +198,8 @@ class HardwareProfile(_Frozen):
         name: the profile's name (the file stem for shipped profiles).
         description: one line for tables.
         device, link, device_codec, host_codec: see :class:`DeviceSpec`, :class:`LinkSpec`, :class:`CodecSpec`.
+        device_codecs, host_codecs: the other codecs' speeds by registry name (:class:`CodecRate`);
+            a codec not listed is priced as ZVC on a dense tensor.
         sources: where each figure comes from (datasheets, measurements, assumptions).
     """
 
@@ -168,6 +209,8 @@ class HardwareProfile(_Frozen):
     link: LinkSpec
     device_codec: CodecSpec
     host_codec: CodecSpec
+    device_codecs: dict[str, CodecRate] = Field(default_factory=dict)
+    host_codecs: dict[str, CodecRate] = Field(default_factory=dict)
     sources: tuple[str, ...] = Field(min_length=1)
 
     @property
@@ -178,7 +221,7 @@ class HardwareProfile(_Frozen):
     def effective_tflops(self, dtype: str) -> float:
         """TFLOP/s compute-bound operators reach on ``dtype`` (``float32``'s peak for unlisted dtypes)."""
         peak = self.device.peak_tflops.get(dtype, self.device.peak_tflops["float32"])
-        return peak * self.device.compute_efficiency
+        return peak * self.device.efficiency(dtype)
 
     def effective_memory_gbps(self) -> float:
         """GB/s memory-bound operators reach."""
@@ -217,22 +260,35 @@ class HardwareTimeModel:
         self.profile = profile
         self.chunk_words = chunk_words
 
-    def _codec(self, backend: str) -> CodecSpec:
+    def _on_device(self, backend: str) -> bool:
         if backend == "cuda" or (self.profile.device.kind == "cpu" and backend in ("cpu", "torch")):
-            return self.profile.device_codec
+            return True
         if backend in ("cpu", "torch"):
-            return self.profile.host_codec
+            return False
         raise ValueError(f"unknown codec backend {backend!r}: choose cuda, cpu or torch")
+
+    def _codec(self, backend: str) -> CodecSpec:
+        return self.profile.device_codec if self._on_device(backend) else self.profile.host_codec
+
+    def _other(self, backend: str, codec: str) -> CodecRate:
+        rates = self.profile.device_codecs if self._on_device(backend) else self.profile.host_codecs
+        if codec not in rates:
+            raise ValueError(f"profile {self.profile.name!r} gives no speed for codec {codec!r} on backend {backend!r}")
+        return rates[codec]
 
     def _compressed(self, nbytes: int, density: float, itemsize: int) -> int:
         return zvc_nbytes_for(int(nbytes), 1.0 - density, itemsize, self.chunk_words)
 
-    def compress_s(self, nbytes: int, density: float, itemsize: int, backend: str) -> float:
-        """Seconds to compress (see the module docstring)."""
+    def compress_s(self, nbytes: int, density: float, itemsize: int, backend: str, codec: str = "zvc") -> float:
+        """Seconds to compress (see the module docstring); another codec's from its :class:`CodecRate`."""
+        if codec != "zvc":
+            return self._other(backend, codec).seconds("compress", nbytes)
         return self._codec(backend).compress_s(nbytes, self._compressed(nbytes, density, itemsize))
 
-    def decompress_s(self, nbytes: int, density: float, itemsize: int, backend: str) -> float:
+    def decompress_s(self, nbytes: int, density: float, itemsize: int, backend: str, codec: str = "zvc") -> float:
         """Seconds to decompress (see the module docstring)."""
+        if codec != "zvc":
+            return self._other(backend, codec).seconds("decompress", nbytes)
         return self._codec(backend).decompress_s(nbytes, self._compressed(nbytes, density, itemsize))
 
 

@@ -31,6 +31,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import Literal
 
 import torch
 
@@ -38,7 +39,7 @@ from cswap.codecs.encoding import Encoding
 from cswap.codecs.format import DEFAULT_CHUNK_WORDS, SUPPORTED_DTYPES
 from cswap.planner.actions import POLICY_TABLE, compressed_on_host_if_it_shrinks, uncompressed
 from cswap.planner.codec_choice import codec_for
-from cswap.planner.costmodel import TimeModel, paper_compressed_nbytes, zvc_nbytes_for
+from cswap.planner.costmodel import TimeModel, codec_seconds, paper_compressed_nbytes, zvc_nbytes_for
 from cswap.profile.trace import Trace
 
 __all__ = ["Action", "POLICIES", "RecomputeRegion", "TensorCost", "candidates", "on_host_if_shrinks", "resolve_policies", "static_plan",
@@ -175,21 +176,25 @@ def tensor_costs(
             compressed = float(encoding.compressed_nbytes(record.nbytes // itemsize, record.sparsity, chunk_words))
         else:
             compressed = float(zvc_nbytes_for(record.nbytes, record.sparsity, itemsize, chunk_words))
-        density = record.density
         codec, smallest = codec_for(record, math.ceil(compressed))
-        if codec != "zvc" and not paper_size:
-            # the codec besides ZVC that the profile says gives fewer bytes; its time priced as ZVC's on a dense tensor
-            compressed, density = float(smallest), 1.0
+        if paper_size:
+            codec = "zvc"
+        elif codec != "zvc":  # the codec besides ZVC that the profile says gives fewer bytes, at its own speed
+            compressed = float(smallest)
+
+        def seconds(op: Literal["compress", "decompress"], backend: str) -> float:
+            return codec_seconds(time_model, op, record.nbytes, record.density, itemsize, backend, codec)
+
         costs.append(
             TensorCost(
                 nbytes=record.nbytes,
                 compressed_nbytes=compressed,
                 sparsity=record.sparsity,
                 itemsize=itemsize,
-                compress_s=time_model.compress_s(record.nbytes, density, itemsize, device_backend),
-                decompress_s=time_model.decompress_s(record.nbytes, density, itemsize, device_backend),
-                host_compress_s=time_model.compress_s(record.nbytes, density, itemsize, host_backend),
-                host_decompress_s=time_model.decompress_s(record.nbytes, density, itemsize, host_backend),
+                compress_s=seconds("compress", device_backend),
+                decompress_s=seconds("decompress", device_backend),
+                host_compress_s=seconds("compress", host_backend),
+                host_decompress_s=seconds("decompress", host_backend),
                 compressible=dtype in SUPPORTED_DTYPES,
             )
         )
