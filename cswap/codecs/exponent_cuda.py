@@ -4,13 +4,13 @@ One block per chunk (grid-stride over chunks), with the grid and block of ``comp
 ``decompress`` in :class:`~cswap.codecs.launch.CudaLaunch`:
 
 * ``plan``: the chunk's exponent histogram and shared trailing zero bits by shared-memory
-  atomics; each bin's place in the table order by counting the bins before it; then the code
+  atomics; each bin's place in the table order by counting the present bins before it; then the code
   width of fewest words, the escape count, the table and the chunk's size;
 * between the kernels, torch's ``cumsum`` turns sizes into ``offsets`` on the same stream, and the
   host reads the total (one small copy, the only synchronisation of a compress) to size ``words``;
-* ``write``: each thread takes a run of the chunk's elements and ORs its code, rest and escape
-  fields into the zeroed words (global atomics: fields never overlap, so the result is the same
-  in any order); an escape's rank comes from a block-wide scan of the runs' escape counts;
+* ``write``: each thread builds whole words of the table, codes and rests from the fields that
+  fall in them (no atomics, coalesced stores); the rare escapes are ORed into their zeroed words
+  by the thread whose run of elements holds them, ranked by a block-wide scan of the runs' counts;
 * ``decompress``: the same scan over escape codes, then each element reads its fields.
 
 No warp intrinsics: the same kernels run under Numba's CUDA simulator. Reads past ``words`` give
@@ -93,6 +93,8 @@ def _kernels() -> tuple[Any, Any, Any]:
     def plan(x, n, width, exp_bits, man_bits, chunk, ks, ts, n_escs, tables, sizes):  # type: ignore[no-untyped-def]
         counts = cuda.shared.array(_MAX_EXPONENTS, dtype=np.int32)
         order = cuda.shared.array(_MAX_EXPONENTS, dtype=np.int32)
+        present = cuda.shared.array(_MAX_EXPONENTS, dtype=np.int32)
+        n_present = cuda.shared.array(1, dtype=np.int32)
         t_shared = cuda.shared.array(1, dtype=np.int32)
         tid = cuda.threadIdx.x
         nthreads = cuda.blockDim.x
@@ -117,11 +119,29 @@ def _kernels() -> tuple[Any, Any, Any]:
                 t_mine = min(t_mine, tz)
             cuda.atomic.min(t_shared, 0, t_mine)
             cuda.syncthreads()
+            # Rank the bins by (count descending, exponent ascending) comparing against the few
+            # bins present only: a chunk holds a few dozen exponents of the 256 (or 32) there are.
+            if tid == 0:
+                n_present[0] = 0
+            cuda.syncthreads()
             for b in range(tid, n_exp, nthreads):
+                if counts[b] > 0:
+                    present[cuda.atomic.add(n_present, 0, 1)] = b
+            cuda.syncthreads()
+            n_nz = n_present[0]
+            for b in range(tid, n_exp, nthreads):
+                count = counts[b]
                 place = 0
-                for j in range(n_exp):
-                    if counts[j] > counts[b] or (counts[j] == counts[b] and j < b):
-                        place += 1
+                if count > 0:
+                    for q in range(n_nz):
+                        j = present[q]
+                        if counts[j] > count or (counts[j] == count and j < b):
+                            place += 1
+                else:  # absent exponents follow every present one, in exponent order
+                    for q in range(n_nz):
+                        if present[q] < b:
+                            place += 1
+                    place = n_nz + b - place
                 order[place] = b
             cuda.syncthreads()
             if tid == 0:
@@ -156,6 +176,8 @@ def _kernels() -> tuple[Any, Any, Any]:
         tid = cuda.threadIdx.x
         nthreads = cuda.blockDim.x
         n_exp = 1 << exp_bits
+        value_mask = (int64(1) << width) - 1
+        man_mask = (int64(1) << man_bits) - 1
         for c in range(cuda.blockIdx.x, offsets.size - 1, cuda.gridDim.x):
             lo = c * chunk
             m = min(chunk, n - lo)
@@ -163,40 +185,70 @@ def _kernels() -> tuple[Any, Any, Any]:
             t = ts[c]
             n_table = (1 << k) - 1
             start = offsets[c]
+            table_at = start + HEADER_WORDS
+            codes = table_at + words_for(n_table, TABLE_ENTRY_BITS)
+            rest_bits = man_bits + 1 - t
+            rests = codes + words_for(m, k)
+            escapes = rests + words_for(m, rest_bits)
             for b in range(tid, n_exp, nthreads):
                 code_of[b] = n_table
             cuda.syncthreads()
             for j in range(tid, n_table, nthreads):
                 code_of[tables[c, j]] = j
-                put(words, (start + HEADER_WORDS) * 32 + j * TABLE_ENTRY_BITS, tables[c, j], TABLE_ENTRY_BITS)
             if tid == 0:
                 words[start] = uint32(k | (t << 8))
                 words[start + 1] = uint32(n_escs[c])
+            # Each word is whole from one thread (no atomics; consecutive threads, consecutive words):
+            # the table's 8-bit entries, four to a word; the escapes' words zeroed for their ORs below.
+            for w in range(tid, codes - table_at, nthreads):
+                acc = uint32(0)
+                for q in range(32 // TABLE_ENTRY_BITS):
+                    j = w * (32 // TABLE_ENTRY_BITS) + q
+                    if j < n_table:
+                        acc |= uint32(tables[c, j]) << uint32(q * TABLE_ENTRY_BITS)
+                words[table_at + w] = acc
+            for w in range(tid, words_for(n_escs[c], exp_bits), nthreads):
+                words[escapes + w] = uint32(0)
             cuda.syncthreads()
-            codes = start + HEADER_WORDS + words_for(n_table, TABLE_ENTRY_BITS)
-            rests = codes + words_for(m, k)
-            escapes = rests + words_for(m, man_bits + 1 - t)
-            run = (m + nthreads - 1) // nthreads
-            first = tid * run
-            last = min(first + run, m)
-            mine = 0
-            for j in range(first, last):
-                e = ((int64(x[lo + j]) & ((1 << width) - 1)) >> man_bits) & (n_exp - 1)
-                if code_of[e] == n_table:
-                    mine += 1
-            rank = exclusive_scan(mine, tid, nthreads, scratch)
-            rest_bits = man_bits + 1 - t
-            for j in range(first, last):
-                u = int64(x[lo + j]) & ((1 << width) - 1)
-                e = (u >> man_bits) & (n_exp - 1)
-                code = code_of[e]
-                if k:
-                    put(words, codes * 32 + j * k, code, k)
-                rest = ((u >> (width - 1)) << (man_bits - t)) | ((u & ((1 << man_bits) - 1)) >> t)
-                put(words, rests * 32 + j * rest_bits, rest, rest_bits)
-                if code == n_table:
-                    put(words, escapes * 32 + rank * exp_bits, e, exp_bits)
-                    rank += 1
+            if k:
+                for w in range(tid, rests - codes, nthreads):
+                    lo_bit = w * 32
+                    j = lo_bit // k
+                    last = min((lo_bit + 31) // k, m - 1)
+                    acc = uint64(0)
+                    while j <= last:
+                        field = uint64(code_of[((int64(x[lo + j]) & value_mask) >> man_bits) & (n_exp - 1)])
+                        pos = j * k - lo_bit
+                        acc |= (field << uint64(pos)) if pos >= 0 else (field >> uint64(-pos))
+                        j += 1
+                    words[codes + w] = uint32(acc & uint64(0xFFFFFFFF))
+            for w in range(tid, escapes - rests, nthreads):
+                lo_bit = w * 32
+                j = lo_bit // rest_bits
+                last = min((lo_bit + 31) // rest_bits, m - 1)
+                acc = uint64(0)
+                while j <= last:
+                    u = int64(x[lo + j]) & value_mask
+                    field = uint64(((u >> (width - 1)) << (man_bits - t)) | ((u & man_mask) >> t))
+                    pos = j * rest_bits - lo_bit
+                    acc |= (field << uint64(pos)) if pos >= 0 else (field >> uint64(-pos))
+                    j += 1
+                words[rests + w] = uint32(acc & uint64(0xFFFFFFFF))
+            # Escapes, rare: each thread's run of elements, ranked by a scan of the runs' counts.
+            if n_escs[c]:
+                run = (m + nthreads - 1) // nthreads
+                first = tid * run
+                last = min(first + run, m)
+                mine = 0
+                for j in range(first, last):
+                    if code_of[((int64(x[lo + j]) & value_mask) >> man_bits) & (n_exp - 1)] == n_table:
+                        mine += 1
+                rank = exclusive_scan(mine, tid, nthreads, scratch)
+                for j in range(first, last):
+                    e = ((int64(x[lo + j]) & value_mask) >> man_bits) & (n_exp - 1)
+                    if code_of[e] == n_table:
+                        put(words, escapes * 32 + rank * exp_bits, e, exp_bits)
+                        rank += 1
             cuda.syncthreads()
 
     @cuda.jit
@@ -287,7 +339,7 @@ def compress_bits(
         if not sizes.numel():
             return torch.empty(0, dtype=torch.int32, device=device), offsets
         torch.cumsum(sizes, 0, out=offsets[1:])
-        words = torch.zeros(int(offsets[-1]), dtype=torch.int32, device=device)
+        words = torch.empty(int(offsets[-1]), dtype=torch.int32, device=device)  # the kernel writes every word
         with cuda_adapter.launcher(device) as launcher:
             launcher(
                 _kernels()[1], chosen.scatter_grid, chosen.scatter_block, cuda_adapter.as_array(flat_bits),
