@@ -89,6 +89,25 @@ def _kernels() -> tuple[Any, Any, Any]:
         cuda.syncthreads()
         return total
 
+    @cuda.jit(device=True)
+    def gathered_word(x, lo, w, bits, m, rest, code_of, value_mask, width, man_bits, man_mask, n_exp, t):  # type: ignore[no-untyped-def]
+        """Word ``w`` of a section of ``m`` fields of ``bits`` bits (the elements' codes, or their
+        rests where ``rest``), built from the fields that fall in it."""
+        lo_bit = w * 32
+        j = lo_bit // bits
+        last = min((lo_bit + 31) // bits, m - 1)
+        acc = uint64(0)
+        while j <= last:
+            u = int64(x[lo + j]) & value_mask
+            if rest:
+                field = uint64(((u >> (width - 1)) << (man_bits - t)) | ((u & man_mask) >> t))
+            else:
+                field = uint64(code_of[(u >> man_bits) & (n_exp - 1)])
+            pos = j * bits - lo_bit
+            acc |= (field << uint64(pos)) if pos >= 0 else (field >> uint64(-pos))
+            j += 1
+        return uint32(acc & uint64(0xFFFFFFFF))
+
     @cuda.jit
     def plan(x, n, width, exp_bits, man_bits, chunk, ks, ts, n_escs, tables, sizes):  # type: ignore[no-untyped-def]
         counts = cuda.shared.array(_MAX_EXPONENTS, dtype=np.int32)
@@ -212,28 +231,11 @@ def _kernels() -> tuple[Any, Any, Any]:
             cuda.syncthreads()
             if k:
                 for w in range(tid, rests - codes, nthreads):
-                    lo_bit = w * 32
-                    j = lo_bit // k
-                    last = min((lo_bit + 31) // k, m - 1)
-                    acc = uint64(0)
-                    while j <= last:
-                        field = uint64(code_of[((int64(x[lo + j]) & value_mask) >> man_bits) & (n_exp - 1)])
-                        pos = j * k - lo_bit
-                        acc |= (field << uint64(pos)) if pos >= 0 else (field >> uint64(-pos))
-                        j += 1
-                    words[codes + w] = uint32(acc & uint64(0xFFFFFFFF))
+                    words[codes + w] = gathered_word(x, lo, w, k, m, False, code_of, value_mask, width, man_bits, man_mask, n_exp, t)
             for w in range(tid, escapes - rests, nthreads):
-                lo_bit = w * 32
-                j = lo_bit // rest_bits
-                last = min((lo_bit + 31) // rest_bits, m - 1)
-                acc = uint64(0)
-                while j <= last:
-                    u = int64(x[lo + j]) & value_mask
-                    field = uint64(((u >> (width - 1)) << (man_bits - t)) | ((u & man_mask) >> t))
-                    pos = j * rest_bits - lo_bit
-                    acc |= (field << uint64(pos)) if pos >= 0 else (field >> uint64(-pos))
-                    j += 1
-                words[rests + w] = uint32(acc & uint64(0xFFFFFFFF))
+                words[rests + w] = gathered_word(
+                    x, lo, w, rest_bits, m, True, code_of, value_mask, width, man_bits, man_mask, n_exp, t
+                )
             # Escapes, rare: each thread's run of elements, ranked by a scan of the runs' counts.
             if n_escs[c]:
                 run = (m + nthreads - 1) // nthreads
