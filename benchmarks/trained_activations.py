@@ -38,13 +38,12 @@ import platform
 import re
 import statistics
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 from cswap.codecs import CODECS, compress, decompress
+from cswap.simulate.gpukernels import cuda_dropout_on_cpu
 
 
 def _model_folder() -> Path:
@@ -61,22 +60,6 @@ def _english(folder: Path) -> str:
     text = (folder / "README.md").read_text()
     text = re.sub(r"^---.*?---", " ", text, flags=re.S)
     return re.sub(r"```.*?```", " ", text, flags=re.S)
-
-
-@contextmanager
-def _bool_mask_dropout() -> Iterator[None]:
-    """Make every dropout (``nn.Dropout`` and the functional one eager attention calls) save a bool
-    mask, as CUDA's fused dropout does."""
-    functional = torch.nn.functional.dropout
-
-    def dropout(x: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> torch.Tensor:
-        return torch.native_dropout(x, p, training)[0] if training and p > 0 else x
-
-    torch.nn.functional.dropout = dropout
-    try:
-        yield
-    finally:
-        torch.nn.functional.dropout = functional
 
 
 def saved_activations(dtype: torch.dtype, batch: int, tokens: int, seed: int) -> list[torch.Tensor]:
@@ -100,7 +83,7 @@ def saved_activations(dtype: torch.dtype, batch: int, tokens: int, seed: int) ->
         return t
 
     torch.manual_seed(seed)
-    with _bool_mask_dropout(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with cuda_dropout_on_cpu(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids))
     return list(seen.values())
 
@@ -199,7 +182,7 @@ def runtime_row(policy: str, batch: int, tokens: int, steps: int = 3) -> dict[st
         rt = cswap.Runtime(runtime_policy, model=model, device="cpu", min_bytes=0) if runtime_policy else None
         grads = []
         for i, input_ids in enumerate(batches):
-            with torch.random.fork_rng(), _bool_mask_dropout():
+            with torch.random.fork_rng(), cuda_dropout_on_cpu():
                 torch.manual_seed(i)
                 with rt.iteration() if rt is not None else contextlib.nullcontext():
                     model(input_ids=input_ids).last_hidden_state.float().pow(2).mean().backward()

@@ -49,7 +49,7 @@ from contextlib import contextmanager
 
 import torch
 
-__all__ = ["FLASH_MAX_HEAD_DIM", "cuda_kernels_on_meta"]
+__all__ = ["FLASH_MAX_HEAD_DIM", "cuda_dropout_on_cpu", "cuda_kernels_on_meta"]
 
 #: The largest head size FlashAttention-2 takes in torch's CUDA build.
 FLASH_MAX_HEAD_DIM = 256
@@ -127,3 +127,24 @@ def cuda_kernels_on_meta() -> Iterator[None]:
             if _depth == 0 and _library is not None:
                 _library._destroy()
                 _library = None
+
+
+@contextmanager
+def cuda_dropout_on_cpu() -> Iterator[None]:
+    """Dropout on CPU tensors as CUDA runs it: the fused ``native_dropout``, saving a ``bool`` mask.
+
+    For measuring on a CPU what a GPU saves (the codecs' ratios on dropout masks, a runtime test of
+    bit-packing): the CPU's own dropout saves the mask in the input's dtype. Not reentrant.
+
+    Example:
+        >>> x = torch.ones(4, requires_grad=True)
+        >>> with cuda_dropout_on_cpu():
+        ...     type(torch.nn.functional.dropout(x, p=0.5, training=True).grad_fn).__name__
+        'NativeDropoutBackward0'
+    """
+    library = torch.library.Library("aten", "IMPL")
+    library.impl("dropout", _dropout, "AutogradCPU")
+    try:
+        yield
+    finally:
+        library._destroy()

@@ -8,31 +8,17 @@ its dropout saves a bool mask (``torch.native_dropout``), as CUDA's fused dropou
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 
 import pytest
 import torch
 
 import cswap
+from cswap.simulate.gpukernels import cuda_dropout_on_cpu
 from tests.runtime.helpers import FAST_CODEC, SLOW_LINK, assert_bit_equal, one_thread_below_1mib
 
 transformers = pytest.importorskip("transformers")
 
 BATCHES = [torch.randint(0, 128, (4, 32), generator=torch.Generator().manual_seed(seed)) for seed in range(3)]
-
-
-@contextlib.contextmanager
-def _bool_mask_dropout() -> Iterator[None]:
-    functional = torch.nn.functional.dropout
-
-    def dropout(x: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> torch.Tensor:
-        return torch.native_dropout(x, p, training)[0] if training and p > 0 else x
-
-    torch.nn.functional.dropout = dropout
-    try:
-        yield
-    finally:
-        torch.nn.functional.dropout = functional
 
 
 def _bert() -> torch.nn.Module:
@@ -51,7 +37,7 @@ def _train(policy: str | None, **options: object) -> tuple[list[list[torch.Tenso
                            **SLOW_LINK, **extra, **options)  # type: ignore[arg-type]
     grads = []
     for i, ids in enumerate(BATCHES):
-        with torch.random.fork_rng(), _bool_mask_dropout():
+        with torch.random.fork_rng(), cuda_dropout_on_cpu():
             torch.manual_seed(i)
             with rt.iteration() if rt is not None else contextlib.nullcontext():
                 model(input_ids=ids).last_hidden_state.float().pow(2).mean().backward()
