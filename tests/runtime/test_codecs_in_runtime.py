@@ -86,3 +86,31 @@ def test_a_budget_is_held_with_the_codecs(reference: list[list[torch.Tensor]]) -
         assert_bit_equal(want, got)
     stats = rt.stats()
     assert stats.iteration_peak_resident_bytes <= stats.budget_bytes
+
+
+@pytest.mark.parametrize("policy", ["compress-swap", "cswap"])
+def test_codecs_follow_dynamic_padding_and_accumulation(policy: str) -> None:
+    """bf16 GPT-2, two micro-batches per step each padded to its own longest (lengths 20-120), under
+    a cap in bytes: longer sequences than the profile's are planned, each with its codec, and the
+    gradients stay bit-identical to plain PyTorch's."""
+    from tests.runtime.test_dynamic_shapes import _flat, gpt2, lm_run, random_lengths
+
+    def bf16_gpt2() -> torch.nn.Module:
+        return gpt2().to(torch.bfloat16)
+
+    lengths = random_lengths(2 * 8, seed=5)
+    steps = [[lengths[2 * i], lengths[2 * i + 1]] for i in range(8)]
+    with cuda_dropout_on_cpu():
+        plain, _, _ = lm_run(bf16_gpt2, steps)
+        probe = lm_run(bf16_gpt2, [[[120] * 4]], make=lambda m: cswap.Runtime("none", model=m, device="cpu", memory_budget=1.0))[2]
+        cap = int(probe.stats().budget_bytes * 0.5)
+        grads, seen, rt = lm_run(bf16_gpt2, steps, make=lambda m: cswap.Runtime(
+            policy, model=m, device="cpu", memory_budget=cap, min_bytes=0, launch_lookup=one_thread_below_1mib, **SLOW_LINK))
+    assert_bit_equal(_flat(plain), _flat(grads), "gradient")
+    assert all(peak <= budget == cap for peak, budget, _ in seen), seen
+    stats = rt.stats()
+    assert stats.profiled_iterations <= 3 and stats.unprofiled_plans >= 1, stats
+    assert "exponent" in _codecs(rt, "bfloat16")
+    if policy == "compress-swap":
+        assert _codecs(rt, "bool") == {"bitpack"}
+        assert stats.compression_ratio >= 1.2, stats
