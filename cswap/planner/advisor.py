@@ -178,12 +178,12 @@ class Advisor:
         launches = launch_cache.launches(record.dtype, record.nbytes)
         if self.policy in ("compress-swap", "compress-keep"):
             codec, compressed = self._compressed(record, getattr(launches["compress_launch"], "chunk_words", DEFAULT_CHUNK_WORDS))
-            # ZVC's tuned launches are for ZVC's kernels: another codec runs with its own defaults
-            return Decision(**base, action=DEFAULT_ACTIONS[self.policy], reason=POLICY_REASONS[self.policy], codec=codec,
-                            **({"compressed_nbytes": compressed} if codec != "zvc" else launches))
-        return self._cost_decision(record, base, launches)
+            # ZVC's tuned launches are for ZVC's kernels: another codec takes those tuned for its own
+            extra = {"compressed_nbytes": compressed, **launch_cache.launches(record.dtype, record.nbytes, codec)} if codec != "zvc" else launches
+            return Decision(**base, action=DEFAULT_ACTIONS[self.policy], reason=POLICY_REASONS[self.policy], codec=codec, **extra)
+        return self._cost_decision(record, base, launches, launch_cache)
 
-    def _cost_decision(self, record: Any, base: dict[str, Any], launches: dict[str, Launch | None]) -> Decision:
+    def _cost_decision(self, record: Any, base: dict[str, Any], launches: dict[str, Launch | None], launch_cache: LaunchCache) -> Decision:
         encoding = self._encoding(record)
         encoded_nbytes = self._numel(record) * encoding.encoded_itemsize
         chunk_words = getattr(launches["compress_launch"], "chunk_words", DEFAULT_CHUNK_WORDS)
@@ -236,5 +236,13 @@ class Advisor:
             decompress_s=decompress_s,
             compressed_nbytes=cost.compressed_nbytes,
             codec=codec if compress and not self.paper_size else "zvc",
-            **(launches if compress and (codec == "zvc" or self.paper_size) else {}),
+            **(_codec_launches(compress, "zvc" if self.paper_size else codec, launches, launch_cache, record)),
         )
+
+
+def _codec_launches(compress: bool, codec: str, zvc_launches: dict[str, Launch | None], launch_cache: LaunchCache,
+                    record: Any) -> dict[str, Launch | None]:
+    """The launches a compressing decision runs its codec with: ZVC's, or those tuned for its own kernels."""
+    if not compress:
+        return {}
+    return zvc_launches if codec == "zvc" else launch_cache.launches(record.dtype, record.nbytes, codec)

@@ -182,9 +182,9 @@ def _decisions(
         life = lifetimes[record.key]
         slack = planned.budget_bytes - max(timeline[life.pack : life.free + 1], default=0) if life is not None else None
         extra: dict[str, Any] = {}
-        if action.compresses:  # ZVC's tuned launches are for ZVC's kernels: another codec runs with its own defaults
+        if action.compresses:  # each codec runs with the launches tuned for its own kernels (LaunchCache.launches)
             codec = codecs[record.key]
-            extra = {**(launches.launches(record.dtype, record.nbytes) if codec == "zvc" else {}), "codec": codec}
+            extra = {**launches.launches(record.dtype, record.nbytes, codec), "codec": codec}
         if action is Action.ZVC_KEEP:
             extra["compressed_nbytes"] = float(tensor.held_bytes - record.nbytes)  # it holds raw + compressed at pack
         elif action is Action.HOST_ZVC_SWAP and compressed.get(record.key) is not None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import enum
 import math
+import inspect
 import warnings
 from collections import Counter
 from collections.abc import Mapping
@@ -36,7 +37,7 @@ import torch
 from cswap.codecs.encoding import dtype_named, encodable
 from cswap.planner.hostpool import PoolLayout, host_pool_of
 from cswap.profile.trace import Trace
-from cswap.codecs.launch import Launch, LaunchLookup
+from cswap.codecs.launch import DEFAULT_CHUNK_WORDS, Launch, LaunchLookup
 from cswap.planner.actions import POLICY_TABLE, RUNTIME_POLICIES
 
 __all__ = ["DEFAULT_ACTIONS", "DTYPE_NAMES", "POLICY_REASONS", "Action", "Decision", "LaunchCache", "Plan", "constrained",
@@ -179,27 +180,34 @@ class LaunchCache:
     def __init__(self, backend: str, lookup: LaunchLookup | None) -> None:
         self.backend = backend
         self.lookup = lookup
-        self._memo: dict[tuple[str, str, int], Launch | None] = {}
+        self._memo: dict[tuple[str, str, int, str], Launch | None] = {}
 
-    def launches(self, dtype: str, nbytes: int) -> dict[str, Launch | None]:
+    def launches(self, dtype: str, nbytes: int, codec: str = "zvc") -> dict[str, Launch | None]:
         """``{"compress_launch": ..., "decompress_launch": ...}`` for a tensor of ``dtype`` and ``nbytes``.
 
-        A failing lookup (a store or service down) warns and falls back to the backend's default.
+        A codec besides ZVC gets the configs tuned for its own kernels where the lookup takes a
+        ``codec`` keyword (as :meth:`cswap.training.kernelconfigs.KernelConfigs.launch_lookup` does),
+        with the default chunk, at which the profile measured its size; otherwise its defaults
+        (ZVC's configs would run its kernels with ZVC's chunks). A failing lookup (a store or
+        service down) warns and falls back to the backend's default.
         """
         found: dict[str, Launch | None] = {}
         for op in ("compress", "decompress"):
-            memo_key = (op, dtype, nbytes)
+            memo_key = (op, dtype, nbytes, codec)
             if memo_key not in self._memo:
-                self._memo[memo_key] = self._look_up(op, dtype, nbytes)
+                self._memo[memo_key] = self._look_up(op, dtype, nbytes, codec)
             found[f"{op}_launch"] = self._memo[memo_key]
         return found
 
-    def _look_up(self, op: str, dtype: str, nbytes: int) -> Launch | None:
+    def _look_up(self, op: str, dtype: str, nbytes: int, codec: str) -> Launch | None:
         if self.lookup is None:
+            return None
+        takes_codec = "codec" in _parameters(self.lookup)
+        if codec != "zvc" and not takes_codec:
             return None
         torch_dtype = dtype_named(dtype)
         try:
-            return self.lookup(self.backend, op, torch_dtype, nbytes)
+            launch = self.lookup(self.backend, op, torch_dtype, nbytes, **({"codec": codec} if codec != "zvc" else {}))
         except Exception as error:  # a failing store or service must not stop training
             warnings.warn(
                 f"launch_lookup({self.backend!r}, {op!r}, {torch_dtype}, {nbytes}) failed: {error}; "
@@ -207,6 +215,16 @@ class LaunchCache:
                 stacklevel=4,
             )
             return None
+        if codec != "zvc" and launch is not None and getattr(launch, "chunk_words", DEFAULT_CHUNK_WORDS) != DEFAULT_CHUNK_WORDS:
+            launch = replace(launch, chunk_words=DEFAULT_CHUNK_WORDS)
+        return launch
+
+
+def _parameters(fn: Any) -> Mapping[str, Any]:
+    try:
+        return inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return {}
 
 
 @dataclass(frozen=True)

@@ -202,3 +202,36 @@ def test_runtime_replans_each_epoch_from_the_new_sparsity() -> None:
     assert actions[1] == (1, 1, 0.0, Action.SWAP)
     assert actions[2] == (2, 2, 1.0, Action.ZVC_SWAP)
     assert rt.trace().epoch == 2
+
+
+class CodecLookup:
+    """A launch lookup that knows codecs, as the tuner's store-backed one does: one config per codec."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    def __call__(self, backend, op, dtype, nbytes, codec="zvc"):
+        self.calls.append((op, codec))
+        return CpuLaunch(threads=2 if codec == "exponent" else 1, chunk_words=128)
+
+
+class ZvcLookup:
+    def __call__(self, backend, op, dtype, nbytes):
+        return CpuLaunch(threads=1, chunk_words=64)
+
+
+def test_each_codec_takes_the_launch_tuned_for_its_kernels() -> None:
+    """Exponent coding runs with its own tuned config at the chunk its size was measured with;
+    a lookup that knows ZVC alone leaves it at its defaults."""
+    record = _record(0, dtype="bfloat16", sparsity=0.0, codec="exponent", codec_fraction=0.7)
+    lookup = CodecLookup()
+    decision = Advisor(policy="compress-swap", backend="cpu", min_bytes=0, launch_lookup=lookup).plan(Trace(tensors=(record,)), 0).decisions[0]
+    assert decision.codec == "exponent"
+    assert decision.compress_launch == CpuLaunch(threads=2, chunk_words=32)
+    assert decision.decompress_launch == CpuLaunch(threads=2, chunk_words=32)
+    assert ("compress", "exponent") in lookup.calls
+    zvc_only = Advisor(policy="compress-swap", backend="cpu", min_bytes=0, launch_lookup=ZvcLookup()).plan(Trace(tensors=(record,)), 0)
+    assert zvc_only.decisions[0].codec == "exponent" and zvc_only.decisions[0].compress_launch is None
+    sparse = _record(1, sparsity=0.9)
+    zvc = Advisor(policy="compress-swap", backend="cpu", min_bytes=0, launch_lookup=lookup).plan(Trace(tensors=(sparse,)), 0).decisions[1]
+    assert zvc.codec == "zvc" and zvc.compress_launch == CpuLaunch(threads=1, chunk_words=128)
