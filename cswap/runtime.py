@@ -304,6 +304,12 @@ class Runtime:
         self._warned_profiling = False
         self._graph_profile = False  # the next profile is for a changed graph
         self._unknown_profile = False  # ... one that saved tensors its plan did not know
+        # Iterations that showed a structure never profiled, and whether the last profile meant for
+        # one found a known structure instead: then the next one waits for the interval at which the
+        # new structure came back (an evaluation step every n iterations, two branches alternating).
+        self._unknown_seen_at: collections.deque[int] = collections.deque(maxlen=2)
+        self._missed_unknown = False
+        self._profile_not_before = 0
 
     # ------------------------------------------------------------------ properties
 
@@ -359,6 +365,7 @@ class Runtime:
                 self._epoch_start = replace(counters, actions=dict(counters.actions))
                 self._executor.new_epoch()
             self._needs_profile = True
+            self._profile_not_before = 0  # now, not where a new structure was awaited
 
     @contextmanager
     def iteration(self) -> Iterator[None]:
@@ -380,7 +387,7 @@ class Runtime:
                     + ": iterations of one Runtime cannot nest or overlap; use one Runtime per training loop"
                 )
             self._active_thread = threading.get_ident()
-            profiling = self._needs_profile
+            profiling = self._needs_profile and self._iterations >= self._profile_not_before
         started = time.perf_counter()
         # Off for the forward and backward only: generation, evaluation and save_pretrained between
         # iterations, and whatever follows the run, see the value the user set.
@@ -599,6 +606,7 @@ class Runtime:
         self._recompute_regions().mark_ineligible(dict.fromkeys(paths, why))
         with self._lock:
             self._needs_profile = True
+            self._profile_not_before = 0  # now, not where a new structure was awaited
         return RuntimeError(
             f"cswap recomputed the modules {', '.join(repr(p) for p in paths)} in backward and torch refused the recomputed "
             f"values: {type(error).__name__}. They are not recomputed again; the next iteration profiles and plans "
@@ -633,6 +641,7 @@ class Runtime:
         input in place: they are not recomputed again, and the next iteration profiles without them."""
         with self._lock:
             self._needs_profile = True
+            self._profile_not_before = 0  # now, not where a new structure was awaited
         return RuntimeError(
             f"cswap recomputes the layers {', '.join(repr(p) for p in paths)} from the first iteration (policy "
             f"{self.policy}: its plan is fixed by the model) and they modify their input in place, so a recomputation "
@@ -721,6 +730,8 @@ class Runtime:
         structure = structure_of(trace)
         shapes = tuple(r.shape for r in trace.tensors)
         known = self._families.get(structure)
+        self._missed_unknown = self._graph_profile and self._unknown_profile and known is not None
+        self._profile_not_before = 0
         if known is not None:  # profiled again (a new epoch): its plan stays made for the largest sizes seen
             shapes = tuple(merged(a, b) for a, b in zip(known.shapes, shapes))
         # The graph whose plan met the budget, at no larger sizes: what changed is the data.
@@ -922,7 +933,12 @@ class Runtime:
             return
         shown = self._structure_shown(family, it)
         if shown is None:
+            self._unknown_seen_at.append(self._iterations)
             self._check_graph(True, peak_bytes, host_peak_bytes)
+            if self._missed_unknown and len(self._unknown_seen_at) == 2:
+                # the last profile came too soon and met a known structure: profile where this one
+                # should come back, at the interval it came back at
+                self._profile_not_before = self._iterations + self._unknown_seen_at[1] - self._unknown_seen_at[0]
             return
         switched = shown is not family
         if switched:

@@ -33,11 +33,12 @@ class DataDependentDepth(nn.Module):
         return self.out(h)
 
 
-def _train(runtime: cswap.Runtime | None, model: nn.Module) -> tuple[list[list[torch.Tensor]], list[tuple[int, int]]]:
+def _train(runtime: cswap.Runtime | None, model: nn.Module,
+           schedule: list[tuple[int, int]] = SCHEDULE) -> tuple[list[list[torch.Tensor]], list[tuple[int, int]]]:
     """Gradients per iteration, and per iteration (its peak, the budget then)."""
     g = torch.Generator().manual_seed(0)
     grads, peaks = [], []
-    for i, (depth, batch) in enumerate(SCHEDULE):
+    for i, (depth, batch) in enumerate(schedule):
         x, y = torch.randn(batch, 32, generator=g), torch.randint(0, 10, (batch,), generator=g)
         with torch.random.fork_rng():
             torch.manual_seed(i)
@@ -76,6 +77,32 @@ def test_the_budget_holds_on_every_iteration_of_a_changing_graph(policy: str, pl
     assert stats.graph_changes == 2 and stats.profiled_iterations == 3 and stats.structures == 2, stats
     assert stats.unprofiled_plans >= 1, stats
     assert_bit_equal([g for it in plain for g in it], [g for it in grads for g in it], "gradient")
+
+
+#: Two graphs alternating (two branches), and a second graph every fourth step (an evaluation-like step).
+RECURRING = {
+    "alternating": [(2, 16) if i % 2 == 0 else (6, 16) for i in range(12)],
+    "every fourth": [(6, 16) if i % 4 == 3 else (2, 16) for i in range(16)],
+}
+
+
+@pytest.mark.parametrize("schedule", sorted(RECURRING))
+@pytest.mark.parametrize("policy", ["swap", "cswap"])
+def test_a_graph_that_comes_back_is_profiled_once_not_the_one_after_it(policy: str, schedule: str) -> None:
+    """The profile a new graph asks for comes at the next iteration; when that one is a known graph
+    (the other branch came back first), the next profile waits for the interval at which the new
+    graph came back, so it profiles the new graph, once: three profiles in all, then both plans serve."""
+    steps = RECURRING[schedule]
+    torch.manual_seed(0)
+    want, _ = _train(None, DataDependentDepth(), steps)
+    torch.manual_seed(0)
+    model = DataDependentDepth()
+    rt = runtime_for(policy, memory_budget=0.5, d2h_gbps=1.0, h2d_gbps=1.0)(model)
+    grads, peaks = _train(rt, model, steps)
+    stats = rt.stats()
+    assert stats.structures == 2 and stats.profiled_iterations <= 3, stats
+    assert all(peak <= budget for peak, budget in peaks), peaks
+    assert_bit_equal([g for it in want for g in it], [g for it in grads for g in it], "gradient")
 
 
 def test_a_policy_that_cannot_move_says_so_with_the_new_least_budget() -> None:
