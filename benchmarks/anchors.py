@@ -27,7 +27,7 @@ Every line printed is one JSON object with a ``kind``:
 * ``curve``: cswap and the strategies at more budgets, for the figure (``--plot``).
 
 Usage:
-    python benchmarks/anchors.py > benchmarks/results/cpu-2026-11-24/anchors.jsonl
+    python benchmarks/anchors.py > benchmarks/results/cpu-2026-11-27/anchors.jsonl
     python benchmarks/anchors.py --models gpt2-xl:eager:1024 --hardware h100-pcie5 --fractions 0.5
     python benchmarks/anchors.py --plot docs/anchors.png --curve-fractions 0.05,0.1,0.2,0.3,0.5,0.75,1.0
 """
