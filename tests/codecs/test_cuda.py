@@ -16,7 +16,6 @@ import hashlib
 import inspect
 import os
 import re
-import subprocess
 import sys
 import time
 import warnings
@@ -40,6 +39,7 @@ from cswap.codecs import (
     encode_unsized,
 )
 from cswap.codecs import cuda_launch, zvc_cuda, zvc_torch
+from tests.codecs.simulator_child import run_under_simulator
 
 SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
 GPU = not SIMULATOR and torch.cuda.is_available()
@@ -493,23 +493,9 @@ def test_cpu_tensor_is_rejected_with_a_fix() -> None:
 
 @pytest.mark.skipif(SIMULATOR, reason="this test starts the simulator child")
 def test_simulator_suite() -> None:
-    """Run this file under NUMBA_ENABLE_CUDASIM=1 in a child pytest: every kernel test must pass there."""
-    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1"}
-    child = subprocess.run(
-        [sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider", "-m", "not gpu"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=540,
-        cwd=Path(__file__).resolve().parents[2],
-    )
-    report = child.stdout[-6000:] + child.stderr[-3000:]
-    assert child.returncode == 0, report
-    summary = re.search(r"(\d+) passed", child.stdout)
-    assert summary and int(summary.group(1)) >= 60, report
-    # Only the tests that need the parent process (or a GPU) may skip in the child.
-    skipped = re.search(r"(\d+) skipped", child.stdout)
-    assert not skipped or int(skipped.group(1)) <= 2, report
+    """Run this file under NUMBA_ENABLE_CUDASIM=1 in a child pytest: every kernel test must pass there.
+    Only the tests that need the parent process (or a GPU) may skip in the child."""
+    run_under_simulator(__file__, 60, 2, "-m", "not gpu")
 
 
 # --- real GPU: warp intrinsics, streams, large tensors --------------------------------------------------

@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,6 +20,7 @@ from cswap.codecs import CODECS, CpuLaunch, CudaLaunch, compress, decompress
 from cswap.codecs.bitpack import BitPacked
 from cswap.codecs.exponent_format import ExponentPacked
 from cswap.codecs.exponent_layout import FLOAT_LAYOUTS
+from tests.codecs.simulator_child import run_under_simulator
 from tests.codecs.zvc_cases import SPECIAL_BITS, as_bytes, tensor_from_bits
 
 SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
@@ -215,15 +213,4 @@ def test_registry_lists_the_codecs() -> None:
 @pytest.mark.skipif(SIMULATOR or GPU, reason="this test starts the simulator child")
 def test_simulator_child() -> None:
     """Run this file under NUMBA_ENABLE_CUDASIM=1: the cuda backend must write the torch backend's bytes."""
-    child = subprocess.run(
-        [sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider"],
-        env={**os.environ, "NUMBA_ENABLE_CUDASIM": "1"},
-        capture_output=True,
-        text=True,
-        timeout=540,
-        cwd=Path(__file__).resolve().parents[2],
-    )
-    report = child.stdout[-6000:] + child.stderr[-3000:]
-    assert child.returncode == 0, report
-    summary = re.search(r"(\d+) passed", child.stdout)
-    assert summary and int(summary.group(1)) >= 20, report
+    run_under_simulator(__file__, least_passed=20)
