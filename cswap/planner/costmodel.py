@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
@@ -76,8 +77,15 @@ class TimeModel(Protocol):
 
 
 def _takes_codec(method: object) -> bool:
+    # a plan prices every saved tensor: read each method's signature once, not per tensor
+    function = getattr(method, "__func__", None)
+    return _signature_takes_codec(function) if function is not None else _signature_takes_codec.__wrapped__(method)
+
+
+@functools.lru_cache(maxsize=256)
+def _signature_takes_codec(function: object) -> bool:
     try:
-        return "codec" in inspect.signature(method).parameters  # type: ignore[arg-type]
+        return "codec" in inspect.signature(function).parameters  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return False
 
