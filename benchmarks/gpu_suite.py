@@ -5,9 +5,15 @@ on; a step whose optional package is missing is recorded as skipped, naming it):
 
 * ``gpu_tests``: ``pytest -m gpu tests/`` without Numba's simulator (``NUMBA_ENABLE_CUDASIM``
   unset), results read from its JUnit XML. Needs a GPU.
+* ``lossless_traffic``: exponent coding and bit-packing on the backend of the device, each op
+  timed against a copy of the same bytes (``benchmarks/codecs.py``'s ``measure_lossless``), with
+  nvCOMP's ANS beside them where ``nvidia-nvcomp`` imports.
 * ``codec_traffic``: ZVC compress and decompress traffic against the device's copy bandwidth
   (``benchmarks/codecs.py``'s ``measure``), fp32 and bf16 at sparsity 0.5 and 0.9: the ``cuda``
   backend at 64 and 256 MiB on a GPU; the ``cpu`` backend against memcpy at small sizes on a CPU.
+* ``transformers``: cswap under dynamic padding against a fixed length (``benchmarks/dynamic_shapes.py``;
+  on a GPU, GPT-2 as ``GPT2Config()`` ships and a small Llama, bf16 autocast): time over plain,
+  profiles, plans made without one, iterations over the budget in force.
 * ``tuning``: BO against grid search on the backend's launch-config search space
   (``benchmarks/tuning.py``'s ``run_case``): evaluations until within 5% of grid's best.
 * ``training``: iterations of vgg16 and resnet50 (224x224 on a GPU) under plain PyTorch,
@@ -47,7 +53,9 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-STEPS: tuple[str, ...] = ("gpu_tests", "lossless_traffic", "transformers", "codec_traffic", "tuning", "training", "max_batch",
+#: In the order they run: what only a GPU can show first (its tests, the kernels' speeds), so that a
+#: run cut short by its deadline has measured those.
+STEPS: tuple[str, ...] = ("gpu_tests", "lossless_traffic", "codec_traffic", "transformers", "training", "tuning", "max_batch",
                           "simulator")
 #: Steps that only a GPU can run, and why.
 GPU_ONLY: dict[str, str] = {
