@@ -214,3 +214,30 @@ def test_registry_lists_the_codecs() -> None:
 def test_simulator_child() -> None:
     """Run this file under NUMBA_ENABLE_CUDASIM=1: the cuda backend must write the torch backend's bytes."""
     run_under_simulator(__file__, least_passed=20)
+
+
+@pytest.mark.skipif(not GPU, reason="needs a CUDA GPU: large tensors, the kernels' grid-stride loops and default launches")
+@pytest.mark.parametrize("chunk_words", [32, 256])
+@pytest.mark.parametrize("numel", [(1 << 20) + 7, 5_000_003])
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+def test_gpu_large_tensors_write_the_reference_bytes(dtype: torch.dtype, numel: int, chunk_words: int) -> None:
+    """Exponent coding of millions of elements on the device, with the default launch and 1024-thread
+    blocks: the torch reference's bytes (computed on the host), and a bit-exact round trip."""
+    t = _activation_like(numel, dtype, seed=numel, special_fraction=0.001).cuda()
+    reference = compress(t.cpu(), codec="exponent", backend="torch", launch=CpuLaunch(chunk_words=chunk_words))
+    for launch in (CudaLaunch(chunk_words=chunk_words),
+                   CudaLaunch(compress_block=1024, scatter_block=1024, decompress_block=1024, chunk_words=chunk_words)):
+        packed = compress(t, codec="exponent", backend="cuda", launch=launch)
+        for name, got, want in zip(packed.buffer_names, packed.buffers(), reference.buffers()):
+            assert torch.equal(got.cpu(), want), f"{name} differs from torch ({launch})"
+        assert torch.equal(as_bytes(decompress(packed, backend="cuda", launch=launch).cpu()), as_bytes(t.cpu()))
+
+
+@pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("numel", [(1 << 20) + 7, 5_000_003])
+def test_gpu_large_masks_write_the_reference_bytes(numel: int) -> None:
+    mask = torch.rand(numel, generator=torch.Generator().manual_seed(numel)) >= 0.1
+    reference = compress(mask, codec="bitpack", backend="torch")
+    packed = compress(mask.cuda(), codec="bitpack", backend="cuda")
+    assert torch.equal(packed.buffers()[0].cpu(), reference.buffers()[0])
+    assert torch.equal(decompress(packed, backend="cuda").cpu(), mask)
