@@ -178,9 +178,10 @@ class Advisor:
         launches = launch_cache.launches(record.dtype, record.nbytes)
         if self.policy in ("compress-swap", "compress-keep"):
             codec, compressed = self._compressed(record, getattr(launches["compress_launch"], "chunk_words", DEFAULT_CHUNK_WORDS))
-            # ZVC's tuned launches are for ZVC's kernels: another codec takes those tuned for its own
-            extra = {"compressed_nbytes": compressed, **launch_cache.launches(record.dtype, record.nbytes, codec)} if codec != "zvc" else launches
-            return Decision(**base, action=DEFAULT_ACTIONS[self.policy], reason=POLICY_REASONS[self.policy], codec=codec, **extra)
+            # each codec runs with the launches tuned for its own kernels
+            extra = {"compressed_nbytes": compressed} if codec != "zvc" else {}
+            return Decision(**base, action=DEFAULT_ACTIONS[self.policy], reason=POLICY_REASONS[self.policy], codec=codec,
+                            **launch_cache.launches(record.dtype, record.nbytes, codec), **extra)
         return self._cost_decision(record, base, launches, launch_cache)
 
     def _cost_decision(self, record: Any, base: dict[str, Any], launches: dict[str, Launch | None], launch_cache: LaunchCache) -> Decision:
@@ -236,13 +237,5 @@ class Advisor:
             decompress_s=decompress_s,
             compressed_nbytes=cost.compressed_nbytes,
             codec=codec if compress and not self.paper_size else "zvc",
-            **(_codec_launches(compress, "zvc" if self.paper_size else codec, launches, launch_cache, record)),
+            **(launch_cache.launches(record.dtype, record.nbytes, timed_codec) if compress else {}),
         )
-
-
-def _codec_launches(compress: bool, codec: str, zvc_launches: dict[str, Launch | None], launch_cache: LaunchCache,
-                    record: Any) -> dict[str, Launch | None]:
-    """The launches a compressing decision runs its codec with: ZVC's, or those tuned for its own kernels."""
-    if not compress:
-        return {}
-    return zvc_launches if codec == "zvc" else launch_cache.launches(record.dtype, record.nbytes, codec)

@@ -39,6 +39,7 @@ __all__ = [
     "exposed_transfer_s",
     "paper_compressed_nbytes",
     "swap_s",
+    "takes_codec",
     "zvc_nbytes_for",
 ]
 
@@ -76,10 +77,16 @@ class TimeModel(Protocol):
     def decompress_s(self, nbytes: int, density: float, itemsize: int, backend: str) -> float: ...
 
 
-def _takes_codec(method: object) -> bool:
+def takes_codec(fn: object) -> bool:
+    """Whether the callable ``fn`` (a time model's method, a launch lookup) takes a ``codec`` keyword.
+
+    Example:
+        >>> takes_codec(lambda backend, op, dtype, nbytes, codec="zvc": None), takes_codec(len)
+        (True, False)
+    """
     # a plan prices every saved tensor: read each method's signature once, not per tensor
-    function = getattr(method, "__func__", None)
-    return _signature_takes_codec(function) if function is not None else _signature_takes_codec.__wrapped__(method)
+    function = getattr(fn, "__func__", None)
+    return _signature_takes_codec(function) if function is not None else _signature_takes_codec.__wrapped__(fn)
 
 
 @functools.lru_cache(maxsize=256)
@@ -124,7 +131,7 @@ def codec_seconds(
     method = getattr(time_model, f"{op}_s")
     if codec == "zvc":
         return float(method(nbytes, density, itemsize, backend))
-    if _takes_codec(method):
+    if takes_codec(method):
         try:
             return float(method(nbytes, density, itemsize, backend, codec=codec))
         except ValueError:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import enum
 import math
-import inspect
 import warnings
 from collections import Counter
 from collections.abc import Mapping
@@ -39,6 +38,7 @@ from cswap.planner.hostpool import PoolLayout, host_pool_of
 from cswap.profile.trace import Trace
 from cswap.codecs.launch import DEFAULT_CHUNK_WORDS, Launch, LaunchLookup
 from cswap.planner.actions import POLICY_TABLE, RUNTIME_POLICIES
+from cswap.planner.costmodel import takes_codec
 
 __all__ = ["DEFAULT_ACTIONS", "DTYPE_NAMES", "POLICY_REASONS", "Action", "Decision", "LaunchCache", "Plan", "constrained",
            "host_bytes_at_pack", "host_reserve_bytes", "unsized_compression_bytes"]
@@ -202,8 +202,7 @@ class LaunchCache:
     def _look_up(self, op: str, dtype: str, nbytes: int, codec: str) -> Launch | None:
         if self.lookup is None:
             return None
-        takes_codec = "codec" in _parameters(self.lookup)
-        if codec != "zvc" and not takes_codec:
+        if codec != "zvc" and not takes_codec(self.lookup):
             return None
         torch_dtype = dtype_named(dtype)
         try:
@@ -218,13 +217,6 @@ class LaunchCache:
         if codec != "zvc" and launch is not None and getattr(launch, "chunk_words", DEFAULT_CHUNK_WORDS) != DEFAULT_CHUNK_WORDS:
             launch = replace(launch, chunk_words=DEFAULT_CHUNK_WORDS)
         return launch
-
-
-def _parameters(fn: Any) -> Mapping[str, Any]:
-    try:
-        return inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return {}
 
 
 @dataclass(frozen=True)
