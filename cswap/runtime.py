@@ -364,8 +364,7 @@ class Runtime:
                 counters = self._executor.counters
                 self._epoch_start = replace(counters, actions=dict(counters.actions))
                 self._executor.new_epoch()
-            self._needs_profile = True
-            self._profile_not_before = 0  # now, not where a new structure was awaited
+            self._profile_next()
 
     @contextmanager
     def iteration(self) -> Iterator[None]:
@@ -599,14 +598,18 @@ class Runtime:
             self._graph_profile = True
             self._unknown_profile = unknown
 
+    def _profile_next(self) -> None:
+        """Profile at the next iteration, not where a new structure was awaited (the caller holds the lock)."""
+        self._needs_profile = True
+        self._profile_not_before = 0
+
     def _exclude_regions(self, paths: tuple[str, ...], error: BaseException) -> RuntimeError:
         """After torch refused a recomputation: never enable ``paths`` again and plan anew at the next
         iteration; returns the error that says so."""
         why = f"torch refused its recomputation ({' '.join(str(error).split())[:300]})"
         self._recompute_regions().mark_ineligible(dict.fromkeys(paths, why))
         with self._lock:
-            self._needs_profile = True
-            self._profile_not_before = 0  # now, not where a new structure was awaited
+            self._profile_next()
         return RuntimeError(
             f"cswap recomputed the modules {', '.join(repr(p) for p in paths)} in backward and torch refused the recomputed "
             f"values: {type(error).__name__}. They are not recomputed again; the next iteration profiles and plans "
@@ -640,8 +643,7 @@ class Runtime:
         """The error after a profile with ac-full's layers enabled in which ``paths`` modified their
         input in place: they are not recomputed again, and the next iteration profiles without them."""
         with self._lock:
-            self._needs_profile = True
-            self._profile_not_before = 0  # now, not where a new structure was awaited
+            self._profile_next()
         return RuntimeError(
             f"cswap recomputes the layers {', '.join(repr(p) for p in paths)} from the first iteration (policy "
             f"{self.policy}: its plan is fixed by the model) and they modify their input in place, so a recomputation "
