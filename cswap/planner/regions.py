@@ -261,7 +261,7 @@ class _Planning:
             return None
 
     def seconds(self, regions: tuple[str, ...], planned: BudgetPlan) -> float:
-        return planned.predicted_s + sum(self.profile.regions[p].forward_s for p in regions)
+        return planned.predicted_s + _forward_s(self, regions)
 
 
 def _candidates(profile: RegionProfile, by_time: bool = True) -> list[str]:
@@ -334,6 +334,11 @@ def _least_footprint(planning: _Planning) -> tuple[str, ...]:
     return _grow(planning, _candidates(planning.profile, by_time=False), 0, by_time=False)[0]
 
 
+def _forward_s(planning: _Planning, regions: tuple[str, ...]) -> float:
+    """The forward seconds ``regions`` run again: the least time a plan with them can predict."""
+    return sum(planning.profile.regions[p].forward_s for p in regions)
+
+
 def _choose(planning: _Planning, budget_bytes: int, time_trials: int) -> tuple[str, ...]:
     """The regions to enable within ``budget_bytes`` (module docstring, part 1)."""
     regions, rest = _grow(planning, _candidates(planning.profile), budget_bytes, by_time=True)
@@ -350,6 +355,8 @@ def _choose(planning: _Planning, budget_bytes: int, time_trials: int) -> tuple[s
         if grown is None:
             continue
         time_trials -= 1
+        if _forward_s(planning, grown) >= best_s:
+            continue  # the rest's predicted seconds are never below 0: this trial cannot win, so it is not solved
         trial = planning.solve(grown, budget_bytes)
         if trial is not None and planning.seconds(grown, trial) < best_s:
             regions, best_s = grown, planning.seconds(grown, trial)
