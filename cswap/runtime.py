@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.utils.checkpoint import CheckpointError
@@ -53,7 +53,8 @@ from cswap.planner.advisor import Advisor
 from cswap.planner.budgeted import FALLBACK_ACTIONS, NO_CODEC, PROFILE_ACTIONS, budget_plan, profile_action
 from cswap.planner.plan import DEFAULT_ACTIONS, POLICY_REASONS, Action, LaunchCache, Plan
 from cswap.planner.regions import fixed_layers_plan, plan_regions
-from cswap.planner.solve import PROVING_TIME_LIMIT_S
+from cswap.planner.milp import EXACT_REL_GAP
+from cswap.planner.solve import PROVING_REL_GAP, PROVING_TIME_LIMIT_S
 from cswap.profile.profiler import Profiler
 from cswap.profile.layers import LayersProfile
 from cswap.profile.regions import RegionProfile, RegionTracer
@@ -66,8 +67,18 @@ __all__ = ["EpochStats", "Runtime", "RuntimeStats"]
 
 logger = logging.getLogger(__name__)
 
-#: The solver's time limit per solve for a plan made from a profile (the planners' default).
-_SOLVER_TIME_LIMIT_S = 30.0
+class _Solving(NamedTuple):
+    """How long the solver may take per solve, and the relative gap at which it stops."""
+
+    time_limit_s: float
+    rel_gap: float
+
+
+#: A plan made from a profile: the planners' defaults (proven optimal, 30 s per solve).
+_PROFILED_SOLVING = _Solving(30.0, EXACT_REL_GAP)
+#: A plan made without a profile, which training waits for (:data:`cswap.planner.solve.PROVING_TIME_LIMIT_S`
+#: and :data:`~cswap.planner.solve.PROVING_REL_GAP`).
+_PROVING_SOLVING = _Solving(PROVING_TIME_LIMIT_S, PROVING_REL_GAP)
 
 #: Iterations looked back over, and how many of them profiling because the graph changed, before
 #: the runtime warns that it keeps profiling.
@@ -753,7 +764,8 @@ class Runtime:
         as it is, or, where the sizes are larger than profiled, from the profile scaled to them
         (:func:`cswap.profile.shapes.scaled_trace`). ``cause`` names what made the sizes grow. A plan
         made without a profiling iteration (``profiled=False``) gives the solver
-        :data:`~cswap.planner.solve.PROVING_TIME_LIMIT_S` per solve: training waits for it.
+        :data:`~cswap.planner.solve.PROVING_TIME_LIMIT_S` per solve and stops at
+        :data:`~cswap.planner.solve.PROVING_REL_GAP`: training waits for it.
         ``drifted``: the profile is of a graph whose plan met the budget, at sizes already planned
         (:meth:`_past_drift`)."""
         started = time.perf_counter()
@@ -765,7 +777,7 @@ class Runtime:
             trace = scaled_trace(trace, grown)
             if profile is not None:
                 profile = profile.scaled(grown, SizeMap.learn((r.shape, shape) for r, shape in zip(family.trace.tensors, family.shapes)))
-        time_limit_s = _SOLVER_TIME_LIMIT_S if profiled else PROVING_TIME_LIMIT_S
+        solving = _PROFILED_SOLVING if profiled else _PROVING_SOLVING
         # Without a profile the regions chosen before stay where they still meet the budget, and only
         # the rest is planned again: choosing regions tries several plans.
         hint = family.plan.recompute_regions if not profiled and family.plan is not None else None
@@ -781,10 +793,10 @@ class Runtime:
                 # The profile followed the plan that met the budget, swapping what would have passed
                 # it: its peak binds nothing (the first profile's, every tensor compressed, did).
                 profiled_peak = 0
-            plan, budget_bytes, error, region_keys = self._planned(trace, profile, profiled_peak, profiled_host_peak, time_limit_s,
+            plan, budget_bytes, error, region_keys = self._planned(trace, profile, profiled_peak, profiled_host_peak, solving,
                                                                    hint)
             if error is not None and holds_drift and budget_bytes is not None:
-                plan, region_keys, error = self._past_drift(error, budget_bytes, trace, profiled_host_peak, time_limit_s)
+                plan, region_keys, error = self._past_drift(error, budget_bytes, trace, profiled_host_peak, solving)
         budget = self._options.memory_budget
         if budget is not None and error is None and self.policy in _DRIFT_POLICIES:
             plan = replace(plan, fallback_action=_DRIFT_FALLBACK)
@@ -821,7 +833,7 @@ class Runtime:
             self._family = family
             self._planning_s += time.perf_counter() - started
 
-    def _past_drift(self, error: BudgetError, budget_bytes: int, trace: Trace, profiled_host_peak: int, time_limit_s: float,
+    def _past_drift(self, error: BudgetError, budget_bytes: int, trace: Trace, profiled_host_peak: int, solving: _Solving,
                     ) -> tuple[Plan, dict[str, tuple[int, ...]], BudgetError | None]:
         """The plan of a profile of a graph that met ``budget_bytes`` before and whose compressed sizes
         have since grown past it (``error`` gives the least this profile needs): the plan at that
@@ -830,7 +842,7 @@ class Runtime:
         ``error`` with the plan it came with when no plan meets even that least."""
         least = error.minimum_bytes
         plan, _, again, region_keys = self._planned_within(MemoryBudget(nbytes=least), trace, None, 0, profiled_host_peak,
-                                                           time_limit_s)
+                                                           solving)
         if again is not None:
             return plan, region_keys, error
         note = (f"this profile needs {least:,d} B to keep every tensor on the device, {least - budget_bytes:,d} B over the "
@@ -885,7 +897,7 @@ class Runtime:
                       "rt.plan().planner['not_recomputed'] and rt.stats().recompute_note keep this.", stacklevel=7)
 
     def _planned(self, trace: Trace, profile: RegionProfile | None, profiled_peak: int | None, profiled_host_peak: int,
-                 time_limit_s: float, regions_hint: tuple[str, ...] | None = None,
+                 solving: _Solving, regions_hint: tuple[str, ...] | None = None,
                  ) -> tuple[Plan, int | None, BudgetError | None, dict[str, tuple[int, ...]]]:
         """The plan of ``trace`` (and ``profile``'s regions), the budget's bytes and the error when the
         policy cannot meet it. A fraction of ``none``'s peak never resolves below what it resolved to
@@ -893,14 +905,14 @@ class Runtime:
         budget = self._options.memory_budget
         floor = self._budget_bytes if budget is not None and budget.relative else None
         plan, budget_bytes, error, region_keys = self._planned_within(budget, trace, profile, profiled_peak, profiled_host_peak,
-                                                                      time_limit_s, regions_hint)
+                                                                      solving, regions_hint)
         if floor is not None and budget_bytes is not None and budget_bytes < floor:
             plan, budget_bytes, error, region_keys = self._planned_within(MemoryBudget(nbytes=floor), trace, profile, profiled_peak,
-                                                                          profiled_host_peak, time_limit_s, regions_hint)
+                                                                          profiled_host_peak, solving, regions_hint)
         return plan, budget_bytes, error, region_keys
 
     def _planned_within(self, budget: MemoryBudget | None, trace: Trace, profile: RegionProfile | None, profiled_peak: int | None,
-                        profiled_host_peak: int, time_limit_s: float, regions_hint: tuple[str, ...] | None = None,
+                        profiled_host_peak: int, solving: _Solving, regions_hint: tuple[str, ...] | None = None,
                         ) -> tuple[Plan, int | None, BudgetError | None, dict[str, tuple[int, ...]]]:
         error = None
         budget_bytes = None
@@ -912,7 +924,7 @@ class Runtime:
             chosen = plan_regions(trace, profile, self.policy, budget, time_model, self._backend, self._options.min_bytes,
                                   self._epoch, self._plan.launches, profiled_peak, host_budget_bytes=host_budget,
                                   profiled_host_peak_bytes=profiled_host_peak, host_time_model=self._host_codec_time_model(host_budget),
-                                  time_limit_s=time_limit_s, regions_hint=regions_hint)
+                                  time_limit_s=solving.time_limit_s, regions_hint=regions_hint, rel_gap=solving.rel_gap)
             plan, error, region_keys = chosen.plan, chosen.error, dict(chosen.region_keys)
             budget_bytes = chosen.budget_bytes if budget is not None else None
         elif budget is None:
@@ -922,7 +934,8 @@ class Runtime:
             time_model = self._codec_time_model() if compresses else NO_CODEC
             plan, budget_bytes, error = budget_plan(trace, self.policy, budget, time_model, self._backend, self._options.min_bytes,
                                                     self._epoch, self._plan.launches, profiled_peak, host_budget,
-                                                    profiled_host_peak, self._host_codec_time_model(host_budget), time_limit_s)
+                                                    profiled_host_peak, self._host_codec_time_model(host_budget), solving.time_limit_s,
+                                                    solving.rel_gap)
         return plan, budget_bytes, error, region_keys
 
     def _after_planned(self, it: IterationState, unknown: bool, peak_bytes: int, host_peak_bytes: int = 0) -> None:

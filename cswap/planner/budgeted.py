@@ -41,6 +41,7 @@ from cswap.budget import BudgetError, MemoryBudget, format_bytes
 from cswap.planner import BudgetPlan, PlannedTensor, PlanningProblem, TensorOptions, minimum_bytes, plan_budget, problem_from_trace
 from cswap.planner.bounds import policy_options
 from cswap.planner.problem import Option
+from cswap.planner.milp import EXACT_REL_GAP
 from cswap.planner.solve import minimum_host_bytes
 from cswap.planner.actions import HOST_ZVC_SWAP, POLICY_ACTIONS, POLICY_TABLE, carried_out, compressed_on_host_if_it_shrinks
 from cswap.planner.costmodel import TimeModel
@@ -628,6 +629,7 @@ def budget_plan(
     profiled_host_peak_bytes: int = 0,
     host_time_model: TimeModel | None = None,
     time_limit_s: float = 30.0,
+    rel_gap: float = EXACT_REL_GAP,
 ) -> tuple[Plan, int, BudgetError | None]:
     """The plan of ``policy`` within ``budget`` from a profiling iteration's ``trace``.
 
@@ -658,6 +660,8 @@ def budget_plan(
             (default: ``time_model``, when ``backend`` is ``cpu``, else :data:`NO_CODEC`).
         time_limit_s: the solver's time limit per solve (:data:`cswap.planner.solve.PROVING_TIME_LIMIT_S`
             for a plan needed inside training).
+        rel_gap: the solver's relative gap (:data:`cswap.planner.solve.PROVING_REL_GAP` for a plan
+            needed inside training).
 
     Returns:
         ``(plan, budget_bytes, error)``: ``error`` is the :class:`~cswap.budget.BudgetError` to
@@ -684,7 +688,7 @@ def budget_plan(
     planned = None
     if budget_bytes >= least:
         try:
-            planned = plan_budget(problem, policy, budget_bytes, time_limit_s, host_budget_bytes=host_budget_bytes)
+            planned = plan_budget(problem, policy, budget_bytes, time_limit_s, host_budget_bytes=host_budget_bytes, rel_gap=rel_gap)
         except BudgetError:
             if host_budget_bytes is None:
                 raise

@@ -53,6 +53,7 @@ from cswap.planner.lifetime import resident_bytes
 from cswap.planner.problem import Option, PlanningProblem, TensorOptions
 
 __all__ = [
+    "EXACT_REL_GAP",
     "HIGHS_DEBUG_LINE",
     "BudgetPlan",
     "PlannedTensor",
@@ -65,6 +66,9 @@ __all__ = [
     "stdout_to_stderr",
     "timeline_of",
 ]
+
+#: The solver's relative gap by default: a plan proven optimal (to rounding).
+EXACT_REL_GAP = 1e-6
 
 # constraint rows in MiB keep HiGHS's coefficients near 1; plans are checked in exact bytes after
 _SCALE = 1.0 / 2**20
@@ -202,9 +206,10 @@ def host_timeline_of(problem: PlanningProblem, choice: list[Option]) -> np.ndarr
 
 
 def _milp(arrays: _Arrays, c: np.ndarray, budget_bytes: int | None, peak_variable: bool, time_limit_s: float,  # type: ignore[no-untyped-def]
-          host_budget_bytes: int | None = None, host_peak: bool = False):
+          host_budget_bytes: int | None = None, host_peak: bool = False, rel_gap: float = EXACT_REL_GAP):
     """The program: ``peak_variable`` minimises the device peak (the last variable), ``host_peak``
-    the host peak, within ``budget_bytes`` on the device; ``host_budget_bytes`` bounds the host."""
+    the host peak, within ``budget_bytes`` on the device; ``host_budget_bytes`` bounds the host.
+    The solver stops once its plan is within ``rel_gap`` of the optimum (relative)."""
     count = len(arrays.options)
     extra = 1 if peak_variable or host_peak else 0
     one = csr_matrix((np.ones(count), (arrays.owner, np.arange(count))), shape=(arrays.tensor_count, count + extra))
@@ -238,7 +243,7 @@ def _milp(arrays: _Arrays, c: np.ndarray, budget_bytes: int | None, peak_variabl
             constraints=constraints,
             integrality=integrality,
             bounds=bounds,
-            options={"time_limit": time_limit_s, "mip_rel_gap": 1e-6},
+            options={"time_limit": time_limit_s, "mip_rel_gap": rel_gap},
         )
 
 
@@ -448,10 +453,11 @@ def _greedy(arrays: _Arrays, budget_bytes: int, host_budget_bytes: int | None = 
 
 
 def solve_milp(problem: PlanningProblem, policy: str, budget_bytes: int, time_limit_s: float = 30.0, greedy: bool = True,
-               host_budget_bytes: int | None = None, explain: bool = True) -> BudgetPlan:
+               host_budget_bytes: int | None = None, explain: bool = True, rel_gap: float = EXACT_REL_GAP) -> BudgetPlan:
     """The least-time plan of ``policy``'s actions whose timeline stays within ``budget_bytes``
     (the arguments are :func:`cswap.planner.solve.plan_budget`'s; ``greedy`` also runs the greedy,
-    for its gap and as the fallback), and whose host copies stay within ``host_budget_bytes``.
+    for its gap and as the fallback), and whose host copies stay within ``host_budget_bytes``;
+    least to within ``rel_gap`` of the optimum's predicted seconds.
 
     Raises:
         BudgetError: the policy cannot meet the budgets; it carries :func:`least_peak` (and, with a
@@ -470,7 +476,7 @@ def solve_milp(problem: PlanningProblem, policy: str, budget_bytes: int, time_li
                               host_budget_bytes=host_budget_bytes)
     arrays = _arrays(problem, policy)
     result = _milp(arrays, arrays.cost, budget_bytes, peak_variable=False, time_limit_s=time_limit_s,
-                   host_budget_bytes=host_budget_bytes)
+                   host_budget_bytes=host_budget_bytes, rel_gap=rel_gap)
     solver_choice = _choice(arrays, result.x) if result.x is not None else None
     if solver_choice is not None and (
         arrays.held[solver_choice].sum(axis=0).max(initial=0) > budget_bytes

@@ -85,6 +85,7 @@ from cswap.planner.budgeted import (
     with_profile_leasts,
 )
 from cswap.planner.costmodel import TimeModel
+from cswap.planner.milp import EXACT_REL_GAP
 from cswap.planner.plan import Action, Decision, LaunchCache, Plan
 from cswap.profile.regions import InputRecord, RegionProfile
 from cswap.profile.regions import nested_pair
@@ -128,9 +129,10 @@ class _Planning:
 
     def __init__(self, trace: Trace, profile: RegionProfile, base: str, time_model: TimeModel, backend: str, min_bytes: int,
                  host_budget_bytes: int | None = None, host_time_model: TimeModel | None = None, budgeted: bool = False,
-                 time_limit_s: float = 30.0) -> None:
+                 time_limit_s: float = 30.0, rel_gap: float = EXACT_REL_GAP) -> None:
         self.trace = trace
         self.time_limit_s = time_limit_s
+        self.rel_gap = rel_gap
         self._solved: dict[tuple[tuple[str, ...], int], BudgetPlan | None] = {}
         self.host_budget_bytes = host_budget_bytes
         # under a host budget, the host codec that prices host-zvc-swap for the rest (None: not offered)
@@ -256,7 +258,7 @@ class _Planning:
             return None
         try:
             return plan_budget(problem, self.base, budget_bytes - extra, self.time_limit_s, host_budget_bytes=self.host_budget_bytes,
-                               explain=False)
+                               explain=False, rel_gap=self.rel_gap)
         except BudgetError:
             return None
 
@@ -661,6 +663,7 @@ def plan_regions(
     host_time_model: TimeModel | None = None,
     time_limit_s: float = 30.0,
     regions_hint: tuple[str, ...] | None = None,
+    rel_gap: float = EXACT_REL_GAP,
 ) -> RegionPlan:
     """The plan of recomputing ``policy`` from a profiling iteration (module docstring).
 
@@ -690,6 +693,8 @@ def plan_regions(
         regions_hint: regions chosen before for this model (a plan at a smaller size of the same
             graph): kept where they all ran and the budget can be met with them, so that only the
             rest is planned again; else chosen anew.
+        rel_gap: the solver's relative gap per solve (:data:`cswap.planner.solve.PROVING_REL_GAP`
+            for a plan needed inside training).
 
     Raises:
         ValueError: ``policy`` does not recompute.
@@ -699,7 +704,7 @@ def plan_regions(
     launches = launches if launches is not None else LaunchCache(backend, None)
     # under a budget min_bytes binds nothing (cswap.planner.budgeted): the rest may move small tensors too
     planning = _Planning(trace, profile, BASE_POLICIES[policy], time_model, backend, min_bytes, host_budget_bytes, host_time_model,
-                         budgeted=budget is not None, time_limit_s=time_limit_s)
+                         budgeted=budget is not None, time_limit_s=time_limit_s, rel_gap=rel_gap)
     full, _ = planning.problem(())
     budget_bytes: int | None = None
     none_bytes = minimum_bytes(full, "none") if budget is not None else None

@@ -60,7 +60,7 @@ from scipy.sparse import csr_matrix
 
 from cswap.planner.bounds import policy_options
 from cswap.planner.lifetime import resident_bytes
-from cswap.planner.milp import BudgetPlan, _Arrays, _greedy, budget_plan_of, stdout_to_stderr
+from cswap.planner.milp import EXACT_REL_GAP, BudgetPlan, _Arrays, _greedy, budget_plan_of, stdout_to_stderr
 from cswap.planner.problem import Option, PlanningProblem
 from cswap.planner.repeats import RepeatedLayers
 
@@ -211,7 +211,7 @@ def _rows(program: TiedProgram, above_bytes: np.ndarray) -> np.ndarray:
 
 
 def _solve(program: TiedProgram, rows: np.ndarray, c: np.ndarray, upper_bytes: np.ndarray | None, floor_bytes: float,
-           time_limit_s: float):  # type: ignore[no-untyped-def]
+           time_limit_s: float, rel_gap: float = EXACT_REL_GAP):  # type: ignore[no-untyped-def]
     count = len(program.choices)
     peak = 1 if upper_bytes is None else 0  # minimise the peak: one more (continuous) variable
     one = csr_matrix((np.ones(count), (program.owner, np.arange(count))), shape=(len(program.units), count + peak))
@@ -229,7 +229,7 @@ def _solve(program: TiedProgram, rows: np.ndarray, c: np.ndarray, upper_bytes: n
             integrality=np.concatenate([np.ones(count), np.zeros(peak)]),
             bounds=Bounds(np.concatenate([np.zeros(count), np.full(peak, floor_bytes * _SCALE)]),
                           np.concatenate([np.ones(count), np.full(peak, np.inf)])),
-            options={"time_limit": time_limit_s, "mip_rel_gap": 1e-6},
+            options={"time_limit": time_limit_s, "mip_rel_gap": rel_gap},
         )
 
 
@@ -269,7 +269,7 @@ def _neighbours(program: TiedProgram, columns: np.ndarray) -> dict[tuple[int, in
     return allowed
 
 
-def _fitting(program: TiedProgram, budget_bytes: int, time_limit_s: float) -> tuple[np.ndarray | None, bool]:
+def _fitting(program: TiedProgram, budget_bytes: int, time_limit_s: float, rel_gap: float = EXACT_REL_GAP) -> tuple[np.ndarray | None, bool]:
     """The solver's column per unit within ``budget_bytes`` (``None``: none in time, or a few bytes
     over), and whether it is proved optimal. Units with one column are taken as given: their bytes
     come off the budget, event by event, and only the others reach the solver."""
@@ -279,7 +279,7 @@ def _fitting(program: TiedProgram, budget_bytes: int, time_limit_s: float) -> tu
     if free.any():
         left = budget_bytes - program.held_bytes[found[~free]].sum(axis=0)
         sub, columns = _subset(program, free)
-        result = _solve(sub, _rows(sub, left), sub.cost_s, left, 0.0, time_limit_s)
+        result = _solve(sub, _rows(sub, left), sub.cost_s, left, 0.0, time_limit_s, rel_gap)
         if result.x is None:
             return None, False
         found[free] = columns[_columns(sub, result.x)]
@@ -299,6 +299,7 @@ def plan_tied(
     edge_layers: int = DEFAULT_EDGE_LAYERS,
     blocks: int = DEFAULT_BLOCKS,
     refine: bool = True,
+    rel_gap: float = EXACT_REL_GAP,
 ) -> BudgetPlan | None:
     """The least-time plan of ``policy`` within ``budget_bytes`` whose blocks of repeated layers share decisions.
 
@@ -311,6 +312,7 @@ def plan_tied(
         edge_layers, blocks: how the layers are tied (:func:`tie_layers`).
         refine: then plan every layer on its own, among the options its block and the blocks on
             either side took (the refinement in the module docstring).
+        rel_gap: the solver's relative gap (:func:`cswap.planner.milp.solve_milp`).
 
     Returns:
         The plan (status ``tied``, or ``tied-time-limit`` for the solver's best when time ran out,
@@ -319,7 +321,7 @@ def plan_tied(
     """
     started = time.perf_counter()
     program = tie_layers(problem, policy, repeats, edge_layers, blocks)
-    found, optimal = _fitting(program, budget_bytes, time_limit_s)
+    found, optimal = _fitting(program, budget_bytes, time_limit_s, rel_gap)
     arrays = _Arrays(program.choices, program.owner, program.cost_s, program.held_bytes, len(program.units))  # type: ignore[arg-type]
     fallback = _greedy(arrays, budget_bytes) if greedy or found is None else None
     if found is None and fallback is None:
@@ -337,7 +339,7 @@ def plan_tied(
         # every layer alone, choosing among what its block and the neighbouring blocks chose: the
         # coarse plan is one of these plans, so this one is never dearer
         fine = tie_layers(problem, policy, repeats, edge_layers, repeats.layers, _neighbours(program, columns))  # type: ignore[arg-type]
-        refined, fine_optimal = _fitting(fine, budget_bytes, time_limit_s)
+        refined, fine_optimal = _fitting(fine, budget_bytes, time_limit_s, rel_gap)
         if refined is not None and float(fine.cost_s[refined].sum()) < best_s:
             choice = fine.options_of(refined, len(problem.tensors))
             solver_s = float(fine.cost_s[refined].sum())

@@ -227,26 +227,35 @@ def test_a_larger_batch_is_planned_again_under_a_host_budget_too(host_budget: in
     assert any(d.shape == (32, 256) for d in rt.plan().decisions.values())
 
 
-def test_a_plan_made_without_a_profile_bounds_the_solver(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Training waits for a plan made at a larger size: its solves get the short limit, a profile's the default."""
-    import cswap.runtime
-    from cswap.planner.solve import PROVING_TIME_LIMIT_S
+@pytest.mark.parametrize(("policy", "planner"), [("swap", "budget_plan"), ("cswap", "plan_regions")])
+def test_a_plan_made_without_a_profile_bounds_the_solver(monkeypatch: pytest.MonkeyPatch, policy: str, planner: str) -> None:
+    """Training waits for a plan made at a larger size: its solves get the short limit and the
+    looser gap, a profile's the defaults (the budget planner, and the region planner where the
+    policy recomputes)."""
+    import inspect
 
-    limits: list[float] = []
-    original = cswap.runtime.budget_plan
+    import cswap.runtime
+    from cswap.planner.milp import EXACT_REL_GAP
+    from cswap.planner.solve import PROVING_REL_GAP, PROVING_TIME_LIMIT_S
+
+    solving: list[tuple[float, float]] = []
+    original = getattr(cswap.runtime, planner)
+    signature = inspect.signature(original)
 
     def spy(*args, **kwargs):
-        limits.append(args[-1] if len(args) > 12 else kwargs.get("time_limit_s", 30.0))
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        solving.append((bound.arguments["time_limit_s"], bound.arguments["rel_gap"]))
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(cswap.runtime, "budget_plan", spy)
+    monkeypatch.setattr(cswap.runtime, planner, spy)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
-    rt = cswap.Runtime("swap", device="cpu", min_bytes=0, memory_budget="1GiB")
+    rt = cswap.Runtime(policy, device="cpu", min_bytes=0, memory_budget="1GiB", model=model if policy == "cswap" else None)
     for batch in (8, 32):
         with rt.iteration():
             F.cross_entropy(model(torch.randn(batch, 64)), torch.zeros(batch, dtype=torch.long)).backward()
-    assert limits == [30.0, PROVING_TIME_LIMIT_S] and rt.stats().unprofiled_plans == 1
+    assert solving == [(30.0, EXACT_REL_GAP), (PROVING_TIME_LIMIT_S, PROVING_REL_GAP)] and rt.stats().unprofiled_plans == 1
 
 
 def gpt2_for_training() -> nn.Module:
