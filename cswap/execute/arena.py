@@ -31,7 +31,6 @@ Example:
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -87,17 +86,6 @@ class _Pool:
         self.held: set[int] = set()
         self.hits = 0
         self.fallbacks = 0
-
-    def reuse(self, key: int, dtype: torch.dtype, shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[torch.Tensor, PoolSlot] | None:
-        """:meth:`take` for a key taken before as the same ``dtype``, ``shape`` and ``stride`` (its view
-        is made, so it fits): the view and marker, now held; ``None`` (nothing counted) otherwise, or
-        when bytes of its slot are still held: ask :meth:`take` then."""
-        cached = self.views.get(key)
-        if cached is None or cached[0] is not dtype or cached[1] != shape or cached[2] != stride or not self._free(key):
-            return None
-        self.held.add(key)
-        self.hits += 1
-        return cached[3]
 
     def _free(self, key: int) -> bool:
         """Whether no bytes of ``key``'s slot are held (by it or by a key sharing them)."""
@@ -285,12 +273,6 @@ class HostArena:
             return torch.empty_strided(shape, stride, dtype=dtype), None
         typed = self._chunks[block.chunk].of_dtype(dtype)
         return typed.as_strided(shape, stride, block.offset // dtype.itemsize), block
-
-    def slot_reuser(self) -> Callable[[int, torch.dtype, tuple[int, ...], tuple[int, ...]], tuple[torch.Tensor, PoolSlot] | None] | None:
-        """The planned pool's :meth:`_Pool.reuse` (``None`` without a pool), for a pack hook that
-        asks it once per swap; :meth:`alloc_tensor` takes what it declines. Valid until the next
-        :meth:`plan_pool`."""
-        return self._pool.reuse if self._pool is not None else None
 
     def tensor(self, block: ArenaBlock, dtype: torch.dtype, shape: tuple[int, ...], stride: tuple[int, ...] | None = None) -> torch.Tensor:
         """``block`` as a tensor of ``dtype``, ``shape`` and ``stride`` (default: contiguous), from its start.

@@ -76,7 +76,7 @@ from cswap.execute.arena import ALIGN_BYTES, ArenaBlock, HostArena, PoolSlot
 from cswap.execute.layout import Layout
 from cswap.execute.stored import Counters, Handle, Stored
 from cswap.execute.streams import Transfers, torch_threads_kept
-from cswap.planner.plan import DTYPE_NAMES, Action, Decision, Plan, host_reserve_bytes
+from cswap.planner.plan import DTYPE_NAMES, Action, Decision, Plan, host_reserve_bytes, serves_shape
 from cswap.profile.profiler import Profiler
 
 __all__ = ["Counters", "Executor", "IterationState"]
@@ -94,6 +94,14 @@ _DRAIN_BATCH = 64  # releases a planned unpack that counts nothing lets wait bef
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+def _same_view(stored: Stored, storage: torch.UntypedStorage, stride: tuple[int, ...], shape: tuple[int, ...], dtype: torch.dtype) -> bool:
+    """Whether ``stored``, found by a pack's storage, offset and version, stores this very view: its
+    storage is alive as that object (a dead one's address may be taken by a new one), with the same
+    stride, shape and dtype (not another view at the same offset)."""
+    layout = stored.layout
+    return stored.storage_ref() is storage and layout.stride == stride and layout.shape == shape and layout.dtype is dtype
 
 
 def _storage_id(t: torch.Tensor) -> int:
@@ -345,13 +353,18 @@ class Executor:
         """The pack and unpack hooks of a planned iteration.
 
         It takes what most packs are once planned, with the plan's answer known in advance: a
-        parameter the plan keeps where it is, a contiguous aligned tensor the plan swaps (copied
-        to its pool slot), and a second save of data already swapped. Anything else, and every
-        pack whose facts differ from the plan's guard, goes to :meth:`pack`. The rules are
-        :meth:`Plan.resolve`'s, whose answer for these is always the planned decision (a swap
-        holds nothing on the device, so the budget never changes it), and the checks are
-        :meth:`_never_move`'s; they are inlined because this runs once per saved tensor, and
-        every attribute read and call here is host time the device waits for. The unpack is
+        parameter the plan keeps where it is, a contiguous aligned tensor the plan keeps or swaps
+        (copied to its pool slot), and a second save of data already stored. Anything else, and
+        every pack whose facts differ from the plan's guard, goes to :meth:`pack`. It applies the
+        general path's rules, each defined once: the guard's size rule
+        (:func:`~cswap.planner.plan.serves_shape`), :meth:`_never_move`'s reason (the plan's
+        answer holds only for the reason it was planned with), the match of a stored view
+        (:func:`_same_view`), the budget's keep limit (:meth:`Plan.keep_limit_bytes`), and it
+        stores through :meth:`_keep` and :meth:`_swap_plain` as :meth:`_store` does. What it
+        saves is building the decision: :meth:`Plan.resolve`'s answer for these is always the
+        planned one (a swap holds nothing on the device, so the budget never changes it), and
+        this runs once per saved tensor, where every attribute read and call is host time the
+        device waits for. The unpack is
         :meth:`unpack` without the profiler, for the handles this pack returns (a :class:`Stored`
         entry is its own handle). Both take the executor's lock only where threads can meet: on a
         GPU, or once the iteration saved a tensor on another device (:attr:`IterationState.other_device`).
@@ -359,7 +372,6 @@ class Executor:
         general = functools.partial(self.pack, it)
         steps = self._steps(it.plan)
         n_steps = len(steps)
-        protected = it.protected
         layouts = it.layouts
         dedupe = self._dedupe
         counters = self.counters
@@ -371,20 +383,17 @@ class Executor:
         threads_meet = not self._on_cpu
         drain = self._drain
         transfers = self.transfers
-        alloc_tensor = self.arena.alloc_tensor
-        reuse_slot = self.arena.slot_reuser()
-        on_side_stream = transfers.side_stream is not None
+        never_move, keep_tensor, swap_plain = self._never_move, self._keep, self._swap_plain
         released, dead, rebuilt = self._released, self._dead_storages, self._dead_rebuilt
         in_flight, unsized = transfers.in_flight, transfers.unsized
         stored_by_key = it.stored_by_key
         budget = it.plan.budget_bytes
-        on_cpu, device = self._on_cpu, self.device
         kept_storages = self._kept_storages
         resolved = it.plan.resolved_table()
         perf_counter = time.perf_counter
         grad_enabled = torch.is_grad_enabled
         new_ref = weakref.ref
-        keep, strided, parameter, plain_tensor = Action.KEEP, torch.strided, torch.nn.Parameter, torch.Tensor
+        keep, strided = Action.KEEP, torch.strided
 
         def pack(tensor: torch.Tensor) -> Handle:
             started = perf_counter()
@@ -398,29 +407,18 @@ class Executor:
             size = tensor.shape
             if size != shape:
                 # A smaller size of the planned tensor (a shorter sequence, a smaller batch) follows
-                # the plan; its own shape is what is stored.
-                if reason is not None or len(size) != len(shape) or any(a > b for a, b in zip(size, shape)):
+                # the plan (Decision.matches's rule); its own shape is what is stored.
+                if not serves_shape(shape, size):
                     return general(tensor)
                 shape = size
+            if tensor.layout is not strided:  # a sparse layout has no storage to ask for
+                return general(tensor)
+            storage = tensor.untyped_storage()
+            storage_id = storage._cdata
+            if never_move(it, tensor, storage_id) != reason:
+                # the plan's answer holds only for the reason it was planned with (None: it may move)
+                return general(tensor)
             if reason is not None:
-                # A parameter or a view of one, kept as the plan says, for the reason _never_move
-                # gives it; a tensor on the storage of a parameter or buffer of the model is kept
-                # whatever the reason, so that one look-up stands for the checks.
-                if tensor.layout is not strided:
-                    return general(tensor)
-                if not (protected and tensor.untyped_storage()._cdata in protected):
-                    if not (tensor.is_cpu if on_cpu else tensor.device == device):
-                        return general(tensor)
-                    kind = type(tensor)
-                    leaf = tensor.requires_grad and tensor.is_leaf
-                    if kind is parameter or (kind is plain_tensor and leaf):
-                        if not leaf or reason != _LEAF_REASON:
-                            return general(tensor)
-                    else:
-                        base = tensor._base
-                        if (kind is not plain_tensor or base is None or not (base.requires_grad and base.is_leaf)
-                                or reason != _VIEW_REASON):
-                            return general(tensor)
                 # Nothing here is shared with another thread: the counters are the forward's, as
                 # the unpacks' are backward's, and a micro-batch's forward never overlaps a backward.
                 it.next_key = key + 1
@@ -433,11 +431,9 @@ class Executor:
                 # autograd detaches what an unpack returns, and a parameter (or a view of one) is
                 # an input of the operation that saves it, so holding it makes no reference cycle.
                 return tensor
-            if tensor.layout is not strided or not tensor.is_contiguous():  # a sparse layout has no contiguity to ask for
-                return general(tensor)
-            storage = tensor.untyped_storage()
-            storage_id = storage._cdata
             offset = tensor.storage_offset()
+            if not tensor.is_contiguous() or offset * tensor.element_size() % ALIGN_BYTES:  # Layout.plain's terms
+                return general(tensor)
             stride = tensor.stride()
             dedupe_key = (storage_id, offset, tensor._version)
             locking = threads_meet or it.other_device
@@ -448,21 +444,12 @@ class Executor:
                     drain()
                 ref = dedupe.get(dedupe_key)
                 stored = ref() if ref is not None else None
-                if (stored is not None and stored.storage_ref() is storage and stored.layout.stride == stride
-                        and stored.layout.shape == shape and stored.layout.dtype is dtype):
+                if stored is not None and _same_view(stored, storage, stride, shape, dtype):
                     if stored.action is not action:
                         return general(tensor)
                     stored.handles += 1
                     counters.deduplicated_tensors += 1
                 else:
-                    # _never_move's checks, for a tensor the plan may move
-                    if (type(tensor) is not plain_tensor or not (tensor.is_cpu if on_cpu else tensor.device == device)
-                            or (tensor.requires_grad and tensor.is_leaf) or storage_id in protected
-                            or offset * tensor.element_size() % ALIGN_BYTES):
-                        return general(tensor)
-                    base = tensor._base
-                    if base is not None and base.requires_grad and base.is_leaf:
-                        return general(tensor)
                     layout = layouts.get(key)
                     if layout is None or stride != layout.stride or shape != layout.shape:  # size-1 dimensions may stride anyhow
                         layout = layouts[key] = Layout.of(tensor)
@@ -480,30 +467,12 @@ class Executor:
                     stored.storage_ref = new_ref(storage)
                     ref = new_ref(stored)
                     if action is keep:
-                        stored.tensor = tensor.detach()
-                        stored.held_bytes = nbytes
-                        counters.kept_bytes += nbytes
-                        counters.add_resident(nbytes)
-                        kept_storages[storage_id] = ref
+                        keep_tensor(stored, tensor.detach(), nbytes, storage_id)
                         actions[_KEEP] += 1
                     else:
-                        if on_side_stream:
-                            transfers.store(stored, tensor.detach(), action, None, pool_key=key)
-                        else:
-                            # Transfers.copy_to_host for a plain layout, to its slot in the plan's
-                            # host pool if it has one; pack hooks run with grad mode off, so the
-                            # copy needs no detached view (checked, as a caller may differ).
-                            taken = reuse_slot(key, dtype, shape, stride) if reuse_slot is not None else None
-                            if taken is None:
-                                host, stored.block = alloc_tensor(dtype, shape, stride, nbytes, key)
-                            else:
-                                host, stored.block = taken
-                            host.copy_(tensor.detach() if grad_enabled() else tensor)
-                            stored.host = host
-                            stored.host_nbytes = nbytes
-                            counters.add_host(nbytes)
-                        counters.offloaded_bytes += nbytes
-                        counters.transferred_bytes += nbytes
+                        # pack hooks run with grad mode off, so the copy needs no detached view
+                        # (checked, as a caller may differ)
+                        swap_plain(stored, tensor.detach() if grad_enabled() else tensor, key)
                         actions[_SWAP] += 1
                     stored.dedupe_key = dedupe_key
                     dedupe[dedupe_key] = ref
@@ -805,9 +774,7 @@ class Executor:
         dedupe_key = (storage_id, tensor.storage_offset(), tensor._version)
         ref = self._dedupe.get(dedupe_key)
         stored = ref() if ref is not None else None
-        if stored is not None and (stored.storage_ref() is not storage or stored.layout.stride != layout.stride
-                                   or stored.layout.shape != layout.shape or stored.layout.dtype is not layout.dtype):
-            # the storage it stored died and a new one took its address, or another view of it
+        if stored is not None and not _same_view(stored, storage, layout.stride, layout.shape, layout.dtype):
             stored = None
         producer = profiler.producer(tensor) if profiler is not None else ""
         zeros: Any = 0
@@ -872,13 +839,11 @@ class Executor:
         stored.storage_ref = weakref.ref(tensor.untyped_storage() if storage is None else storage)
         zeros: Any = 0
         if action is Action.KEEP:
-            stored.tensor = tensor
-            counters.kept_bytes += layout.nbytes
             if owner is None:
-                stored.held_bytes = layout.nbytes
-                counters.add_resident(layout.nbytes)
-                self._kept_storages[_storage_id(tensor)] = weakref.ref(stored)
+                self._keep(stored, tensor, layout.nbytes, _storage_id(tensor))
             else:
+                stored.tensor = tensor
+                counters.kept_bytes += layout.nbytes
                 stored.owner = owner
             if count_zeros:
                 zeros = self._zeros(layout.compact(tensor), layout)
@@ -893,16 +858,7 @@ class Executor:
             counters.transferred_bytes += layout.nbytes
             return stored, zeros
         if action is Action.SWAP and layout.plain and not count_zeros:
-            # The common case stays off every Python layer it can: one host view, one copy (on a
-            # GPU, on the side stream with its event).
-            transfers = self.transfers
-            pool_key = key if decision.planned else None  # its slot in the plan's host pool, if it has one
-            if transfers.side_stream is None:
-                transfers.copy_to_host(stored, tensor, non_blocking=False, pool_key=pool_key)
-            else:
-                transfers.store(stored, tensor, action, None, pool_key=pool_key)
-            counters.offloaded_bytes += layout.nbytes
-            counters.transferred_bytes += layout.nbytes
+            self._swap_plain(stored, tensor, key if decision.planned else None)  # its slot in the plan's host pool, if it has one
             return stored, zeros
         flat = layout.compact(tensor)
         if count_zeros and action is Action.SWAP:
@@ -939,6 +895,32 @@ class Executor:
             stored.held_bytes = stored.packed.compressed_nbytes  # type: ignore[union-attr]
             counters.add_resident(stored.held_bytes)
         return stored, zeros
+
+    def _keep(self, stored: Stored, tensor: torch.Tensor, nbytes: int, storage_id: int) -> None:
+        """Hold ``tensor`` (detached) as ``stored``'s data, counting its storage's ``nbytes`` resident
+        until ``stored`` dies, as the entry that counts storage ``storage_id``."""
+        stored.tensor = tensor
+        stored.held_bytes = nbytes
+        counters = self.counters
+        counters.kept_bytes += nbytes
+        counters.add_resident(nbytes)
+        self._kept_storages[storage_id] = weakref.ref(stored)
+
+    def _swap_plain(self, stored: Stored, tensor: torch.Tensor, pool_key: int | None) -> None:
+        """The common swap, off every Python layer it can: ``tensor`` (a plain layout, detached or
+        packed with grad mode off) copied to the host as it is, to planned ``pool_key``'s slot in the
+        plan's host pool if it has one; one host view and one copy (on a GPU, on the side stream
+        with its event)."""
+        transfers = self.transfers
+        if transfers.side_stream is None:
+            transfers.copy_to_host(stored, tensor, non_blocking=False, pool_key=pool_key)
+        else:
+            # the entry holds its source until the copy is done: detached, so that no graph is held with it
+            transfers.store(stored, tensor.detach(), Action.SWAP, None, pool_key=pool_key)
+        nbytes = stored.layout.nbytes
+        counters = self.counters
+        counters.offloaded_bytes += nbytes
+        counters.transferred_bytes += nbytes
 
     @classmethod
     def _zeros_of(cls, packed: Any, flat: torch.Tensor, layout: Layout) -> Any:

@@ -26,7 +26,7 @@ import enum
 import math
 import warnings
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
@@ -41,7 +41,7 @@ from cswap.planner.actions import POLICY_TABLE, RUNTIME_POLICIES
 from cswap.planner.costmodel import takes_codec
 
 __all__ = ["DEFAULT_ACTIONS", "DTYPE_NAMES", "POLICY_REASONS", "Action", "Decision", "LaunchCache", "Plan", "constrained",
-           "host_bytes_at_pack", "host_reserve_bytes", "unsized_compression_bytes"]
+           "host_bytes_at_pack", "host_reserve_bytes", "serves_shape", "unsized_compression_bytes"]
 
 
 
@@ -129,6 +129,19 @@ DEFAULT_ACTIONS: Mapping[str, Action] = MappingProxyType(
 
 #: Why each policy's default action is taken, in words.
 POLICY_REASONS: Mapping[str, str] = MappingProxyType({name: POLICY_TABLE[name].reason for name in RUNTIME_POLICIES})
+
+
+def serves_shape(planned_shape: Sequence[int], shape: Sequence[int]) -> bool:
+    """Whether a decision planned for ``planned_shape`` serves a tensor of ``shape``: the same shape,
+    or the same rank and no dimension larger (a plan serves every size up to the one it was made
+    for: a shorter sequence, a smaller batch). The one size rule of :meth:`Decision.matches` and of
+    the executor's planned pack hook.
+
+    Example:
+        >>> serves_shape((4, 112, 8), (4, 59, 8)), serves_shape((4, 112, 8), (4, 120, 8)), serves_shape((4, 112, 8), (4, 112))
+        (True, False, False)
+    """
+    return planned_shape == shape or (len(planned_shape) == len(shape) and all(a <= b for a, b in zip(shape, planned_shape)))
 
 
 def _dtype_name(dtype: torch.dtype | str) -> str:
@@ -289,8 +302,7 @@ class Decision:
         """
         if self.dtype != dtype or (nbytes is not None and nbytes > self.nbytes):
             return False
-        planned = self.shape
-        return planned == shape or (len(planned) == len(shape) and all(a <= b for a, b in zip(shape, planned)))
+        return serves_shape(self.shape, shape)
 
     def outgrown_by(self, shape: tuple[int, ...], dtype: str) -> bool:
         """Whether a tensor of ``shape`` and ``dtype`` has this decision's structure (dtype and rank)

@@ -5,6 +5,8 @@ with the right values."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -116,7 +118,7 @@ def test_a_later_profile_finds_the_room_the_first_one_needed() -> None:
 
 
 @pytest.mark.parametrize("first_taken", (0, 1))
-def test_a_slot_is_neither_taken_nor_reused_while_a_key_sharing_its_bytes_holds_them(first_taken: int) -> None:
+def test_a_slot_is_not_taken_while_a_key_sharing_its_bytes_holds_them(first_taken: int) -> None:
     from cswap.execute.arena import HostArena
     from cswap.planner.hostpool import PoolLayout
 
@@ -129,17 +131,20 @@ def test_a_slot_is_neither_taken_nor_reused_while_a_key_sharing_its_bytes_holds_
     other = 1 - first_taken
     view, slot = arena.alloc_tensor(torch.float32, shape, stride, 64, first_taken)
     assert slot is not None and view.data_ptr() == arena._pool.chunk.buffer.data_ptr()
-    reuse = arena.slot_reuser()
-    assert reuse is not None
+
+    def take(key: int, dtype: torch.dtype = torch.float32, size: tuple[int, ...] = shape) -> tuple[torch.Tensor, Any] | None:
+        return arena._pool.take(key, dtype, size, stride, 64)
+
     assert arena.alloc_tensor(torch.float32, shape, stride, 64, other)[1] is None  # the shared bytes are held: first fit
-    assert reuse(first_taken, torch.float32, shape, stride) is None  # held by itself
-    assert reuse(2, torch.float32, shape, stride) is None  # never taken: no view to reuse yet
+    assert take(first_taken) is None  # held by itself
     assert arena.alloc_tensor(torch.float32, shape, stride, 64, 2)[1] is not None  # bytes of its own
     arena.free(slot)
-    again = reuse(first_taken, torch.float32, shape, stride)
+    again = take(first_taken)
     assert again is not None and again[0] is view and again[1] == slot  # the view made before, not a new one
     arena.free(again[1])
-    assert reuse(first_taken, torch.float64, (2, 4), (4, 1)) is None  # another dtype: take makes its view
+    other_dtype = take(first_taken, torch.float64, (2, 4))
+    assert other_dtype is not None and other_dtype[0].dtype == torch.float64  # another dtype: a view of its own
+    arena.free(other_dtype[1])
     taken = arena.alloc_tensor(torch.float32, shape, stride, 64, other)
     assert taken[1] is not None and taken[0].data_ptr() == view.data_ptr()  # its bytes are free again
-    assert reuse(first_taken, torch.float32, shape, stride) is None  # now the other holds them
+    assert take(first_taken) is None  # now the other holds them
