@@ -53,7 +53,7 @@ from cswap.planner.advisor import Advisor
 from cswap.planner.budgeted import FALLBACK_ACTIONS, NO_CODEC, PROFILE_ACTIONS, budget_plan, profile_action
 from cswap.planner.plan import DEFAULT_ACTIONS, POLICY_REASONS, Action, LaunchCache, Plan
 from cswap.planner.regions import fixed_layers_plan, plan_regions
-from cswap.planner.milp import EXACT_REL_GAP
+from cswap.planner.milp import EXACT_REL_GAP, BudgetPlan
 from cswap.planner.solve import PROVING_REL_GAP, PROVING_TIME_LIMIT_S
 from cswap.profile.profiler import Profiler
 from cswap.profile.layers import LayersProfile
@@ -80,6 +80,13 @@ _PROFILED_SOLVING = _Solving(30.0, EXACT_REL_GAP)
 #: and :data:`~cswap.planner.solve.PROVING_REL_GAP`).
 _PROVING_SOLVING = _Solving(PROVING_TIME_LIMIT_S, PROVING_REL_GAP)
 
+#: A plan at a larger size of a planned structure carries the plan before it, without a solve, where
+#: that still holds the budgets (:func:`cswap.planner.solve.carry_plan`) and the saved bytes are at
+#: most this many times those of the last plan the solver made: carried choices stay close to a
+#: solved optimum (on GPT-2 under dynamic padding, each carried plan predicted within 0.8% of the
+#: solver's at its sizes; BENCHMARKS.md, "Dynamic shapes"), and a larger growth is solved anew.
+_CARRY_GROWTH = 1.25
+
 #: Iterations looked back over, and how many of them profiling because the graph changed, before
 #: the runtime warns that it keeps profiling.
 _PROFILE_WINDOW, _PROFILES_WARNED = 10, 3
@@ -105,6 +112,8 @@ class _Family:
         sparsity_drift: per profiled key, how far its sparsity fell since the profile of this
             structure before, for a policy in :data:`_DRIFT_POLICIES`: its plan takes each tensor's
             sparsity as falling that much again by the next profile (the margin the run has seen).
+        solved_bytes: the saved bytes (at ``shapes``) of the last plan of this structure the solver
+            made rather than carried (:data:`_CARRY_GROWTH`).
     """
 
     structure: Structure
@@ -117,6 +126,7 @@ class _Family:
     layers: LayersProfile | None = None
     met_budget: bool = False
     sparsity_drift: dict[int, float] = field(default_factory=dict)
+    solved_bytes: int = 0
 
 
 #: What a keep or zvc-keep that would pass the memory budget becomes, once a plan met it, for a
@@ -781,6 +791,9 @@ class Runtime:
         # Without a profile the regions chosen before stay where they still meet the budget, and only
         # the rest is planned again: choosing regions tries several plans.
         hint = family.plan.recompute_regions if not profiled and family.plan is not None else None
+        saved_bytes = sum(r.nbytes for r in trace.tensors)
+        carried = (family.plan.solution if cause and not profiled and family.plan is not None
+                   and saved_bytes <= _CARRY_GROWTH * family.solved_bytes else None)
         if family.layers is not None:  # ac-full profiled with its layers recomputed: its plan is what ran
             seen = family.layers
             plan, region_keys = fixed_layers_plan(trace, self.policy, self._epoch, seen.layers(), seen.recomputed, seen.refused,
@@ -794,7 +807,7 @@ class Runtime:
                 # it: its peak binds nothing (the first profile's, every tensor compressed, did).
                 profiled_peak = 0
             plan, budget_bytes, error, region_keys = self._planned(trace, profile, profiled_peak, profiled_host_peak, solving,
-                                                                   hint)
+                                                                   hint, carried)
             if error is not None and holds_drift and budget_bytes is not None:
                 plan, region_keys, error = self._past_drift(error, budget_bytes, trace, profiled_host_peak, solving)
         budget = self._options.memory_budget
@@ -827,6 +840,8 @@ class Runtime:
             self._region_keys = region_keys
             self._needs_profile = False
             family.plan = plan
+            if plan.planner.get("status") != "carried":
+                family.solved_bytes = saved_bytes
             family.region_keys = region_keys
             family.plan_structure = (tuple((d.dtype, len(d.shape)) for _, d in sorted(decisions.items()))
                                      if decisions else family.structure)
@@ -897,7 +912,7 @@ class Runtime:
                       "rt.plan().planner['not_recomputed'] and rt.stats().recompute_note keep this.", stacklevel=7)
 
     def _planned(self, trace: Trace, profile: RegionProfile | None, profiled_peak: int | None, profiled_host_peak: int,
-                 solving: _Solving, regions_hint: tuple[str, ...] | None = None,
+                 solving: _Solving, regions_hint: tuple[str, ...] | None = None, carried: BudgetPlan | None = None,
                  ) -> tuple[Plan, int | None, BudgetError | None, dict[str, tuple[int, ...]]]:
         """The plan of ``trace`` (and ``profile``'s regions), the budget's bytes and the error when the
         policy cannot meet it. A fraction of ``none``'s peak never resolves below what it resolved to
@@ -905,14 +920,15 @@ class Runtime:
         budget = self._options.memory_budget
         floor = self._budget_bytes if budget is not None and budget.relative else None
         plan, budget_bytes, error, region_keys = self._planned_within(budget, trace, profile, profiled_peak, profiled_host_peak,
-                                                                      solving, regions_hint)
+                                                                      solving, regions_hint, carried)
         if floor is not None and budget_bytes is not None and budget_bytes < floor:
             plan, budget_bytes, error, region_keys = self._planned_within(MemoryBudget(nbytes=floor), trace, profile, profiled_peak,
-                                                                          profiled_host_peak, solving, regions_hint)
+                                                                          profiled_host_peak, solving, regions_hint, carried)
         return plan, budget_bytes, error, region_keys
 
     def _planned_within(self, budget: MemoryBudget | None, trace: Trace, profile: RegionProfile | None, profiled_peak: int | None,
                         profiled_host_peak: int, solving: _Solving, regions_hint: tuple[str, ...] | None = None,
+                        carried: BudgetPlan | None = None,
                         ) -> tuple[Plan, int | None, BudgetError | None, dict[str, tuple[int, ...]]]:
         error = None
         budget_bytes = None
@@ -924,7 +940,8 @@ class Runtime:
             chosen = plan_regions(trace, profile, self.policy, budget, time_model, self._backend, self._options.min_bytes,
                                   self._epoch, self._plan.launches, profiled_peak, host_budget_bytes=host_budget,
                                   profiled_host_peak_bytes=profiled_host_peak, host_time_model=self._host_codec_time_model(host_budget),
-                                  time_limit_s=solving.time_limit_s, regions_hint=regions_hint, rel_gap=solving.rel_gap)
+                                  time_limit_s=solving.time_limit_s, regions_hint=regions_hint, rel_gap=solving.rel_gap,
+                                  carried=carried)
             plan, error, region_keys = chosen.plan, chosen.error, dict(chosen.region_keys)
             budget_bytes = chosen.budget_bytes if budget is not None else None
         elif budget is None:
@@ -935,7 +952,7 @@ class Runtime:
             plan, budget_bytes, error = budget_plan(trace, self.policy, budget, time_model, self._backend, self._options.min_bytes,
                                                     self._epoch, self._plan.launches, profiled_peak, host_budget,
                                                     profiled_host_peak, self._host_codec_time_model(host_budget), solving.time_limit_s,
-                                                    solving.rel_gap)
+                                                    solving.rel_gap, carried)
         return plan, budget_bytes, error, region_keys
 
     def _after_planned(self, it: IterationState, unknown: bool, peak_bytes: int, host_peak_bytes: int = 0) -> None:

@@ -42,7 +42,7 @@ from cswap.planner import BudgetPlan, PlannedTensor, PlanningProblem, TensorOpti
 from cswap.planner.bounds import policy_options
 from cswap.planner.problem import Option
 from cswap.planner.milp import EXACT_REL_GAP
-from cswap.planner.solve import minimum_host_bytes
+from cswap.planner.solve import carry_plan, minimum_host_bytes
 from cswap.planner.actions import HOST_ZVC_SWAP, POLICY_ACTIONS, POLICY_TABLE, carried_out, compressed_on_host_if_it_shrinks
 from cswap.planner.costmodel import TimeModel
 from cswap.planner.plan import Action, Decision, LaunchCache, Plan, host_bytes_at_pack, unsized_compression_bytes
@@ -237,7 +237,8 @@ def plan_from_budget(
         summary.update(host_budget_bytes=planned.host_budget_bytes, host_peak_bytes=planned.host_peak_bytes)
     return Plan(**rules, default_action=default_action, decisions=decisions, unpack_order=tuple(r.key for r in unpacked),
                 host_bytes=host_bytes, default_reason=f"policy {rules['policy']} under a budget: not in the plan, smallest footprint",
-                prefetch_bytes=planned.prefetch_window_bytes, binding=binding, expected_bytes=expected, planner=MappingProxyType(summary))
+                prefetch_bytes=planned.prefetch_window_bytes, binding=binding, expected_bytes=expected, planner=MappingProxyType(summary),
+                solution=planned)
 
 
 #: The share added to the least budget of a policy whose profile compresses every tensor: its
@@ -630,6 +631,7 @@ def budget_plan(
     host_time_model: TimeModel | None = None,
     time_limit_s: float = 30.0,
     rel_gap: float = EXACT_REL_GAP,
+    carried: BudgetPlan | None = None,
 ) -> tuple[Plan, int, BudgetError | None]:
     """The plan of ``policy`` within ``budget`` from a profiling iteration's ``trace``.
 
@@ -662,6 +664,9 @@ def budget_plan(
             for a plan needed inside training).
         rel_gap: the solver's relative gap (:data:`cswap.planner.solve.PROVING_REL_GAP` for a plan
             needed inside training).
+        carried: the solution of a plan of the same graph at smaller sizes (:attr:`Plan.solution`):
+            carried to these sizes without a solve where it holds the budgets
+            (:func:`cswap.planner.solve.carry_plan`), else planned anew.
 
     Returns:
         ``(plan, budget_bytes, error)``: ``error`` is the :class:`~cswap.budget.BudgetError` to
@@ -686,7 +691,9 @@ def budget_plan(
     least = alone if host_budget_bytes is None else max(minimum_bytes(problem, policy, time_limit_s, host_budget_bytes=host_budget_bytes),
                                                         profiled_peak_bytes)
     planned = None
-    if budget_bytes >= least:
+    if budget_bytes >= least and carried is not None:
+        planned = carry_plan(problem, policy, budget_bytes, carried, host_budget_bytes)
+    if budget_bytes >= least and planned is None:
         try:
             planned = plan_budget(problem, policy, budget_bytes, time_limit_s, host_budget_bytes=host_budget_bytes, rel_gap=rel_gap)
         except BudgetError:

@@ -379,6 +379,10 @@ class Plan:
         host_meter: what counts the host bytes saved tensors hold now: an object whose
             ``make_host_room(limit_bytes)`` frees what it can down to ``limit_bytes`` and returns
             the bytes held (the executor's :class:`cswap.execute.streams.Transfers`); ``None``: 0.
+        solution: the budget planner's solution the plan was made from
+            (:class:`~cswap.planner.milp.BudgetPlan`, keyed by profiled keys), which a plan at a
+            larger size of the same graph may carry (:func:`cswap.planner.solve.carry_plan`);
+            ``None`` for a plan made otherwise.
     """
 
     policy: str
@@ -404,6 +408,7 @@ class Plan:
     host_pool: PoolLayout | None = field(default=None, compare=False, repr=False)
     host_budget_bytes: int | None = None
     host_meter: Any = field(default=None, compare=False, repr=False)
+    solution: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "decisions", MappingProxyType(dict(self.decisions)))

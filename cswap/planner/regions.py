@@ -86,6 +86,7 @@ from cswap.planner.budgeted import (
 )
 from cswap.planner.costmodel import TimeModel
 from cswap.planner.milp import EXACT_REL_GAP
+from cswap.planner.solve import carry_plan
 from cswap.planner.plan import Action, Decision, LaunchCache, Plan
 from cswap.profile.regions import InputRecord, RegionProfile
 from cswap.profile.regions import nested_pair
@@ -261,6 +262,14 @@ class _Planning:
                                explain=False, rel_gap=self.rel_gap)
         except BudgetError:
             return None
+
+    def carry(self, regions: tuple[str, ...], budget_bytes: int, carried: BudgetPlan) -> BudgetPlan | None:
+        """``carried`` (the rest's plan with ``regions`` at smaller sizes) at these sizes, where it
+        holds the budgets (:func:`cswap.planner.solve.carry_plan`); ``None`` otherwise."""
+        problem, extra = self.problem(regions)
+        if budget_bytes - extra <= 0:
+            return None
+        return carry_plan(problem, self.base, budget_bytes - extra, carried, self.host_budget_bytes)
 
     def seconds(self, regions: tuple[str, ...], planned: BudgetPlan) -> float:
         return planned.predicted_s + _forward_s(self, regions)
@@ -664,6 +673,7 @@ def plan_regions(
     time_limit_s: float = 30.0,
     regions_hint: tuple[str, ...] | None = None,
     rel_gap: float = EXACT_REL_GAP,
+    carried: BudgetPlan | None = None,
 ) -> RegionPlan:
     """The plan of recomputing ``policy`` from a profiling iteration (module docstring).
 
@@ -695,6 +705,9 @@ def plan_regions(
             rest is planned again; else chosen anew.
         rel_gap: the solver's relative gap per solve (:data:`cswap.planner.solve.PROVING_REL_GAP`
             for a plan needed inside training).
+        carried: the rest's solution in the plan of ``regions_hint`` (:attr:`Plan.solution`): where
+            those regions are kept, carried to these sizes without a solve where it holds the
+            budgets (:func:`cswap.planner.solve.carry_plan`), else the rest is planned anew.
 
     Raises:
         ValueError: ``policy`` does not recompute.
@@ -728,7 +741,9 @@ def plan_regions(
         regions, target = regions_hint, budget_bytes
     else:
         regions, target = _choose(planning, budget_bytes, time_trials if policy != "recompute" else 0), budget_bytes
-    planned = planning.solve(regions, target)
+    planned = planning.carry(regions, target, carried) if carried is not None and regions == regions_hint else None
+    if planned is None:
+        planned = planning.solve(regions, target)
     if planned is None and target >= least and regions != smallest:
         regions = smallest  # its least is the policy's least, which the budget meets
         planned = planning.solve(regions, target)

@@ -25,17 +25,19 @@ Example:
 
 from __future__ import annotations
 
+import time
+
 from dataclasses import replace
 
 from cswap.budget import BudgetError
 from cswap.planner.actions import HOST_ZVC_SWAP, POLICY_ACTIONS, SWAP
 from cswap.planner.capuchin import capuchin_host_minimum_bytes, capuchin_minimum_bytes, plan_capuchin_budget
 from cswap.planner.fastpath import least_peak_fast, repeated_layers
-from cswap.planner.milp import EXACT_REL_GAP, BudgetPlan, least_host_peak, least_peak, solve_milp
+from cswap.planner.milp import EXACT_REL_GAP, BudgetPlan, budget_plan_of, host_timeline_of, least_host_peak, least_peak, solve_milp, timeline_of
 from cswap.planner.problem import PlanningProblem
 from cswap.planner.tied import plan_tied
 
-__all__ = ["PROVING_REL_GAP", "PROVING_TIME_LIMIT_S", "minimum_bytes", "minimum_host_bytes", "plan_budget"]
+__all__ = ["PROVING_REL_GAP", "PROVING_TIME_LIMIT_S", "carry_plan", "minimum_bytes", "minimum_host_bytes", "plan_budget"]
 
 #: A time limit per solve for a plan needed now, inside training (a larger size of a profiled graph):
 #: HiGHS finds the plan long before it proves it optimal to the gap asked (Llama-3-8B's 876 saved
@@ -150,6 +152,52 @@ def plan_budget(
         if raw_plan.predicted_s <= plan.predicted_s * (1.0 + 1e-9):
             return raw_plan
     return plan
+
+
+def carry_plan(problem: PlanningProblem, policy: str, budget_bytes: int, previous: BudgetPlan,
+               host_budget_bytes: int | None = None) -> BudgetPlan | None:
+    """``previous`` (a plan of the same graph at smaller sizes) carried to ``problem``'s sizes: each
+    tensor takes the option of the same action, wait and prefetch distance it took there (the
+    action's cheapest where that one is not offered at these sizes), and the plan stands where
+    that holds ``budget_bytes`` (and ``host_budget_bytes``) at every event; ``None`` where it does
+    not, or where a tensor of ``problem`` had no decision there or its action is not offered.
+
+    No solver runs: what a larger size of a planned graph costs when the plan still fits. The plan
+    is feasible, not proven optimal (status ``carried``).
+
+    Example:
+        >>> from cswap.planner.lifetime import lifetimes_from_orders
+        >>> from cswap.planner.problem import LinkModel, TensorSpec, build_problem
+        >>> events = lifetimes_from_orders([0, 1], [1, 0])
+        >>> def problem(nbytes):
+        ...     specs = [TensorSpec(key=k, nbytes=nbytes, lifetime=lt) for k, lt in enumerate(events.lifetimes)]
+        ...     return build_problem(specs, events, [0.0, 1.0, 2.0, 3.0], 1.5, LinkModel(1e-6, 1e-6, async_copies=False))
+        >>> small = plan_budget(problem(1000), "swap", 1500)
+        >>> carried = carry_plan(problem(1200), "swap", 1800, small)
+        >>> carried.status, carried.action_counts() == small.action_counts(), carry_plan(problem(1200), "swap", 1100, small)
+        ('carried', True, None)
+    """
+    started = time.perf_counter()
+    chosen = {t.key: (t.action, t.wait_offload, t.prefetch_distance) for t in previous.tensors}
+    choice = []
+    for tensor in problem.tensors:
+        wanted = chosen.get(tensor.key)
+        if wanted is None:
+            return None
+        option = next((o for o in tensor.options if (o.action, o.wait_offload, o.prefetch_distance) == wanted), None)
+        if option is None:
+            # pruned at these sizes, where another option of the action was as cheap in no more
+            # memory: the action's cheapest (the budget check below decides)
+            option = min((o for o in tensor.options if o.action == wanted[0]), key=lambda o: o.cost_s, default=None)
+            if option is None:
+                return None
+        choice.append(option)
+    if timeline_of(problem, choice).max(initial=0) > budget_bytes:
+        return None
+    if host_budget_bytes is not None and host_timeline_of(problem, choice).max(initial=0) > host_budget_bytes:
+        return None
+    return budget_plan_of(problem, policy, budget_bytes, choice, status="carried", solve_s=time.perf_counter() - started,
+                          host_budget_bytes=host_budget_bytes)
 
 
 def _plan_budget(problem: PlanningProblem, policy: str, budget_bytes: int, time_limit_s: float, greedy: bool, exact: bool,

@@ -474,3 +474,20 @@ def test_a_recomputation_starts_at_its_own_first_unpack_not_one_a_shared_save_bo
     assert _held_events(borrowed, 1) == [4, 5, 6, 7]  # from key 0's unpack on, at the start of backward
     own = problem_from_trace(trace, _Codec(), "cpu", rebuilt_together=[(0, 1, 2)], rebuilt_starts=[(1, 2)])
     assert _held_events(own, 1) == [5, 6, 7] and _held_events(own, 2) == [5, 6]  # the event before key 2's unpack
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("policy", ["swap", "compress-swap", "cswap"])
+def test_a_carried_plan_takes_the_same_options_and_stands_only_within_the_budget(seed: int, policy: str) -> None:
+    from cswap.planner.solve import carry_plan
+
+    problem = random_problem(seed)
+    least = minimum_bytes(problem, policy)
+    roomy = plan_budget(problem, policy, int(least * 1.3))
+    carried = carry_plan(problem, policy, int(least * 1.3), roomy)
+    assert carried is not None and carried.status == "carried"
+    assert [(t.action, t.wait_offload, t.prefetch_distance) for t in carried.tensors] == \
+        [(t.action, t.wait_offload, t.prefetch_distance) for t in roomy.tensors]
+    assert carried.predicted_s == pytest.approx(roomy.predicted_s) and carried.peak_bytes == roomy.peak_bytes
+    assert carry_plan(problem, policy, roomy.peak_bytes - 1, roomy) is None  # it would pass the budget
+    assert carry_plan(problem, policy, int(least * 1.3), replace(roomy, tensors=roomy.tensors[1:])) is None  # a key it never planned

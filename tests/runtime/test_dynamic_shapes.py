@@ -284,3 +284,27 @@ def test_a_longer_sequence_keeps_the_recompute_regions_chosen() -> None:
     assert chosen and rt.plan().recompute_regions == chosen, (chosen, rt.plan().recompute_regions)
     assert rt.stats().actions["recompute"] > 0
     assert_bit_equal(_flat(plain), _flat(grads), "gradient")
+
+
+@pytest.mark.parametrize("policy", ["swap", "cswap"])
+def test_a_little_longer_sequence_carries_the_plan_and_a_much_longer_one_is_solved(policy: str) -> None:
+    """A few tokens longer, the plan before is carried to the new sizes without a solve (it still
+    holds the budget, and the bytes grew less than _CARRY_GROWTH); far longer, the solver plans
+    again. A cap in bytes that the short lengths fit in whatever the plan (none's peak at 60
+    tokens), so that carrying cannot hang on measured times. Every step within the cap, gradients
+    bit-identical."""
+    from cswap.runtime import _CARRY_GROWTH
+
+    probe = lm_run(gpt2, [[[60] * 4]], make=lambda m: cswap.Runtime("none", model=m, device="cpu", memory_budget=1.0))[2]
+    cap = probe.stats().budget_bytes
+    steps = [[[40] * 4], [[41] * 4], [[42] * 4], [[42] * 4], [[100] * 4], [[100] * 4], [[60] * 4]]
+    plain, _, _ = lm_run(gpt2, steps)
+    statuses: list[str] = []
+    grads, seen, rt = lm_run(gpt2, steps, make=lambda m: cswap.Runtime(policy, model=m, device="cpu", memory_budget=cap),
+                             after_step=lambda rt: statuses.append(rt.plan().planner.get("status")))
+    _check(seen, max_profiles=1)
+    assert statuses[1] == statuses[2] == "carried", statuses  # 41 and 42 tokens: carried from the plan at 40
+    assert statuses[4] not in ("carried", None), statuses  # 100 tokens: more than _CARRY_GROWTH times the bytes
+    assert rt.stats().unprofiled_plans == 3
+    assert _CARRY_GROWTH < (100 / 42)
+    assert_bit_equal(_flat(plain), _flat(grads), "gradient")
