@@ -16,6 +16,8 @@ in two parts:
    nothing there. ``capuchin`` and ``cswap`` then try the next
    :data:`TIME_TRIALS` candidates and keep one when the predicted time (the plan of the rest plus
    the regions' forward seconds) drops: a cheap layer recomputed beats its bytes crossing a slow link.
+   A trial whose regions alone run longer again than the best plan so far predicts cannot win (the
+   rest's predicted seconds are never below 0), and is not solved.
 2. **The rest.** The tensors the regions do not free are planned by the policy's other actions
    (:data:`BASE_POLICIES`: ``recompute`` keeps them, ``capuchin`` swaps by Capuchin's own greedy,
    ``cswap`` solves the MILP) on the profile with the freed tensors taken out.
