@@ -26,6 +26,7 @@ _LAZY = {
                     "cswap.codecs.launch"),
     **dict.fromkeys(("NARROW_INTS", "narrowest_int", "narrowest_int_for_range"), "cswap.codecs.narrow"),
     **dict.fromkeys(("CODECS", "CodecRegistry"), "cswap.codecs.registry"),
+    "alternative_codec": "cswap.codecs.choice",
     "alternative_nbytes": "cswap.codecs.choice",
 }
 

@@ -25,7 +25,22 @@ from cswap.codecs.bitpack import bitpack_nbytes
 from cswap.codecs.exponent_layout import EXPONENT_DTYPES
 from cswap.codecs.registry import CODECS
 
-__all__ = ["alternative_nbytes"]
+__all__ = ["alternative_codec", "alternative_nbytes"]
+
+
+def alternative_codec(dtype: torch.dtype) -> str | None:
+    """The codec other than ZVC that takes ``dtype`` (``bitpack`` for bool, ``exponent`` for the
+    float dtypes it codes), or ``None``.
+
+    Example:
+        >>> alternative_codec(torch.bool), alternative_codec(torch.bfloat16), alternative_codec(torch.int64)
+        ('bitpack', 'exponent', None)
+    """
+    if dtype == torch.bool:
+        return "bitpack"
+    if dtype in EXPONENT_DTYPES:
+        return "exponent"
+    return None
 
 
 def alternative_nbytes(t: torch.Tensor, backend: str, launch: Any = None) -> tuple[str, Any] | None:
@@ -37,8 +52,9 @@ def alternative_nbytes(t: torch.Tensor, backend: str, launch: Any = None) -> tup
         backend: the codec backend that would compress it.
         launch: that backend's launch config, or ``None`` for its default.
     """
-    if t.dtype == torch.bool:
-        return "bitpack", bitpack_nbytes(t.numel())
-    if t.dtype in EXPONENT_DTYPES:
-        return "exponent", CODECS.get("exponent").compressed_nbytes(t, backend, launch)
+    codec = alternative_codec(t.dtype)
+    if codec == "bitpack":
+        return codec, bitpack_nbytes(t.numel())
+    if codec == "exponent":
+        return codec, CODECS.get(codec).compressed_nbytes(t, backend, launch)
     return None

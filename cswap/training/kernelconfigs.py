@@ -36,6 +36,7 @@ from rich.console import Console
 from rich.progress import Progress
 from torch import nn
 
+from cswap.codecs.choice import alternative_codec
 from cswap.codecs.launch import Launch
 from cswap.device import DeviceFingerprint
 from cswap.planner.costmodel import TimeModel
@@ -47,7 +48,7 @@ from cswap.tuner.lookup import CACHED_METHOD, default_params, launch_for, launch
 from cswap.tuner.search import ProgressFn
 from cswap.tuner.space import SearchSpace, load_search_space
 
-__all__ = ["PUBLICATIONS", "KernelConfigs", "Settled", "prepare_kernel_configs", "saved_bytes_by_bucket", "settle_config"]
+__all__ = ["PUBLICATIONS", "KernelConfigs", "Settled", "prepare_kernel_configs", "saved_bytes_by_codec", "settle_config"]
 
 OPS: tuple[str, ...] = ("compress", "decompress")
 
@@ -148,7 +149,8 @@ class KernelConfigs:
         store: the local config store (``None`` with ``mode="off"``).
         chosen: (op, dtype name, bucket) -> (launch, lookup answer) of ZVC, settled before training.
         chosen_codecs: (codec, op, dtype name, bucket) -> (launch, lookup answer) of the other
-            codecs, looked up when the runtime first asks.
+            codecs: settled before training for the buckets the probe found, the rest looked up
+            when the runtime first asks.
         runs: tuning runs made or found in this run (``method == "cached"`` for store hits).
         publications: run id -> one of :data:`PUBLICATIONS` (what became of each run).
         time_model: a calibrated time model for the advisor, when the store has one.
@@ -217,13 +219,19 @@ class KernelConfigs:
         }
 
 
-def saved_bytes_by_bucket(model: nn.Module, images: torch.Tensor) -> tuple[torch.dtype, Counter[int]]:
-    """Probe one forward pass: total bytes of saved activations per size bucket, and their main dtype.
+def saved_bytes_by_codec(model: nn.Module, images: torch.Tensor) -> dict[str, tuple[torch.dtype, Counter[int]]]:
+    """Probe one forward pass: per codec that could compress the saved activations, the dtype it
+    would take most bytes of and its bytes per size bucket. ZVC takes every tensor; ``bitpack`` and
+    ``exponent`` the dtypes they take (:func:`cswap.codecs.choice.alternative_codec`).
 
     Parameters are skipped (they are never offloaded). Nothing is moved or kept.
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Dropout(0.5))
+        >>> sorted(saved_bytes_by_codec(model, torch.randn(4, 8)))
+        ['exponent', 'zvc']
     """
-    by_bucket: Counter[int] = Counter()
-    by_dtype: Counter[torch.dtype] = Counter()
+    by_codec: dict[str, tuple[Counter[torch.dtype], Counter[int]]] = {}
     # Autograd often saves a view of a weight (``weight.t()`` for a linear layer), not the
     # parameter itself: recognise parameters and buffers by their storage.
     parameter_storages = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers()) if t.layout is torch.strided}
@@ -232,13 +240,17 @@ def saved_bytes_by_bucket(model: nn.Module, images: torch.Tensor) -> tuple[torch
         if (t.layout is torch.strided and t.untyped_storage().data_ptr() not in parameter_storages
                 and not (t.is_leaf and t.requires_grad)):
             nbytes = t.numel() * t.element_size()
-            by_bucket[size_bucket(nbytes)] += nbytes
-            by_dtype[t.dtype] += nbytes
+            for codec in ("zvc", alternative_codec(t.dtype)):
+                if codec is not None:
+                    by_dtype, by_bucket = by_codec.setdefault(codec, (Counter(), Counter()))
+                    by_bucket[size_bucket(nbytes)] += nbytes
+                    by_dtype[t.dtype] += nbytes
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda _: None):
         model(images)
-    dtype = by_dtype.most_common(1)[0][0] if by_dtype else torch.float32
-    return dtype, by_bucket
+    if "zvc" not in by_codec:
+        by_codec["zvc"] = (Counter({torch.float32: 0}), Counter())
+    return {codec: (by_dtype.most_common(1)[0][0], by_bucket) for codec, (by_dtype, by_bucket) in by_codec.items()}
 
 
 def prepare_kernel_configs(
@@ -265,7 +277,9 @@ def prepare_kernel_configs(
         barrier: waits for every rank.
         console: where progress goes.
         show_progress: draw a progress bar while tuning.
-        buckets_to_tune: how many of the heaviest size buckets to settle.
+        buckets_to_tune: how many of the heaviest size buckets to settle, per codec that could
+            compress the saved activations (ZVC, and bit-packing or exponent coding where the
+            model saves their dtypes: :func:`saved_bytes_by_codec`).
     """
     backend = "cuda" if device.type == "cuda" else "cpu"
     configs = KernelConfigs(backend=backend, mode=cfg.tune, fingerprint=fp)
@@ -275,8 +289,8 @@ def prepare_kernel_configs(
     configs.store = ConfigStore()
     client = TuningClient(cfg.tuner_url) if cfg.tuner_url else None
     configs.service_url = cfg.tuner_url or None
-    dtype, by_bucket = saved_bytes_by_bucket(model, probe_images)
-    buckets = [bucket for bucket, _ in by_bucket.most_common(buckets_to_tune)]
+    kernels = [(codec, dtype, bucket) for codec, (dtype, by_bucket) in saved_bytes_by_codec(model, probe_images).items()
+               for bucket, _ in by_bucket.most_common(buckets_to_tune)]
     searching = cfg.tune in ("bo", "grid", "random")
     with Progress(console=console, disable=not (show_progress and is_main and searching)) as bars:
         for phase in ("main", "others"):
@@ -284,15 +298,15 @@ def prepare_kernel_configs(
                 barrier()
                 continue
             for op in OPS:
-                for bucket in buckets:
+                for codec, dtype, bucket in kernels:
                     progress = None
                     if searching and is_main:
-                        task = bars.add_task(f"tuning {kernel_name(backend, op)} {dtype_name(dtype)} bucket {bucket} "
+                        task = bars.add_task(f"tuning {kernel_name(backend, op, codec)} {dtype_name(dtype)} bucket {bucket} "
                                              f"({cfg.tune})", total=cfg.tune_budget)
                         progress = lambda done, planned, best, t=task: bars.update(t, completed=done, total=planned)  # noqa: E731
                     settled = settle_config(fp, backend, op, dtype, 4**bucket, configs.store, client,
                                             cfg.tune if searching and is_main else None, budget=cfg.tune_budget,
-                                            seed=cfg.seed, progress=progress)
+                                            seed=cfg.seed, progress=progress, codec=codec)
                     if settled.run is not None:
                         bars.update(task, completed=bars.tasks[-1].total)
                         configs.runs.append(settled.run)
@@ -300,8 +314,11 @@ def prepare_kernel_configs(
                     found = settled.result
                     # As launch_for: fitted to this machine's space (a transferred config's threads to
                     # its cores), the codec's default launch when nothing was found.
-                    launch = launch_of(backend, load_search_space(backend, op), found)
-                    configs.chosen[(op, dtype_name(dtype), bucket)] = (launch, found)
+                    launch = launch_of(backend, load_search_space(backend, op, codec=codec), found)
+                    if codec == "zvc":
+                        configs.chosen[(op, dtype_name(dtype), bucket)] = (launch, found)
+                    else:  # where launch_lookup looks a codec's launch up
+                        configs.chosen_codecs[(codec, op, dtype_name(dtype), bucket)] = (launch, found)
     if client is not None:
         configs.service_answered = client.answered
         client.close()

@@ -89,3 +89,20 @@ def test_without_a_service_nothing_was_asked(tmp_path: Path) -> None:
     summary = _prepare(None).summary()
     assert (summary["service_url"], summary["service_answered"]) == (None, None)
     assert {(run["publication"], run["published"]) for run in summary["runs"]} == {("local", False)}
+
+
+def test_training_tunes_every_codec_the_model_saves_tensors_for() -> None:
+    """A CNN saves float32 activations: its run tunes ZVC and exponent coding, each op, and the
+    runtime's lookup of each codec finds the config settled for it (bool masks, which this model
+    does not save, leave bit-packing untuned)."""
+    from cswap.tuner.kernels import kernel_name
+
+    configs = _prepare(None)
+    assert {run.kernel for run in configs.runs} == {kernel_name("cpu", op, codec) for op in ("compress", "decompress")
+                                                     for codec in ("zvc", "exponent")}
+    settled = {key[:3]: (key[3], launch) for key, (launch, _) in configs.chosen_codecs.items()}
+    assert set(settled) == {("exponent", "compress", "float32"), ("exponent", "decompress", "float32")}
+    bucket, launch = settled["exponent", "compress", "float32"]
+    assert configs.launch_lookup("cpu", "compress", torch.float32, 4**bucket, codec="exponent") is launch
+    assert {key[0] for key in configs.chosen} == {"compress", "decompress"}  # ZVC's, as before
+    assert {k["codec"] for k in configs.summary()["kernels"]} == {"zvc", "exponent"}
