@@ -20,10 +20,13 @@ alternation; the first run of each warms up and is dropped.
 ``--replan`` times what a new size costs when it is planned rather than profiled, on a 32-layer
 Llama-3-8B traced on the meta device at ``--replan-from`` tokens: the runtime's steps at a larger
 size (:func:`cswap.profile.shapes.grown_shapes` from the shapes the packs show,
-:func:`cswap.profile.shapes.scaled_trace`, then the budget planner with the time limit of a plan
-made inside training, :data:`cswap.planner.solve.PROVING_TIME_LIMIT_S`), against planning the
-trace of the larger size itself as a profile's plan is made (the default limit); and how many of the scaled shapes are the true ones when only every
-``k``-th tensor's shape is seen (the rest inferred, as inside recompute regions).
+:func:`cswap.profile.shapes.scaled_trace`, then the budget planner with the limits of a plan
+made inside training, :data:`cswap.planner.solve.PROVING_TIME_LIMIT_S` and
+:data:`~cswap.planner.solve.PROVING_REL_GAP`), against planning the trace of the larger size
+itself as a profile's plan is made (the defaults); at ``--replan-near`` tokens, the plan carried
+from ``--replan-from`` without a solve against the plan solved; and how many of the scaled shapes
+are the true ones when only every ``k``-th tensor's shape is seen (the rest inferred, as inside
+recompute regions).
 
 Output: one JSON object per model, on its own line (``kind``: ``padding`` or ``replan``).
 
@@ -181,26 +184,37 @@ def measure(name: str, steps: int, batch: int, min_len: int, max_len: int, polic
     return row
 
 
-def replan(layers_model: str, from_len: int, to_len: int, policy: str, fraction: float, repeats: int) -> dict[str, Any]:
-    """Seconds to plan ``layers_model`` at ``to_len`` tokens from its trace at ``from_len``, against
-    planning its own trace at ``to_len``; and the share of shapes inferred right from a subset."""
+def replan(layers_model: str, from_len: int, to_len: int, near_len: int, policy: str, fraction: float,
+           repeats: int) -> dict[str, Any]:
+    """Seconds to plan ``layers_model`` at ``to_len`` tokens from its trace at ``from_len`` as the
+    runtime does without a profile, against planning its own trace at ``to_len`` as a profile's plan
+    is made; seconds to carry the plan at ``from_len`` to ``near_len`` (a little longer: the runtime
+    carries a plan there, :func:`cswap.planner.solve.carry_plan`) against solving it; and the share
+    of shapes inferred right from a subset."""
     from cswap.budget import MemoryBudget
     from cswap.planner.budgeted import NO_CODEC, budget_plan
-    from cswap.planner.solve import PROVING_TIME_LIMIT_S
+    from cswap.planner.solve import PROVING_REL_GAP, PROVING_TIME_LIMIT_S
     from cswap.profile.shapes import grown_shapes, scaled_trace
     from cswap.simulate.lmtrace import transformer_trace
 
-    small = transformer_trace(layers_model, batch_size=1, seq_len=from_len, hardware="h100-pcie5", dtype="bfloat16", attention="eager")
-    large = transformer_trace(layers_model, batch_size=1, seq_len=to_len, hardware="h100-pcie5", dtype="bfloat16", attention="eager")
+    def traced(seq_len: int) -> Any:
+        return transformer_trace(layers_model, batch_size=1, seq_len=seq_len, hardware="h100-pcie5", dtype="bfloat16", attention="eager")
+
+    small, large, near = traced(from_len), traced(to_len), traced(near_len)
     seen = {r.key: r.shape for r in large.tensors}
 
-    def planned(trace: Any, time_limit_s: float = 30.0) -> Any:
-        return budget_plan(trace, policy, MemoryBudget(fraction=fraction), NO_CODEC, "cuda", 0, epoch=0, time_limit_s=time_limit_s)
+    def planned(trace: Any, proving: bool = False, carried: Any = None) -> Any:
+        limits = dict(time_limit_s=PROVING_TIME_LIMIT_S, rel_gap=PROVING_REL_GAP) if proving else {}
+        return budget_plan(trace, policy, MemoryBudget(fraction=fraction), NO_CODEC, "cuda", 0, epoch=0, carried=carried, **limits)
 
-    def scaled_plan() -> Any:  # as the runtime plans a larger size: the solver's limit for a plan needed now
-        return planned(scaled_trace(small, grown_shapes(small, seen)), PROVING_TIME_LIMIT_S)
+    def grown(to: Any) -> Any:
+        return scaled_trace(small, grown_shapes(small, {r.key: r.shape for r in to.tensors}))
 
-    timings: dict[str, list[float]] = {"scaled": [], "own": [], "scale_only": []}
+    def scaled_plan() -> Any:  # as the runtime plans a larger size: the solver's limits for a plan needed now
+        return planned(grown(large), proving=True)
+
+    start_plan = planned(small)[0]
+    timings: dict[str, list[float]] = {"scaled": [], "own": [], "scale_only": [], "carried": [], "near_solved": []}
     for _ in range(repeats):
         started = time.perf_counter()
         scaled_trace(small, grown_shapes(small, seen))
@@ -211,6 +225,12 @@ def replan(layers_model: str, from_len: int, to_len: int, policy: str, fraction:
         started = time.perf_counter()
         own = planned(large)
         timings["own"].append(time.perf_counter() - started)
+        started = time.perf_counter()
+        carried = planned(grown(near), proving=True, carried=start_plan.solution)
+        timings["carried"].append(time.perf_counter() - started)
+        started = time.perf_counter()
+        near_solved = planned(grown(near), proving=True)
+        timings["near_solved"].append(time.perf_counter() - started)
     truth = {r.key: r.shape for r in large.tensors}
     inferred = {}
     for every in (1, 4, 16):
@@ -223,7 +243,10 @@ def replan(layers_model: str, from_len: int, to_len: int, policy: str, fraction:
             "budget_bytes_scaled": via_scaled[1], "budget_bytes_own": own[1], "shapes_right": inferred,
             "predicted_s_scaled": via_scaled[0].planner.get("predicted_s"), "predicted_s_own": own[0].planner.get("predicted_s"),
             "status_scaled": via_scaled[0].planner.get("status"), "status_own": own[0].planner.get("status"),
-            "time_limit_s_scaled": PROVING_TIME_LIMIT_S}
+            "time_limit_s_scaled": PROVING_TIME_LIMIT_S, "rel_gap_scaled": PROVING_REL_GAP,
+            "near_len": near_len, "carry_s": statistics.median(timings["carried"]),
+            "near_solve_s": statistics.median(timings["near_solved"]), "status_carried": carried[0].planner.get("status"),
+            "predicted_s_carried": carried[0].planner.get("predicted_s"), "predicted_s_near_solved": near_solved[0].planner.get("predicted_s")}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -242,6 +265,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--replan", action="store_true", help="also time planning a 32-layer Llama at a new size")
     parser.add_argument("--replan-from", type=int, default=512)
     parser.add_argument("--replan-to", type=int, default=1024)
+    parser.add_argument("--replan-near", type=int, default=544, help="a length the runtime carries the plan at --replan-from to")
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore")
     machine = {"machine": platform.processor() or platform.machine(), "cores": os.cpu_count(), "torch": torch.__version__,
@@ -261,8 +285,8 @@ def main(argv: list[str] | None = None) -> None:
         if models:
             parser.error("--replan runs alone (--models ''): the training runs set torch to one thread, which slows HiGHS")
         for policy in ("swap", "cswap"):
-            print(json.dumps({**replan("llama-3-8b", args.replan_from, args.replan_to, policy, 0.3, args.repeats), **machine}),
-                  flush=True)
+            print(json.dumps({**replan("llama-3-8b", args.replan_from, args.replan_to, args.replan_near, policy, 0.3, args.repeats),
+                              **machine}), flush=True)
 
 
 if __name__ == "__main__":
