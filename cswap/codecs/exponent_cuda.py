@@ -74,6 +74,15 @@ def _kernels() -> tuple[Any, Any, Any]:
         return int64(((low | (high << uint64(32))) >> uint64(bit & 31)) & uint64((1 << width) - 1))
 
     @cuda.jit(device=True)
+    def element(e, rest, width, man_bits):  # type: ignore[no-untyped-def]
+        """An element's bits (signed, as the output's int type holds them) from its exponent ``e`` and
+        its ``rest``: the sign above the mantissa, the low bits shifted back in."""
+        u = ((rest >> man_bits) << (width - 1)) | (e << man_bits) | (rest & ((1 << man_bits) - 1))
+        if u >= (1 << (width - 1)):
+            u -= 1 << width
+        return u
+
+    @cuda.jit(device=True)
     def exclusive_scan(value, tid, nthreads, scratch):  # type: ignore[no-untyped-def]
         """Sum of ``value`` over threads below ``tid`` (block-uniform call: it holds barriers)."""
         scratch[tid] = value
@@ -273,28 +282,33 @@ def _kernels() -> tuple[Any, Any, Any]:
             cuda.syncthreads()
             codes = start + HEADER_WORDS + words_for(n_table, TABLE_ENTRY_BITS)
             rests = codes + words_for(m, k)
-            escapes = rests + words_for(m, man_bits + 1 - t)
-            run = (m + nthreads - 1) // nthreads
-            first = tid * run
-            last = min(first + run, m)
-            mine = 0
-            for j in range(first, last):
-                if get(words, codes * 32 + j * k, k) == n_table:
-                    mine += 1
-            rank = exclusive_scan(mine, tid, nthreads, scratch)
             rest_bits = man_bits + 1 - t
-            for j in range(first, last):
-                code = get(words, codes * 32 + j * k, k)
-                if code == n_table:
-                    e = get(words, escapes * 32 + rank * exp_bits, exp_bits)
-                    rank += 1
-                else:
-                    e = int64(table[code])
-                rest = get(words, rests * 32 + j * rest_bits, rest_bits) << t
-                u = ((rest >> man_bits) << (width - 1)) | (e << man_bits) | (rest & ((1 << man_bits) - 1))
-                if u >= (1 << (width - 1)):
-                    u -= 1 << width
-                out[lo + j] = u
+            escapes = rests + words_for(m, rest_bits)
+            if get(words, (start + 1) * 32, 32) == 0:
+                # No escapes (most chunks): an element needs nothing from its neighbours, so
+                # consecutive threads take consecutive elements, reading and writing coalesced.
+                for j in range(tid, m, nthreads):
+                    e = int64(table[get(words, codes * 32 + j * k, k)])
+                    out[lo + j] = element(e, get(words, rests * 32 + j * rest_bits, rest_bits) << t, width, man_bits)
+            else:
+                # An escape's exponent is at its rank among the chunk's escapes: each thread decodes
+                # a run of elements after counting the escapes before it.
+                run = (m + nthreads - 1) // nthreads
+                first = tid * run
+                last = min(first + run, m)
+                mine = 0
+                for j in range(first, last):
+                    if get(words, codes * 32 + j * k, k) == n_table:
+                        mine += 1
+                rank = exclusive_scan(mine, tid, nthreads, scratch)
+                for j in range(first, last):
+                    code = get(words, codes * 32 + j * k, k)
+                    if code == n_table:
+                        e = get(words, escapes * 32 + rank * exp_bits, exp_bits)
+                        rank += 1
+                    else:
+                        e = int64(table[code])
+                    out[lo + j] = element(e, get(words, rests * 32 + j * rest_bits, rest_bits) << t, width, man_bits)
             cuda.syncthreads()
 
     return plan, write, decompress

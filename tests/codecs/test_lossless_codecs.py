@@ -115,6 +115,21 @@ def test_every_special_value_survives(dtype: torch.dtype) -> None:
     _check_round_trip("exponent", t, 1)
 
 
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+def test_chunks_with_and_without_escapes_decode_side_by_side(dtype: torch.dtype) -> None:
+    """A chunk of one exponent has no escapes (the decoder's coalesced path) and the next, of every
+    exponent, has many (its path by ranks): both round-trip, every backend writing the same bytes."""
+    chunk = 32  # elements in a chunk of one word
+    steady = torch.full((chunk,), 1.5)
+    spread = torch.tensor([2.0 ** (e * e % 7 - 3) * (-1) ** e for e in range(chunk)])  # 4 exponents, unevenly
+    t = torch.cat([steady, spread, steady]).to(dtype)
+    packed = compress(t, codec="exponent", backend="torch", launch=CpuLaunch(chunk_words=1))
+    words, offsets = packed.words.view(torch.int32), packed.offsets
+    escapes = [int(words[int(offsets[c]) + 1]) for c in range(offsets.numel() - 1)]
+    assert escapes[0] == escapes[2] == 0 and 0 < escapes[1] < chunk, escapes
+    _check_round_trip("exponent", t, 1)
+
+
 @pytest.mark.parametrize(("dtype", "least"), [(torch.bfloat16, 1.35), (torch.float16, 1.1), (torch.float32, 1.15)], ids=str)
 def test_gaussian_floats_shrink(dtype: torch.dtype, least: float) -> None:
     t = torch.randn(64 * 1024, generator=torch.Generator().manual_seed(0)).to(dtype)
