@@ -262,7 +262,9 @@ def run_queues(
     t = shift = overhead
     for i in timeline.forward_order():
         action, cost = actions[i], costs[i]
-        t = timeline.produced_s[i] + shift
+        # never before the record packed before it: two records one op saves at one time would
+        # otherwise round apart by the shift, the second a step before the first
+        t = max(timeline.produced_s[i] + shift, t)
         need = cost.nbytes + (cost.compressed_nbytes if action.device_codec else 0.0)
         waited = make_room(t, need, i)
         exposed += waited - t
@@ -359,7 +361,7 @@ def run_queues(
     finished: list[int] = []
     for position, i in enumerate(order):  # noqa: B007 (issue() above reads position)
         action, cost = actions[i], costs[i]
-        t = timeline.consumed_s[i] + shift
+        t = max(timeline.consumed_s[i] + shift, t)
         for j in finished:
             release(t, costs[j].nbytes, j)
         finished.clear()
