@@ -3,10 +3,8 @@
 :func:`planning_problem` reads a :class:`~cswap.simulate.engine.Simulator`'s trace into the
 planner's problem: one event per pack and per first unpack of an offloadable record (times from
 the compute timeline), each record's exact ZVC size and codec seconds, the link, and which records
-may move: every offloadable one, as in the runtime, where ``min_bytes`` binds nothing under a
-budget (each copy of a record below it costs :data:`~cswap.planner.costmodel.COPY_LATENCY_S`, so
-it moves only where the budget needs it). :func:`run_budget` plans a policy within the budget and
-simulates the plan in the queue model with the budget enforced (:mod:`cswap.simulate.queues`), prefetching as far ahead
+may move (``min_bytes``). :func:`run_budget` plans a policy within the budget and simulates the plan
+in the queue model with the budget enforced (:mod:`cswap.simulate.queues`), prefetching as far ahead
 as the plan does. ``cswap``'s action set contains every other policy's, so its plan is checked in
 the queue model against their plans and the fastest is kept, as without a budget. A host budget
 (``host_budget_bytes``) bounds the host copies the plan holds at every event too
@@ -41,7 +39,6 @@ from cswap.planner import (
     minimum_bytes,
     plan_budget,
 )
-from cswap.planner.costmodel import COPY_LATENCY_S
 from cswap.simulate.engine import PolicyResult, Simulator
 from cswap.simulate.policies import Action, on_host_if_shrinks
 from cswap.simulate.timeline import hidden_windows
@@ -134,11 +131,8 @@ def planning_problem(
     unpack_rank = {i: r for r, i in enumerate(backward)}
     events = lifetimes_from_orders([pack_rank[i] for i in records], [unpack_rank.get(i) for i in records])
     times = [timeline.produced_s[i] for i in forward] + [timeline.forward_s + timeline.consumed_s[i] for i in backward]
-    # min_bytes binds nothing under a budget (as in the runtime): a small record may move, its
-    # copies priced with their fixed latency
-    movable = {i for i, r in enumerate(simulator.trace.tensors) if r.offloadable}
-    small = simulator.config.min_bytes
-    hidden_f, _ = hidden_windows(timeline, sorted(movable), 1)
+    hidden_f, _ = hidden_windows(timeline, simulator.moved, 1)
+    movable = set(simulator.moved)
     specs = []
     for position, i in enumerate(records):
         cost = costs[i]
@@ -154,7 +148,6 @@ def planning_problem(
                 hidden_forward_s=hidden_f.get(i, 0.0),
                 movable=i in movable,
                 recompute_s=cost.recompute_s if i in movable else None,
-                copy_latency_s=COPY_LATENCY_S if cost.nbytes < small else 0.0,
             )
         )
     link = simulator.hardware.link

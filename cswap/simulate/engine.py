@@ -56,9 +56,7 @@ class SimConfig:
     """Settings of a simulation.
 
     Args:
-        min_bytes: without a memory budget, activations below this are never moved; under one they
-            may be, each copy priced with a fixed latency (the runtime's rule:
-            :func:`cswap.simulate.budgeted.planning_problem`).
+        min_bytes: activations below this are never moved (the runtime's rule).
         prefetch_depth: swap-ins issued ahead of need, in tensors.
         prefetch_bytes: cap on the bytes fetched ahead of need (``None``: only the depth counts).
         max_inflight_offloads: swap-outs in flight before compute waits (``None``: never waits).
