@@ -533,7 +533,11 @@ def register(app: typer.Typer) -> None:
             help="What exponent coding and bit-packing give each kind of saved tensor of a meta trace: a profile in "
             "configs/compressibility/ (measured on a trained model) or a YAML path; 'none' for ZVC alone.",
         ),
-        min_bytes: int = typer.Option(None, min=0, help="Activations below this stay on the device (default: the runtime's)."),
+        min_bytes: int = typer.Option(
+            None, min=0,
+            help="Activations below this stay on the device (default: the runtime's, 256 KiB). Under a memory budget the "
+            "runtime may still move them and the simulator does not: pass 0 for a model whose saved tensors are small.",
+        ),
         prefetch_depth: int = typer.Option(1, min=1, help="Swap-ins issued ahead of need, in tensors."),
         max_inflight: int = typer.Option(None, min=1, help="Swap-outs in flight before compute waits (default: unbounded)."),
         paper_size: bool = typer.Option(False, help="Size compressed tensors as Size*(1-Sparsity), as the paper does."),
