@@ -74,7 +74,8 @@ def run_simulate(
     ``minimum_bytes``; ``none_iteration_s`` is policy ``none``'s iteration without a budget. A sweep
     has ``budgets``: one such report per budget. ``compute_s`` is the iteration's compute, and each
     policy's ``codec_s`` is all its extra work on the compute stream, ``recompute_s`` (recomputation)
-    included. With
+    included. ``pinned_bytes`` are the saved tensors below ``min_bytes`` (echoed), which the
+    simulator keeps on the device whatever the budget (the runtime may move them under one). With
     ``host_memory_budget`` as well (bytes, a unit string or ``auto``:
     :func:`cswap.budget.parse_host_budget`) every policy's plan holds it on the host at every event
     (``planned_host_peak_bytes``), or it is infeasible with ``binding`` (the budget that binds) and
@@ -169,6 +170,9 @@ def run_simulate(
         rows = sweep.rows()
         # none without a budget: what "x none" compares with where none does not fit the budget
         report = {**header, "none_peak_bytes": sweep.none_peak_bytes, "none_iteration_s": simulator.run("none").iteration_s}
+        # what min_bytes keeps on the device whatever the budget (the runtime may move it under one)
+        report["pinned_bytes"] = sum(r.nbytes for r in trace.tensors if r.offloadable and r.nbytes < config.min_bytes)
+        report["min_bytes"] = config.min_bytes
         if host_memory_budget is not None:
             from cswap.budget import parse_host_budget
 
@@ -434,6 +438,11 @@ def _notes(report: dict[str, Any]) -> list[str]:
         notes.append(
             f"Nothing fits in {report['budget_bytes'] / 1e9:.2f} GB: the least any needs is {least / 1e9:.2f} GB ({names})."
         )
+        if report.get("pinned_bytes"):
+            notes.append(
+                f"{report['pinned_bytes'] / 1e9:.3f} GB of saved tensors are below --min-bytes ({report['min_bytes']:,d} B) and stay "
+                "on the device whatever the budget; --min-bytes 0 lets the planner move them, as the runtime may under a budget."
+            )
     shown: dict[str, str] = {}
     for row in rows.values():
         if not row.get("infeasible"):

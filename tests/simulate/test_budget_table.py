@@ -134,3 +134,20 @@ def test_nothing_fits_shows_the_compute_and_says_so(runner) -> None:
     assert f"{report['compute_s'] * 1e3:.1f} ms compute" in flat and " 0.0 ms compute" not in flat
     least = min(row["minimum_bytes"] for row in report["policies"].values())
     assert f"Nothing fits in {report['budget_bytes'] / 1e9:.2f} GB: the least any needs is {least / 1e9:.2f} GB" in flat
+
+
+def test_nothing_fits_names_the_tensors_min_bytes_keeps_and_the_flag_that_moves_them(runner) -> None:
+    """GPT-2 at 64 tokens saves tensors below the default min_bytes: the simulator keeps them on the
+    device whatever the budget (the runtime may move them under one), and says so where nothing
+    fits; with --min-bytes 0 they are planned and swap's least falls."""
+    args = ["simulate", "--model", "gpt2", "--seq-len", "64", "--batch-size", "1", "--memory-budget", "0.05", "--policies", "swap"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(runner.invoke(app, [*args, "--json"]).output)
+    assert report["policies"]["swap"]["infeasible"] and report["pinned_bytes"] > 0
+    flat = " ".join(result.output.split())
+    assert f"{report['pinned_bytes'] / 1e9:.3f} GB of saved tensors are below --min-bytes (262,144 B)" in flat
+    assert "--min-bytes 0 lets the planner move them" in flat
+    moved = json.loads(runner.invoke(app, [*args, "--min-bytes", "0", "--json"]).output)
+    assert moved["pinned_bytes"] == 0 and "--min-bytes" not in runner.invoke(app, [*args, "--min-bytes", "0"]).output
+    assert moved["policies"]["swap"]["minimum_bytes"] < report["policies"]["swap"]["minimum_bytes"]
