@@ -73,7 +73,7 @@ def _spec(  # type: ignore[no-untyped-def]
     numel = record.nbytes // encoding.dtype.itemsize
     encoded_nbytes = numel * encoding.encoded_itemsize
     sparsity = max(record.sparsity - sparsity_margin, 0.0)
-    codec, compressed_nbytes = codec_for(record, encoding.compressed_nbytes(numel, sparsity, chunk_words))
+    codec, compressed_nbytes = codec_for(record, encoding.compressed_nbytes(numel, sparsity, chunk_words), sparsity_margin)
     density = 1.0 - sparsity
     itemsize = encoding.encoded_itemsize
 
@@ -179,8 +179,10 @@ def problem_from_trace(
         min_bytes: records smaller than this may only be kept.
         chunk_words: the ZVC chunk size, for exact sizes.
         prefetch_distances: how far ahead (events) a swap-in may be issued.
-        sparsity_margin: compressed sizes are taken at each record's sparsity less this much, so a
-            plan holds when later batches are a little denser than the profiled one.
+        sparsity_margin: compressed sizes are taken at each record's sparsity less this much (and
+            another codec's size that follows the data, this share of the raw bytes larger:
+            :func:`cswap.planner.codec_choice.codec_for`), so a plan holds when later batches are
+            a little denser than the profiled one.
         rebuilt_together: groups of keys a recompute region drops after their pack and rebuilds
             all at once in backward: each such tensor is held (keep only) from the event before the
             group's first unpack to its own free (to the last event if backward never unpacks it),
