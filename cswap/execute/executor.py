@@ -1005,8 +1005,8 @@ class Executor:
             cached = stored.last_out() if stored.last_out is not None else None
             if cached is not None:
                 return cached
-            if it.makes_room:
-                self._make_room(it, stored.layout.nbytes)
+            if it.makes_room:  # room for what the rebuild holds, its strides' span (not only its data)
+                self._make_room(it, stored.layout.rebuilt_nbytes)
             out, event, nbytes = self.transfers.fetch(stored)
             counters.add_resident(nbytes)
         if event is not None:

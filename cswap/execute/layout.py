@@ -92,6 +92,18 @@ class Layout:
     def __post_init__(self) -> None:
         object.__setattr__(self, "nbytes", self.numel * self.dtype.itemsize)
 
+    @property
+    def rebuilt_nbytes(self) -> int:
+        """At most the bytes the rebuilt tensor's buffer holds: the compact form, or, with the
+        original strides, their span (a slice of a larger tensor rebuilt as it was saved spans the
+        rows it skips), after ``pad`` elements of alignment.
+
+        Example:
+            >>> Layout.of(torch.zeros(4, 16, 32)[:, 0]).rebuilt_nbytes  # 512 bytes of data, 6272 spanned
+            6272
+        """
+        return (self.pad + max(self.span, self.numel)) * self.dtype.itemsize
+
     @classmethod
     def of(cls, t: torch.Tensor) -> Layout:
         """The layout of ``t`` (a strided tensor)."""

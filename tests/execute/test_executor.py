@@ -506,3 +506,27 @@ def test_a_rebuilt_storage_is_counted_until_it_dies_even_when_a_new_one_takes_it
     del kept
     executor._drain()  # its death, told after the release, takes nothing twice
     assert counters.resident_bytes == 0
+
+
+def test_room_is_made_for_what_a_rebuild_spans_not_only_its_data(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compressed slice (``a[:, 0]`` of a ``4 x 16 x 32`` tensor, 512 bytes) is rebuilt with its
+    strides, spanning 6,272 bytes: under a budget with a fallback that moves tensors, the room made
+    before its rebuild is for those bytes, or the rebuild passes a budget the room was made within."""
+    from cswap.execute.layout import Layout
+
+    executor = Executor(torch.device("cpu"), backend="cpu", prefetch_bytes=0)
+    plan = Plan("compress-keep", 0, Action.ZVC_KEEP, budget_bytes=1 << 30, fallback_action=Action.SWAP)
+    it = executor.begin(plan)
+    asked: list[int] = []
+    monkeypatch.setattr(executor, "_make_room", lambda it, nbytes: asked.append(nbytes))
+    x = torch.randn(4, 16, 32, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(*executor.hooks(it)):
+        sliced = x.tanh()[:, 0]
+        (sliced * sliced).sum().backward()
+    executor.end(it)
+    spanned = Layout.of(torch.zeros(4, 16, 32)[:, 0]).rebuilt_nbytes
+    assert spanned == 6272 and spanned in asked and 512 not in asked, asked
+    plain = x.detach().clone().requires_grad_()
+    plain_sliced = plain.tanh()[:, 0]
+    (plain_sliced * plain_sliced).sum().backward()
+    assert_bit_equal([plain.grad], [x.grad], "gradient")

@@ -40,6 +40,19 @@ def test_compact_form_rebuilds_the_view(name: str) -> None:
             assert rebuilt.storage_offset() * rebuilt.element_size() % 64 == view.storage_offset() * view.element_size() % 64
 
 
+@pytest.mark.parametrize("name", VIEWS)
+def test_a_rebuild_holds_at_most_the_layouts_rebuilt_bytes(name: str) -> None:
+    """What room-making asks for before a rebuild bounds the buffer the rebuild holds; a strided
+    slice spans the rows it skips, more than its data."""
+    view = VIEWS[name][0]()
+    layout = Layout.of(view)
+    compact = layout.compact(view)
+    for rebuilt in (layout.rebuild_from(compact.clone()), _via_allocate(layout, compact)):
+        assert rebuilt.untyped_storage().nbytes() <= layout.rebuilt_nbytes
+    if name == "strided":
+        assert layout.rebuilt_nbytes > layout.nbytes
+
+
 def _via_allocate(layout: Layout, compact: torch.Tensor) -> torch.Tensor:
     flat, result = layout.allocate(torch.device("cpu"))
     flat.copy_(compact)
