@@ -248,8 +248,6 @@ def saved_bytes_by_codec(model: nn.Module, images: torch.Tensor) -> dict[str, tu
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda _: None):
         model(images)
-    if "zvc" not in by_codec:
-        by_codec["zvc"] = (Counter({torch.float32: 0}), Counter())
     return {codec: (by_dtype.most_common(1)[0][0], by_bucket) for codec, (by_dtype, by_bucket) in by_codec.items()}
 
 
