@@ -9,9 +9,14 @@ One block per chunk (grid-stride over chunks), with the grid and block of ``comp
 * between the kernels, torch's ``cumsum`` turns sizes into ``offsets`` on the same stream, and the
   host reads the total (one small copy, the only synchronisation of a compress) to size ``words``;
 * ``write``: each thread builds whole words of the table, codes and rests from the fields that
-  fall in them (no atomics, coalesced stores); the rare escapes are ORed into their zeroed words
-  by the thread whose run of elements holds them, ranked by a block-wide scan of the runs' counts;
-* ``decompress``: the same scan over escape codes, then each element reads its fields.
+  fall in them (no atomics, coalesced stores); then the escapes (2-5% of the elements, in almost
+  every chunk), read back from the codes 32 elements to a thread: each segment's escape mask, a
+  block-wide scan of their counts, and each thread ORs its segment's escaped exponents in at their
+  ranks;
+* ``decompress``: a chunk without escapes decodes one element per thread, consecutive threads on
+  consecutive elements; a chunk with escapes first lays out the same masks and ranks, a tile of
+  32-element segments (one per thread) at a time, and then decodes its elements just as coalesced,
+  an escape's rank being its segment's plus the escapes below it in the mask.
 
 No warp intrinsics: the same kernels run under Numba's CUDA simulator. Reads past ``words`` give
 zeros, so a corrupt buffer decoded with ``validate=False`` decodes wrong but reads nothing out of
@@ -97,6 +102,32 @@ def _kernels() -> tuple[Any, Any, Any]:
         total = scratch[tid] - value
         cuda.syncthreads()
         return total
+
+    @cuda.jit(device=True)
+    def rank_escapes(words, codes, k, n_table, m, tile, tid, nthreads, masks, ranks, tile_total, before_tile):  # type: ignore[no-untyped-def]
+        """Escapes of segments ``tile`` to ``tile + nthreads - 1`` (32 elements each) of a chunk of
+        ``m`` elements: ``masks[i]`` has bit ``b`` set where element ``32 * (tile + i) + b`` holds the
+        escape code, ``ranks[i]`` counts the escapes before that segment. Returns the escapes before
+        the next tile. Block-uniform: it holds barriers; ``ranks`` may be the scan's scratch."""
+        first = (tile + tid) * 32
+        mask = int64(0)
+        for b in range(min(32, m - first)):  # no iteration past the chunk's last segment
+            if get(words, codes * 32 + (first + b) * k, k) == n_table:
+                mask |= int64(1) << b
+        masks[tid] = mask
+        count = int64(cuda.popc(mask))
+        before = exclusive_scan(count, tid, nthreads, ranks)
+        ranks[tid] = before_tile + before
+        if tid == nthreads - 1:
+            tile_total[0] = before + count
+        cuda.syncthreads()
+        return before_tile + tile_total[0]
+
+    @cuda.jit(device=True)
+    def escape_rank(masks, ranks, j, tile):  # type: ignore[no-untyped-def]
+        """The rank among the chunk's escapes of element ``j``, an escape of the tile laid out by ``rank_escapes``."""
+        segment = (j >> 5) - tile
+        return ranks[segment] + int64(cuda.popc(masks[segment] & ((int64(1) << (j & 31)) - 1)))
 
     @cuda.jit(device=True)
     def gathered_word(x, lo, w, bits, m, rest, code_of, value_mask, width, man_bits, man_mask, n_exp, t):  # type: ignore[no-untyped-def]
@@ -201,6 +232,8 @@ def _kernels() -> tuple[Any, Any, Any]:
     def write(x, n, width, exp_bits, man_bits, chunk, ks, ts, n_escs, tables, offsets, words):  # type: ignore[no-untyped-def]
         code_of = cuda.shared.array(_MAX_EXPONENTS, dtype=np.int32)
         scratch = cuda.shared.array(_MAX_BLOCK, dtype=np.int64)
+        masks = cuda.shared.array(_MAX_BLOCK, dtype=np.int64)
+        tile_total = cuda.shared.array(1, dtype=np.int64)
         tid = cuda.threadIdx.x
         nthreads = cuda.blockDim.x
         n_exp = 1 << exp_bits
@@ -245,27 +278,31 @@ def _kernels() -> tuple[Any, Any, Any]:
                 words[rests + w] = gathered_word(
                     x, lo, w, rest_bits, m, True, code_of, value_mask, width, man_bits, man_mask, n_exp, t
                 )
-            # Escapes, rare: each thread's run of elements, ranked by a scan of the runs' counts.
+            # Escapes (a few in almost every chunk): read back from the codes just written, a tile of 32-element
+            # segments at a time, each thread ORs in its segment's escapes at their ranks.
             if n_escs[c]:
-                run = (m + nthreads - 1) // nthreads
-                first = tid * run
-                last = min(first + run, m)
-                mine = 0
-                for j in range(first, last):
-                    if code_of[((int64(x[lo + j]) & value_mask) >> man_bits) & (n_exp - 1)] == n_table:
-                        mine += 1
-                rank = exclusive_scan(mine, tid, nthreads, scratch)
-                for j in range(first, last):
-                    e = ((int64(x[lo + j]) & value_mask) >> man_bits) & (n_exp - 1)
-                    if code_of[e] == n_table:
+                cuda.syncthreads()
+                before_tile = int64(0)
+                for tile in range(0, (m + 31) // 32, nthreads):
+                    after_tile = rank_escapes(words, codes, k, n_table, m, tile, tid, nthreads, masks, scratch, tile_total, before_tile)
+                    mask = int64(masks[tid])
+                    rank = int64(scratch[tid])
+                    while mask:
+                        low = mask & -mask
+                        e = ((int64(x[lo + (tile + tid) * 32 + cuda.popc(low - 1)]) & value_mask) >> man_bits) & (n_exp - 1)
                         put(words, escapes * 32 + rank * exp_bits, e, exp_bits)
                         rank += 1
+                        mask ^= low
+                    before_tile = after_tile
+                    cuda.syncthreads()
             cuda.syncthreads()
 
     @cuda.jit
     def decompress(words, offsets, n, width, exp_bits, man_bits, chunk, out):  # type: ignore[no-untyped-def]
         table = cuda.shared.array(_MAX_EXPONENTS, dtype=np.int32)
         scratch = cuda.shared.array(_MAX_BLOCK, dtype=np.int64)
+        masks = cuda.shared.array(_MAX_BLOCK, dtype=np.int64)
+        tile_total = cuda.shared.array(1, dtype=np.int64)
         tid = cuda.threadIdx.x
         nthreads = cuda.blockDim.x
         n_exp = 1 << exp_bits
@@ -285,30 +322,26 @@ def _kernels() -> tuple[Any, Any, Any]:
             rest_bits = man_bits + 1 - t
             escapes = rests + words_for(m, rest_bits)
             if get(words, (start + 1) * 32, 32) == 0:
-                # No escapes (most chunks): an element needs nothing from its neighbours, so
+                # No escapes (a chunk of few exponents): an element needs nothing from its neighbours, so
                 # consecutive threads take consecutive elements, reading and writing coalesced.
                 for j in range(tid, m, nthreads):
                     e = int64(table[get(words, codes * 32 + j * k, k)])
                     out[lo + j] = element(e, get(words, rests * 32 + j * rest_bits, rest_bits) << t, width, man_bits)
             else:
-                # An escape's exponent is at its rank among the chunk's escapes: each thread decodes
-                # a run of elements after counting the escapes before it.
-                run = (m + nthreads - 1) // nthreads
-                first = tid * run
-                last = min(first + run, m)
-                mine = 0
-                for j in range(first, last):
-                    if get(words, codes * 32 + j * k, k) == n_table:
-                        mine += 1
-                rank = exclusive_scan(mine, tid, nthreads, scratch)
-                for j in range(first, last):
-                    code = get(words, codes * 32 + j * k, k)
-                    if code == n_table:
-                        e = get(words, escapes * 32 + rank * exp_bits, exp_bits)
-                        rank += 1
-                    else:
-                        e = int64(table[code])
-                    out[lo + j] = element(e, get(words, rests * 32 + j * rest_bits, rest_bits) << t, width, man_bits)
+                # An escape's exponent is at its rank among the chunk's escapes: per tile of 32-element
+                # segments, each segment's escape mask and rank, then the elements coalesced again.
+                before_tile = int64(0)
+                for tile in range(0, (m + 31) // 32, nthreads):
+                    after_tile = rank_escapes(words, codes, k, n_table, m, tile, tid, nthreads, masks, scratch, tile_total, before_tile)
+                    for j in range(tile * 32 + tid, min((tile + nthreads) * 32, m), nthreads):
+                        code = get(words, codes * 32 + j * k, k)
+                        if code == n_table:
+                            e = get(words, escapes * 32 + escape_rank(masks, scratch, j, tile) * exp_bits, exp_bits)
+                        else:
+                            e = int64(table[code])
+                        out[lo + j] = element(e, get(words, rests * 32 + j * rest_bits, rest_bits) << t, width, man_bits)
+                    before_tile = after_tile
+                    cuda.syncthreads()
             cuda.syncthreads()
 
     return plan, write, decompress

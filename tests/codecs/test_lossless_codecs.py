@@ -130,6 +130,26 @@ def test_chunks_with_and_without_escapes_decode_side_by_side(dtype: torch.dtype)
     _check_round_trip("exponent", t, 1)
 
 
+@pytest.mark.skipif(not (SIMULATOR or GPU), reason="the cuda backend runs in the simulator child or on a GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_escapes_are_ranked_across_tiles_of_segments(dtype: torch.dtype) -> None:
+    """A chunk of more 32-element segments than a block has threads is ranked a tile at a time:
+    with 32 threads and 2048-element chunks, the escapes of the second tile follow the first's,
+    and a last chunk ends in a partial segment. The kernels write and read the reference's bytes."""
+    t = _activation_like(2048 + 700, dtype, seed=7, special_fraction=0.02)
+    reference = compress(t, codec="exponent", backend="torch", launch=CpuLaunch(chunk_words=64))
+    words, offsets = reference.words, reference.offsets
+    escapes = [int(words[int(offsets[c]) + 1]) for c in range(offsets.numel() - 1)]
+    assert len(escapes) == 2 and min(escapes) >= 10, escapes  # the specials escape, spread over both tiles
+    launch = CudaLaunch(compress_grid=2, compress_block=32, scatter_grid=2, scatter_block=32,
+                        decompress_grid=2, decompress_block=32, chunk_words=64)
+    packed = compress(t.to(_device("cuda")), codec="exponent", backend="cuda", launch=launch)
+    for name, got, want in zip(packed.buffer_names, packed.buffers(), reference.buffers()):
+        assert torch.equal(got.cpu(), want), f"{name} differs from torch"
+    restored = decompress(packed, backend="cuda", launch=launch)
+    assert torch.equal(as_bytes(restored.cpu()), as_bytes(t))
+
+
 @pytest.mark.parametrize(("dtype", "least"), [(torch.bfloat16, 1.35), (torch.float16, 1.1), (torch.float32, 1.15)], ids=str)
 def test_gaussian_floats_shrink(dtype: torch.dtype, least: float) -> None:
     t = torch.randn(64 * 1024, generator=torch.Generator().manual_seed(0)).to(dtype)
