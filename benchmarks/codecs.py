@@ -249,12 +249,42 @@ def nvcomp_ans() -> tuple[Callable[[torch.Tensor], object], Callable[[object], o
             lambda encoded: int(encoded.buffer_size))
 
 
+def _codec_ops(t: torch.Tensor, codec: str, backend: str, packed: object) -> list[tuple[str, Callable[[], object]]]:
+    return [("compress", functools.partial(compress, t, codec=codec, backend=backend)),
+            ("decompress", functools.partial(decompress, packed, backend=backend, validate=False))]
+
+
+def _breakdown(t: torch.Tensor, codec: str, packed: object) -> list[tuple[str, str, str, int, Callable[[], object]]]:
+    """Where a GPU compress spends its time: the exponent plan kernel alone (``plan``: the histogram,
+    table and size of every chunk, no words written), the same op on a 4 KiB tensor (``fixed``: the
+    launches and the host's work, which the figure of a large tensor amortises), and the torch
+    reference backend on the device (vectorised torch ops, same bytes)."""
+    from cswap.codecs import exponent_cuda
+    from cswap.codecs.exponent_layout import FLOAT_LAYOUTS
+    from cswap.codecs.launch import DEFAULT_CHUNK_WORDS
+
+    size = packed.compressed_nbytes  # type: ignore[attr-defined]
+    tiny = t.reshape(-1)[: 4096 // t.element_size()].clone()
+    tiny_packed = compress(tiny, codec=codec, backend="cuda")
+    rows = [(codec, "cuda", f"{op} fixed", size, fn) for op, fn in _codec_ops(tiny, codec, "cuda", tiny_packed)]
+    rows += [(codec, "torch", op, size, fn) for op, fn in _codec_ops(t, codec, "torch", compress(t, codec=codec, backend="torch"))]
+    if codec == "exponent":
+        layout = FLOAT_LAYOUTS[t.dtype]
+        bits = t.reshape(-1).view(layout.bits_dtype)
+        rows.append((codec, "cuda", "plan", size,
+                     functools.partial(exponent_cuda.chunk_words_needed, bits, layout, DEFAULT_CHUNK_WORDS, None)))
+    return rows
+
+
 def measure_lossless(sizes_mib: list[int], device: torch.device, repeats: int, budget_s: float) -> Iterator[dict[str, object]]:
     """Exponent coding and bit-packing on ``device``'s backend, each op interleaved with a copy of the
     same bytes; nvCOMP's ANS on the same tensors where that package imports (a GPU only).
 
-    Rows: codec, op, kind, nbytes, ratio, seconds, input_gbps, copy_gbps, ``input_vs_copy`` (the
-    tensor's bytes per second against the copy's), and the same from the fastest rounds.
+    Rows: codec, op, kind, backend, nbytes, ratio, seconds, input_gbps, copy_gbps, ``input_vs_copy``
+    (the tensor's bytes per second against the copy's), and the same from the fastest rounds. On a
+    GPU also the rows of :func:`_breakdown` (``plan``, ``compress fixed``, ``decompress fixed``, the
+    torch backend), each against the same copy of the full tensor's bytes: their GB/s are the full
+    tensor's bytes over their seconds.
     """
     timer = Timer(device)
     backend = "cuda" if device.type == "cuda" else "cpu"
@@ -265,20 +295,18 @@ def measure_lossless(sizes_mib: list[int], device: torch.device, repeats: int, b
             t = make_lossless_tensor(nbytes, kind, device)
             src, dst = t.clone(), torch.empty_like(t)
             packed = compress(t, codec=codec, backend=backend)
-            runners: list[tuple[str, str, int, Callable[[], object]]] = [
-                (codec, "compress", packed.compressed_nbytes, functools.partial(compress, t, codec=codec, backend=backend)),
-                (codec, "decompress", packed.compressed_nbytes,
-                 functools.partial(decompress, packed, backend=backend, validate=False)),
-            ]
+            runners = [(codec, backend, op, packed.compressed_nbytes, fn) for op, fn in _codec_ops(t, codec, backend, packed)]
+            if device.type == "cuda":
+                runners += _breakdown(t, codec, packed)
             if not isinstance(ans, str):
                 encode, decode, size_of = ans
                 encoded = encode(t)
-                runners += [("nvcomp-ans", "compress", size_of(encoded), functools.partial(encode, t)),
-                            ("nvcomp-ans", "decompress", size_of(encoded), functools.partial(decode, encoded))]
-            for name, op, compressed, fn in runners:
+                runners += [("nvcomp-ans", "nvcomp", "compress", size_of(encoded), functools.partial(encode, t)),
+                            ("nvcomp-ans", "nvcomp", "decompress", size_of(encoded), functools.partial(decode, encoded))]
+            for name, ran_on, op, compressed, fn in runners:
                 timing = interleaved(fn, functools.partial(dst.copy_, src), timer, repeats, budget_s)
                 copy_gbps = nbytes / timing.copy_median_s / 1e9
-                yield {"codec": name, "op": op, "kind": kind, "what": what, "backend": backend if name == codec else "nvcomp",
+                yield {"codec": name, "op": op, "kind": kind, "what": what, "backend": ran_on,
                        "nbytes": nbytes, "ratio": nbytes / max(compressed, 1), "seconds": timing.median_s,
                        "input_gbps": nbytes / timing.median_s / 1e9, "copy_gbps": copy_gbps,
                        "input_vs_copy": timing.copy_median_s / timing.median_s,

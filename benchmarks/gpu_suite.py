@@ -372,9 +372,10 @@ def summary(report: dict[str, Any]) -> str:
     lossless = steps["lossless_traffic"]
     if lossless["status"] == "ok":
         lines += ["", f"## Lossless codecs ({lossless['result']['backend']} backend) against a copy of the same bytes", "",
-                  "| codec | op | tensors | MiB | ratio | GB/s of input | copy GB/s | vs copy |", "|---|---|---|---|---|---|---|---|"]
+                  "| codec | backend | op | tensors | MiB | ratio | GB/s of input | copy GB/s | vs copy |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for row in lossless["result"]["rows"]:
-            lines.append(f"| {row['codec']} | {row['op']} | {row['kind']} | {row['nbytes'] >> 20} | {row['ratio']:.2f} | "
+            lines.append(f"| {row['codec']} | {row['backend']} | {row['op']} | {row['kind']} | {row['nbytes'] >> 20} | {row['ratio']:.2f} | "
                          f"{row['input_gbps']:.1f} | {row['copy_gbps']:.1f} | {row['input_vs_copy']:.2f} |")
         nvcomp = {row["nvcomp"] for row in lossless["result"]["rows"]}
         lines += ["", f"nvCOMP ANS: {', '.join(sorted(nvcomp))}."]
