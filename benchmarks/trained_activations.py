@@ -121,6 +121,12 @@ def entropy_bound_nbytes(t: torch.Tensor, chunk: int = 1024) -> float:
     return (bits + e.numel() * (layout.mantissa_bits + 1)) / 8
 
 
+def escape_counts(t: torch.Tensor) -> torch.Tensor:
+    """Each exponent-coded chunk's escape count (its second header word), default chunking."""
+    packed = compress(t, codec="exponent", backend="cpu")
+    return packed.words[packed.offsets[:-1] + 1].long()
+
+
 def measure(tensors: list[torch.Tensor], repeats: int) -> dict[str, object]:
     """Sizes by codec and best codec, and the cpu backend's speed against a copy, for one class of tensors."""
     nbytes = sum(t.numel() * t.element_size() for t in tensors)
@@ -130,6 +136,7 @@ def measure(tensors: list[torch.Tensor], repeats: int) -> dict[str, object]:
     rounds: list[tuple[float, float, float]] = []
     floats = all(t.dtype in (torch.bfloat16, torch.float16, torch.float32) for t in tensors)
     bound = sum(entropy_bound_nbytes(t) for t in tensors) if floats else 0.0
+    escapes = [escape_counts(t) for t in tensors] if floats else []
     for t in tensors:
         sizes = {}
         for name in CODECS.names():
@@ -158,7 +165,12 @@ def measure(tensors: list[torch.Tensor], repeats: int) -> dict[str, object]:
         "ratio_by_codec": {name: round(nbytes / size, 3) for name, size in by_codec.items() if size},
         "best_ratio": round(nbytes / best_total, 3),
         "best_codec_counts": best_names,
-        **({"entropy_coded_exponent_ratio": round(nbytes / bound, 3)} if floats else {}),
+        **({"entropy_coded_exponent_ratio": round(nbytes / bound, 3),
+            # how common the exponent decoder's escape path is: chunks holding any, elements escaped
+            "exponent_chunks": sum(e.numel() for e in escapes),
+            "exponent_chunks_with_escapes": round(sum(int((e > 0).sum()) for e in escapes) / sum(e.numel() for e in escapes), 4),
+            "exponent_escaped_fraction": round(sum(int(e.sum()) for e in escapes) / sum(t.numel() for t in tensors), 4)}
+           if floats else {}),
         "cpu_compress_gbps": round(nbytes / compress_s / 1e9, 3),
         "cpu_decompress_gbps": round(nbytes / decompress_s / 1e9, 3),
         "copy_gbps": round(nbytes / copy_s / 1e9, 3),
