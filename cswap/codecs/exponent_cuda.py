@@ -4,8 +4,9 @@ One block per chunk (grid-stride over chunks), with the grid and block of ``comp
 ``decompress`` in :class:`~cswap.codecs.launch.CudaLaunch`:
 
 * ``plan``: the chunk's exponent histogram and shared trailing zero bits by shared-memory
-  atomics; each bin's place in the table order by counting the present bins before it; then the code
-  width of fewest words, the escape count, the table and the chunk's size;
+  atomics; each bin's place in the table order by counting the present bins before it; then one
+  thread picks the code width of fewest words from the counts in that order, and the block writes
+  the table; the escape count and the chunk's size;
 * between the kernels, torch's ``cumsum`` turns sizes into ``offsets`` on the same stream, and the
   host reads the total (one small copy, the only synchronisation of a compress) to size ``words``;
 * ``write``: each thread builds whole words of the table, codes and rests from the fields that
@@ -153,6 +154,8 @@ def _kernels() -> tuple[Any, Any, Any]:
         counts = cuda.shared.array(_MAX_EXPONENTS, dtype=np.int32)
         order = cuda.shared.array(_MAX_EXPONENTS, dtype=np.int32)
         present = cuda.shared.array(_MAX_EXPONENTS, dtype=np.int32)
+        ordered_counts = cuda.shared.array(_MAX_EXPONENTS, dtype=np.int32)
+        chosen_k = cuda.shared.array(1, dtype=np.int32)
         n_present = cuda.shared.array(1, dtype=np.int32)
         t_shared = cuda.shared.array(1, dtype=np.int32)
         tid = cuda.threadIdx.x
@@ -176,7 +179,8 @@ def _kernels() -> tuple[Any, Any, Any]:
                 while (v >> tz) & 1 == 0:
                     tz += 1
                 t_mine = min(t_mine, tz)
-            cuda.atomic.min(t_shared, 0, t_mine)
+            if t_mine < t_shared[0]:  # a stale read costs one atomic more; most threads skip theirs
+                cuda.atomic.min(t_shared, 0, t_mine)
             cuda.syncthreads()
             # Rank the bins by (count descending, exponent ascending) comparing against the few
             # bins present only: a chunk holds a few dozen exponents of the 256 (or 32) there are.
@@ -203,6 +207,9 @@ def _kernels() -> tuple[Any, Any, Any]:
                     place = n_nz + b - place
                 order[place] = b
             cuda.syncthreads()
+            for q in range(tid, (1 << (exp_bits - 1)) - 1, nthreads):  # the widest table's; thread 0 sums them below
+                ordered_counts[q] = counts[order[q]]
+            cuda.syncthreads()
             if tid == 0:
                 best_k = 0
                 best = words_for(m, exp_bits)
@@ -210,14 +217,13 @@ def _kernels() -> tuple[Any, Any, Any]:
                 best_covered = 0
                 for k in range(1, exp_bits):
                     for j in range((1 << (k - 1)) - 1, (1 << k) - 1):
-                        covered += counts[order[j]]
+                        covered += ordered_counts[j]
                     cost = words_for((1 << k) - 1, TABLE_ENTRY_BITS) + words_for(m, k) + words_for(m - covered, exp_bits)
                     if cost < best:
                         best = cost
                         best_k = k
                         best_covered = covered
-                for j in range((1 << best_k) - 1):
-                    tables[c, j] = order[j]
+                chosen_k[0] = best_k
                 t = t_shared[0]
                 ks[c] = best_k
                 ts[c] = t
@@ -226,6 +232,9 @@ def _kernels() -> tuple[Any, Any, Any]:
                     HEADER_WORDS + words_for((1 << best_k) - 1, TABLE_ENTRY_BITS) + words_for(m, best_k)
                     + words_for(m, man_bits + 1 - t) + words_for(m - best_covered, exp_bits)
                 )
+            cuda.syncthreads()
+            for j in range(tid, (1 << chosen_k[0]) - 1, nthreads):
+                tables[c, j] = order[j]
             cuda.syncthreads()
 
     @cuda.jit
