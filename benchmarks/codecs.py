@@ -276,6 +276,21 @@ def _breakdown(t: torch.Tensor, codec: str, packed: object) -> list[tuple[str, s
     return rows
 
 
+def kernel_resources() -> dict[str, list[dict[str, object]]]:
+    """Registers per thread and static shared bytes of every lossless-codec CUDA kernel compiled so
+    far in this process (what bounds its blocks per SM), by kernel and argument types."""
+    from cswap.codecs import bitpack_cuda, exponent_cuda
+
+    found: dict[str, list[dict[str, object]]] = {}
+    for kernel in (*exponent_cuda._kernels(), *bitpack_cuda._kernels()):
+        found[kernel.py_func.__name__] = [
+            {"signature": ", ".join(str(a) for a in args), "registers": compiled.regs_per_thread,
+             "shared_bytes": compiled.shared_mem_per_block}
+            for args, compiled in getattr(kernel, "overloads", {}).items()
+        ]
+    return found
+
+
 def measure_lossless(sizes_mib: list[int], device: torch.device, repeats: int, budget_s: float) -> Iterator[dict[str, object]]:
     """Exponent coding and bit-packing on ``device``'s backend, each op interleaved with a copy of the
     same bytes; nvCOMP's ANS on the same tensors where that package imports (a GPU only).

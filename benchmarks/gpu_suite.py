@@ -219,7 +219,11 @@ def step_lossless_traffic(device: torch.device, scale: Scale) -> dict[str, Any]:
     """Exponent coding and bit-packing against a copy of the same bytes (and nvCOMP's ANS where it imports)."""
     codecs = load_benchmark("codecs")
     rows = list(codecs.measure_lossless(list(scale.lossless_sizes_mib), device, scale.codec_repeats, scale.codec_budget_s))
-    return {"backend": "cuda" if device.type == "cuda" else "cpu", "rows": rows}
+    try:  # a side figure: never lose the measured rows to it
+        kernels = codecs.kernel_resources() if device.type == "cuda" else {}
+    except Exception as error:
+        kernels = {"unavailable": [{"signature": repr(error), "registers": None, "shared_bytes": None}]}
+    return {"backend": "cuda" if device.type == "cuda" else "cpu", "rows": rows, "kernels": kernels}
 
 
 def step_transformers(device: torch.device, scale: Scale, deadline: Deadline | None = None) -> dict[str, Any]:
@@ -379,6 +383,9 @@ def summary(report: dict[str, Any]) -> str:
                          f"{row['input_gbps']:.1f} | {row['copy_gbps']:.1f} | {row['input_vs_copy']:.2f} |")
         nvcomp = {row["nvcomp"] for row in lossless["result"]["rows"]}
         lines += ["", f"nvCOMP ANS: {', '.join(sorted(nvcomp))}."]
+        for kernel, compiled in lossless["result"].get("kernels", {}).items():
+            lines += [f"- `{kernel}`: " + "; ".join(f"{c['signature']}: {c['registers']} registers, {c['shared_bytes']} B shared"
+                                                    for c in compiled)]
     transformers = steps["transformers"]
     if transformers["status"] == "ok":
         lines += ["", "## Dynamic padding (cswap at 0.6 of the peak, ratios to plain in the same run)", "",
