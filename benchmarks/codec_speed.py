@@ -32,6 +32,7 @@ from typing import Any
 
 import yaml
 
+from cswap.codecs import CODECS
 from cswap.commands.simulate import run_simulate
 from cswap.simulate.hardware import load_hardware
 
@@ -41,8 +42,11 @@ def profile_at(hardware: str, gbps: float | None, folder: Path) -> tuple[Path, d
     profile = load_hardware(hardware)
     data = profile.model_dump(mode="json")
     if gbps is not None:
-        for rate in data["device_codecs"].values():
-            rate["compress_gbps"] = rate["decompress_gbps"] = gbps
+        for codec in CODECS.names():
+            if codec != "zvc":  # ZVC's speed is device_codec's, the other codecs' here (none yet: ZVC's overheads)
+                rate = data["device_codecs"].setdefault(codec, {"compress_overhead_s": data["device_codec"]["compress_overhead_s"],
+                                                                "decompress_overhead_s": data["device_codec"]["decompress_overhead_s"]})
+                rate["compress_gbps"] = rate["decompress_gbps"] = gbps
         data["name"] = f"{profile.name}-codecs-{gbps:g}"
     path = folder / f"{data['name']}.yaml"
     path.write_text(yaml.safe_dump(data))
