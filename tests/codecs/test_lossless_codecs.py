@@ -169,6 +169,19 @@ def test_bitpack_is_one_bit_per_element() -> None:
     assert packed.compressed_nbytes == (1 << 16) // 8 and packed.ratio == 8.0
 
 
+@pytest.mark.parametrize("offset_bytes", [0, 3, 8])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bitpack_unpacks_into_an_out_at_any_byte_offset(backend: str, offset_bytes: int) -> None:
+    """Whole words unpack eight bytes at a time where the output is 8-byte aligned, one at a time
+    where it is not; either way the mask comes back, the partial last word too."""
+    mask = torch.rand(5 * 32 + 7, generator=torch.Generator().manual_seed(offset_bytes)) > 0.5
+    device = _device(backend)
+    packed = compress(mask.to(device), codec="bitpack", backend=backend, launch=_launch(backend, 32))
+    storage = torch.zeros(mask.numel() + offset_bytes, dtype=torch.bool, device=device)
+    restored = decompress(packed, backend=backend, out=storage[offset_bytes:], launch=_launch(backend, 32))
+    assert torch.equal(restored.cpu(), mask) and not storage[:offset_bytes].any()
+
+
 @pytest.mark.parametrize(
     ("codec", "dtype", "names"),
     [("exponent", torch.int32, "bfloat16, float16, float32"), ("exponent", torch.float64, "bfloat16"), ("bitpack", torch.float32, "bool, uint8")],

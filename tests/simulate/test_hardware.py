@@ -117,7 +117,7 @@ def test_other_codecs_are_priced_at_their_measured_rates(name: str) -> None:
     nbytes = 1 << 30
     exponent = profile.device_codecs["exponent"]
     assert model.compress_s(nbytes, 1.0, 2, "cuda", codec="exponent") == pytest.approx(nbytes / 14.4e9 + exponent.compress_overhead_s)
-    assert model.decompress_s(nbytes, 1.0, 2, "cpu", codec="bitpack") == pytest.approx(nbytes / 1.18e9 + 2e-5)
+    assert model.decompress_s(nbytes, 1.0, 2, "cpu", codec="bitpack") == pytest.approx(nbytes / 17.7e9 + 2e-5)
     # exponent coding on the device is slower than ZVC's dense pass there, and the planners see it
     assert codec_seconds(model, "compress", nbytes, 1.0, 2, "cuda", "exponent") > 10 * model.compress_s(nbytes, 1.0, 2, "cuda")
 
