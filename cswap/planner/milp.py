@@ -34,27 +34,23 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
-import os
-import sys
-import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.optimize import Bounds, LinearConstraint
 from scipy.sparse import csr_matrix
 
 from cswap.budget import BudgetError
+from cswap.planner import highs
 from cswap.planner.actions import tensor_actions
 from cswap.planner.lifetime import resident_bytes
 from cswap.planner.problem import Option, PlanningProblem, TensorOptions
 
 __all__ = [
     "EXACT_REL_GAP",
-    "HIGHS_DEBUG_LINE",
     "BudgetPlan",
     "PlannedTensor",
     "budget_plan_of",
@@ -63,7 +59,6 @@ __all__ = [
     "least_host_peak",
     "least_peak",
     "solve_milp",
-    "stdout_to_stderr",
     "timeline_of",
 ]
 
@@ -237,57 +232,7 @@ def _milp(arrays: _Arrays, c: np.ndarray, budget_bytes: int | None, peak_variabl
             constraints.append(LinearConstraint(csr_matrix(host), -np.inf, host_upper))
     integrality = np.concatenate([np.ones(count), np.zeros(extra)])
     bounds = Bounds(np.zeros(count + extra), np.concatenate([np.ones(count), np.full(extra, np.inf)]))
-    with stdout_to_stderr():
-        return milp(
-            c,
-            constraints=constraints,
-            integrality=integrality,
-            bounds=bounds,
-            options={"time_limit": time_limit_s, "mip_rel_gap": rel_gap},
-        )
-
-
-#: The start of the debug line HiGHS prints to file descriptor 1 whatever its output options say.
-HIGHS_DEBUG_LINE = b"HighsMipSolverData::"
-
-
-@contextlib.contextmanager
-def stdout_to_stderr(drop_prefix: bytes = HIGHS_DEBUG_LINE) -> Iterator[None]:
-    """Send what native code writes to the process's stdout to stderr instead, for the block,
-    less the lines that start with ``drop_prefix``.
-
-    HiGHS prints a debug line (``HighsMipSolverData::transformNewIntegerFeasibleSolution
-    tmpSolver.run();``) straight to file descriptor 1 whatever its output options say, which would
-    corrupt the JSON that ``--json`` commands and benchmarks print there and clutter a training
-    run's terminal. The block's writes to descriptor 1 are collected and passed to stderr when it
-    ends; only that line is dropped.
-
-    Args:
-        drop_prefix: lines starting with it are dropped (empty: keep every line).
-
-    Example:
-        >>> with stdout_to_stderr():
-        ...     _ = os.write(1, b"")
-    """
-    sys.stdout.flush()
-    try:
-        saved = os.dup(1)
-    except OSError:  # no stdout to protect
-        yield
-        return
-    with tempfile.TemporaryFile() as collected:
-        try:
-            os.dup2(collected.fileno(), 1)
-            yield
-        finally:
-            sys.stdout.flush()
-            os.dup2(saved, 1)
-            os.close(saved)
-            collected.seek(0)
-            kept = [line for line in collected.read().splitlines(keepends=True) if not (drop_prefix and line.startswith(drop_prefix))]
-            if kept:
-                sys.stderr.flush()
-                os.write(2, b"".join(kept))
+    return highs.solve(c, constraints, integrality, bounds, {"time_limit": time_limit_s, "mip_rel_gap": rel_gap})
 
 
 def _choice(arrays: _Arrays, x: np.ndarray) -> np.ndarray:

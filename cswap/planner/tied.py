@@ -55,12 +55,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.optimize import Bounds, LinearConstraint
 from scipy.sparse import csr_matrix
 
 from cswap.planner.bounds import policy_options
 from cswap.planner.lifetime import resident_bytes
-from cswap.planner.milp import EXACT_REL_GAP, BudgetPlan, _Arrays, _greedy, budget_plan_of, stdout_to_stderr
+from cswap.planner import highs
+from cswap.planner.milp import EXACT_REL_GAP, BudgetPlan, _Arrays, _greedy, budget_plan_of
 from cswap.planner.problem import Option, PlanningProblem
 from cswap.planner.repeats import RepeatedLayers
 
@@ -222,15 +223,10 @@ def _solve(program: TiedProgram, rows: np.ndarray, c: np.ndarray, upper_bytes: n
     constraints = [LinearConstraint(one, 1, 1)]
     if rows.size:
         constraints.append(LinearConstraint(csr_matrix(memory), -np.inf, bound))
-    with stdout_to_stderr():
-        return milp(
-            c,
-            constraints=constraints,
-            integrality=np.concatenate([np.ones(count), np.zeros(peak)]),
-            bounds=Bounds(np.concatenate([np.zeros(count), np.full(peak, floor_bytes * _SCALE)]),
-                          np.concatenate([np.ones(count), np.full(peak, np.inf)])),
-            options={"time_limit": time_limit_s, "mip_rel_gap": rel_gap},
-        )
+    bounds = Bounds(np.concatenate([np.zeros(count), np.full(peak, floor_bytes * _SCALE)]),
+                    np.concatenate([np.ones(count), np.full(peak, np.inf)]))
+    return highs.solve(c, constraints, np.concatenate([np.ones(count), np.zeros(peak)]), bounds,
+                       {"time_limit": time_limit_s, "mip_rel_gap": rel_gap})
 
 
 def _subset(program: TiedProgram, units: np.ndarray) -> tuple[TiedProgram, np.ndarray]:

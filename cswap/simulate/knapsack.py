@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.optimize import Bounds, LinearConstraint
 
-from cswap.planner.milp import stdout_to_stderr
+from cswap.planner import highs
 
 __all__ = ["recompute_knapsack"]
 
@@ -54,14 +54,8 @@ def recompute_knapsack(
     # recompute at least what does not fit, in MiB so that HiGHS's coefficients stay near 1
     scale = 1.0 / 2**20
     constraint = LinearConstraint(sizes[np.newaxis, :] * scale, (sizes.sum() - capacity_bytes) * scale, np.inf)
-    with stdout_to_stderr():  # HiGHS writes a debug line to stdout, which --json output cannot have
-        result = milp(
-            np.asarray(recompute_s, dtype=float),
-            constraints=[constraint],
-            integrality=np.ones(len(sizes)),
-            bounds=Bounds(0, 1),
-            options={"time_limit": time_limit_s, "mip_rel_gap": 1e-6},
-        )
+    result = highs.solve(np.asarray(recompute_s, dtype=float), [constraint], np.ones(len(sizes)), Bounds(0, 1),
+                         {"time_limit": time_limit_s, "mip_rel_gap": 1e-6})
     chosen = np.ones(len(sizes), dtype=bool) if result.x is None else result.x > 0.5
     if sizes[~chosen].sum() > capacity_bytes:  # the solver's tolerance let a few bytes through
         order = np.argsort(-sizes / np.maximum(np.asarray(recompute_s, dtype=float), 1e-12))

@@ -398,7 +398,7 @@ def test_capuchin_is_planned_by_its_greedy_not_the_solver():
 
 def test_native_prints_during_a_solve_go_to_stderr_not_stdout(capfd: pytest.CaptureFixture[str]) -> None:
     # HiGHS writes a stray debug line to file descriptor 1 whatever its options say; --json output must stay clean
-    from cswap.planner.milp import stdout_to_stderr
+    from cswap.planner.highs import stdout_to_stderr
 
     with stdout_to_stderr():
         os.write(1, b"native noise\n")
