@@ -169,6 +169,17 @@ def test_bitpack_is_one_bit_per_element() -> None:
     assert packed.compressed_nbytes == (1 << 16) // 8 and packed.ratio == 8.0
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bitpack_sets_the_bit_of_any_nonzero_byte_of_a_bool(backend: str) -> None:
+    """A bool whose byte is not 0 or 1 (a uint8 tensor viewed as bool) is true, as ``!= 0`` reads it,
+    on the whole-word paths too; it comes back as a plain True."""
+    raw = torch.arange(256, dtype=torch.uint8).roll(7)
+    packed = compress(raw.view(torch.bool).to(_device(backend)), codec="bitpack", backend=backend, launch=_launch(backend, 32))
+    assert torch.equal(packed.buffers()[0].cpu(), compress(raw.view(torch.bool), codec="bitpack", backend="torch").buffers()[0])
+    restored = decompress(packed, backend=backend, launch=_launch(backend, 32))
+    assert torch.equal(restored.cpu(), raw != 0)
+
+
 @pytest.mark.parametrize("offset_bytes", [0, 3, 8])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_bitpack_unpacks_into_an_out_at_any_byte_offset(backend: str, offset_bytes: int) -> None:
