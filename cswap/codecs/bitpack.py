@@ -30,7 +30,7 @@ from cswap.codecs.encoded import BackendCodec, Encoded
 from cswap.codecs.format import n_words_for
 from cswap.codecs.launch import Launch
 
-__all__ = ["BITPACK", "BITPACK_DTYPES", "BitPacked", "BitpackCodec", "bitpack_nbytes"]
+__all__ = ["BITPACK", "BITPACK_DTYPES", "BitPacked", "BitpackCodec", "bitpack_nbytes", "eight_byte_prefix"]
 
 #: What bit-packing takes: bool, and uint8 holding only 0 and 1.
 BITPACK_DTYPES: tuple[torch.dtype, ...] = (torch.bool, torch.uint8)
@@ -44,6 +44,22 @@ def bitpack_nbytes(numel: int) -> int:
         128
     """
     return 4 * n_words_for(numel)
+
+
+def eight_byte_prefix(flat: torch.Tensor, multiple: int) -> torch.Tensor:
+    """The first ``numel - numel % multiple`` bytes of the flat uint8 tensor ``flat`` as int64 (same
+    memory), for a backend's 8-byte reads and stores; empty where that memory is not 8-byte aligned
+    (a view at an odd offset) or holds no such bytes, and the backend goes a byte at a time.
+
+    Example:
+        >>> storage = torch.zeros(72, dtype=torch.uint8)
+        >>> eight_byte_prefix(storage, 32).numel(), eight_byte_prefix(storage[3:], 8).numel()
+        (8, 0)
+    """
+    whole = flat.numel() - flat.numel() % multiple
+    if flat.data_ptr() % 8 or not whole:
+        return torch.empty(0, dtype=torch.int64, device=flat.device)
+    return flat[:whole].view(torch.int64)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from numba import njit, prange
 
+from cswap.codecs.bitpack import eight_byte_prefix
 from cswap.codecs.format import n_words_for
 from cswap.codecs.intrinsics import nonzero_mask32 as _nonzero_mask32
 from cswap.codecs.cpu_launch import check_launch, require_cpu, threads, threads_for
@@ -90,9 +91,7 @@ def pack(flat: torch.Tensor, launch: CpuLaunch | None) -> torch.Tensor:
 def unpack(words: torch.Tensor, out: torch.Tensor, launch: CpuLaunch | None) -> None:
     """Write 0 or 1 per element of ``words`` into the flat uint8 tensor ``out``."""
     require_cpu("the words", words)
-    flat = out.numpy()
-    whole = flat[: flat.size - flat.size % 32]
-    wide = whole.view(np.uint64) if flat.ctypes.data % 8 == 0 else np.empty(0, np.uint64)
+    wide = eight_byte_prefix(out, 32).numpy().view(np.uint64)
     with threads(threads_for(check_launch(launch), out.numel())):
-        _unpack(words.contiguous().numpy().view(np.uint32), flat, wide)
+        _unpack(words.contiguous().numpy().view(np.uint32), out.numpy(), wide)
 

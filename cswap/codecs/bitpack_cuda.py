@@ -26,6 +26,7 @@ import torch
 from numba import cuda, uint32, uint64
 
 from cswap.codecs import cuda_adapter
+from cswap.codecs.bitpack import eight_byte_prefix
 from cswap.codecs.cuda_launch import check_launch, with_fallback
 from cswap.codecs.format import n_words_for
 from cswap.codecs.launch import CudaLaunch
@@ -74,15 +75,6 @@ def _kernels() -> tuple[Any, Any]:
     return pack_kernel, unpack_kernel
 
 
-def _as_wide(flat: torch.Tensor, multiple: int) -> torch.Tensor:
-    """The first ``numel - numel % multiple`` bytes of the uint8 tensor ``flat`` as int64, or an empty
-    tensor where its memory is not 8-byte aligned (a view at an odd offset): the byte path serves it."""
-    whole = flat.numel() - flat.numel() % multiple
-    if flat.data_ptr() % 8 or not whole:
-        return torch.empty(0, dtype=torch.int64, device=flat.device)
-    return flat[:whole].view(torch.int64)
-
-
 def pack(flat: torch.Tensor, launch: CudaLaunch | None) -> torch.Tensor:
     """The words of a flat uint8 tensor on its GPU (on the CPU under the simulator)."""
     launch = check_launch(launch)
@@ -90,7 +82,7 @@ def pack(flat: torch.Tensor, launch: CudaLaunch | None) -> torch.Tensor:
     words = torch.empty(n_words_for(flat.numel()), dtype=torch.int32, device=flat.device)
     if not words.numel():
         return words
-    wide = _as_wide(flat, 32)
+    wide = eight_byte_prefix(flat, 32)
 
     def run(chosen: CudaLaunch) -> torch.Tensor:
         with cuda_adapter.launcher(flat.device) as launcher:
@@ -108,7 +100,7 @@ def unpack(words: torch.Tensor, out: torch.Tensor, launch: CudaLaunch | None) ->
     launch = check_launch(launch)
     cuda_adapter.check_tensor(words, "packed words")
     cuda_adapter.check_tensor(out, "output")
-    wide = _as_wide(out, 8)
+    wide = eight_byte_prefix(out, 8)
 
     def run(chosen: CudaLaunch) -> None:
         with cuda_adapter.launcher(out.device) as launcher:
