@@ -71,7 +71,7 @@ from typing import Any
 
 import torch
 
-from cswap.codecs import alternative_nbytes, value_range
+from cswap.codecs import alternative_nbytes, value_range, zvc_compressed_nbytes
 from cswap.execute.arena import ALIGN_BYTES, ArenaBlock, HostArena, PoolSlot
 from cswap.execute.layout import Layout
 from cswap.execute.stored import Counters, Handle, Stored
@@ -800,16 +800,21 @@ class Executor:
             elif plan.decisions and not decision.planned and not plan.knows(key, layout.shape, layout.dtype):
                 # counted whether or not the budget then made it fall back
                 counters.unknown_keys += 1
+            # A profile's zvc-keep (every micro-batch's, not only the one profiled) takes the smallest coding
+            smallest = decision.action is Action.ZVC_KEEP and decision.raw_unless_smaller
+            if profiler is not None or smallest:
+                # The size of the codec besides ZVC that takes its dtype (deferred like the zero
+                # count, unless the store needs it now).
+                with torch_threads_kept():  # a Numba call may leave torch's thread count changed
+                    coded = alternative_nbytes(tensor.detach(), self.transfers.backend)
+            if smallest:
+                decision = self._smallest_coding(plan, decision, layout, tensor, coded)
             stored, zeros = self._store(key, tensor.detach(), layout, decision, count_zeros=profiler is not None, owner=owner,
                                         storage=storage)
             if plan.budget_bytes is not None:
                 self.transfers.wait_for_budget(plan.budget_bytes)
             if profiler is not None:
-                # Deferred like the zero count: what the encoding needs to predict its size, and
-                # the size of the codec besides ZVC that takes its dtype.
-                encoding_facts = value_range(tensor.detach())
-                with torch_threads_kept():  # a Numba call may leave torch's thread count changed
-                    coded = alternative_nbytes(tensor.detach(), self.transfers.backend)
+                encoding_facts = value_range(tensor.detach())  # what the encoding needs to predict its size
             stored.dedupe_key = dedupe_key
             self._dedupe[dedupe_key] = weakref.ref(stored)
             counters.actions[stored.action.value] += 1
@@ -822,6 +827,27 @@ class Executor:
                           zeros=zeros, producer=producer, offloadable=True, reason="", value_range=encoding_facts,
                           module=profiler.module(tensor), coded=coded)
         return Handle(key, stored), record
+
+    def _smallest_coding(self, plan: Plan, decision: Decision, layout: Layout, tensor: torch.Tensor, coded: Any) -> Decision:
+        """A profile's ``zvc-keep`` ``decision``, which keeps a tensor raw unless its encoding is
+        smaller, with the codec besides ZVC (``coded``: its name and the size it gives ``tensor``,
+        or ``None``) where that gives fewer bytes than ZVC and than the raw tensor: the choice the
+        plans made from this profile make (:func:`cswap.planner.codec_choice.codec_for`). The
+        profile then peaks where those plans can, where ZVC alone would keep every dense float
+        raw."""
+        if coded is None:
+            return decision
+        codec, size = coded
+        other_bytes = int(size)  # a profile may wait for the device
+        if other_bytes >= layout.nbytes:
+            return decision
+        nonzero = layout.numel - int(self._zeros(layout.compact(tensor), layout))
+        if zvc_compressed_nbytes(layout.numel, nonzero, layout.itemsize) <= other_bytes:
+            return decision  # ties go to ZVC, as the planner's
+        launches: dict[str, Any] = {"compress_launch": None, "decompress_launch": None}
+        if plan.launches is not None:
+            launches.update(plan.launches.launches(decision.dtype, decision.nbytes, codec))
+        return replace(decision, codec=codec, compressed_nbytes=other_bytes, **launches)
 
     def _store(
         self, key: int, tensor: torch.Tensor, layout: Layout, decision: Decision, count_zeros: bool, owner: Stored | None = None,

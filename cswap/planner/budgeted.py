@@ -360,12 +360,16 @@ def floor_note(trace: Trace, problem: PlanningProblem, policy: str, least_bytes:
             f"({named}); no plan meets it at every event at once.")
 
 
+# What a profile's zvc-keep does with a tensor (cswap.execute.executor.Executor._smallest_coding).
+_BY_SMALLEST_CODING = " by the codec that gives it the fewest bytes (raw where none shrinks it)"
+
+
 def _profile_note(planned_least: int, profiled_peak_bytes: int, action: Action) -> str:
     """Why the least is above what the plans need, where the profiling iteration sets it, or ``""``."""
     if profiled_peak_bytes <= planned_least:
         return ""
     return (f"The plans need {human_bytes(planned_least)}, but a run at the budget profiles first, storing every tensor "
-            f"as {action.value}, and that iteration reaches {human_bytes(profiled_peak_bytes)}.")
+            f"as {action.value}{_BY_SMALLEST_CODING if action is Action.ZVC_KEEP else ''}, and that iteration reaches {human_bytes(profiled_peak_bytes)}.")
 
 
 def _above_plain(least: int, none_bytes: int, action: Action) -> str:

@@ -267,6 +267,57 @@ def test_int64_narrowed_only_when_exact(policy: str, largest: int, itemsize: int
     assert stats.compressed_bytes == zvc_compressed_nbytes(4096, nnz, itemsize)
 
 
+class _SavesAsGiven(torch.autograd.Function):
+    """Saves the tensors it is given for backward and hands what backward got back to ``seen``."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, seen: list[torch.Tensor], *saved: torch.Tensor) -> torch.Tensor:
+        ctx.seen = seen
+        ctx.save_for_backward(*saved)
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        ctx.seen.extend(t.clone() for t in ctx.saved_tensors)
+        return (grad, None, *(None for _ in ctx.saved_tensors))
+
+
+@pytest.mark.parametrize("backend", ("cpu", "torch"))
+def test_a_compress_keep_profile_stores_each_tensor_by_its_smallest_coding(backend: str) -> None:
+    """Under a budget, compress-keep's profiling iteration keeps every tensor as the codec that gives
+    it the fewest bytes, raw where none shrinks it: the plans made from it choose alike, and its
+    peak bounds theirs (ZVC alone shrinks no dense bf16 activation)."""
+    from cswap.codecs import CODECS
+    from cswap.codecs.bitpack import bitpack_nbytes
+
+    g = torch.Generator().manual_seed(3)
+    dense_bf16 = torch.randn(8192, generator=g).to(torch.bfloat16)  # exponent coding wins
+    sparse_fp32 = torch.randn(8192, generator=g).clamp(min=1.0)  # mostly equal non-zeros; ZVC wins
+    sparse_fp32[sparse_fp32 == 1.0] = 0
+    mask = torch.rand(8192, generator=g) > 0.1  # bit-packing
+    noise = torch.randint(-(2**31), 2**31 - 1, (2048,), generator=g, dtype=torch.int32)  # nothing shrinks it: raw
+    saved = [dense_bf16, sparse_fp32, mask, noise]
+    from dataclasses import replace
+
+    from tests.runtime.helpers import FAST_CODEC
+
+    no_timing = replace(FAST_CODEC, backend=backend)  # the plan is not what is tested: skip timing the codecs
+    rt = make_runtime("compress-keep", backend=backend, memory_budget=1 << 30, time_model=no_timing)
+    x = leaves((16,))[0]
+    seen: list[torch.Tensor] = []
+    with rt.iteration():
+        _SavesAsGiven.apply(x * 1.0, seen, *saved).sum().backward()
+    for want, got in zip(saved, seen, strict=True):
+        assert_bit_equal([want], [got], what=f"{want.dtype} saved tensor")
+    exponent = int(CODECS.get("exponent").compressed_nbytes(dense_bf16, backend))
+    zvc = zvc_compressed_nbytes(8192, int((sparse_fp32 != 0).sum()), 4)
+    assert exponent < 8192 * 2 and zvc < 8192 * 4
+    stats = rt.stats()
+    assert stats.compressed_input_bytes == 8192 * 2 + 8192 * 4 + 8192
+    assert stats.compressed_bytes == exponent + zvc + bitpack_nbytes(8192)
+    assert {action: n for action, n in stats.actions.items() if n} == {"zvc-keep": 3, "keep": 1}  # the noise kept raw
+
+
 # ---------------------------------------------------------------------------------- unpacks
 
 

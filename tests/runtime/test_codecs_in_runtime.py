@@ -88,6 +88,22 @@ def test_a_budget_is_held_with_the_codecs(reference: list[list[torch.Tensor]]) -
     assert stats.iteration_peak_resident_bytes <= stats.budget_bytes
 
 
+def test_compress_keep_holds_a_budget_below_nones_peak(reference: list[list[torch.Tensor]]) -> None:
+    """ZVC shrinks no dense bf16 activation; exponent coding does. The profiling iteration keeps each
+    tensor by the codec the plans will take, so it peaks below ``none`` as they do, and compress-keep
+    meets a budget only compressing can: every iteration, the profile's included, within it."""
+    grads, rt = _train("compress-keep", memory_budget=0.8)
+    assert rt is not None
+    for want, got in zip(reference, grads, strict=True):
+        assert_bit_equal(want, got)
+    stats = rt.stats()
+    assert stats.peak_resident_bytes <= stats.budget_bytes, stats
+    with pytest.raises(cswap.BudgetError, match="policy compress-keep cannot keep") as raised:
+        _train("compress-keep", memory_budget=0.3)
+    least = raised.value.minimum_bytes
+    assert least < 0.75 * stats.budget_bytes / 0.8, f"the least ({least:,d} B) is not below 0.75 of none's peak"
+
+
 @pytest.mark.parametrize("policy", ["compress-swap", "cswap"])
 def test_codecs_follow_dynamic_padding_and_accumulation(policy: str) -> None:
     """bf16 GPT-2, two micro-batches per step each padded to its own longest (lengths 20-120), under
