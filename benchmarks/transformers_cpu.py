@@ -33,6 +33,7 @@ from torch import nn
 
 import cswap
 from cswap.budget import BudgetError
+from cswap.planner import POLICY_ACTIONS
 from cswap.planner.actions import RUNTIME_POLICIES
 from cswap.simulate import SimConfig, Simulator
 from cswap.simulate.budgeted import run_budgets
@@ -41,6 +42,8 @@ from cswap.simulate.validate import cpu_profile, measure_runtime_overheads, thre
 __all__ = ["MODELS", "main", "measure"]
 
 VOCAB = 2048
+#: The policies both the runtime and the simulator plan under a budget (ac-full's layers are fixed).
+POLICIES: tuple[str, ...] = tuple(p for p in RUNTIME_POLICIES if p in POLICY_ACTIONS)
 
 
 def _gpt2(seq_len: int) -> nn.Module:
@@ -77,7 +80,7 @@ def measure(name: str, fraction: float, rounds: int, seq_len: int, batch: int, p
     ids = torch.randint(0, VOCAB, (batch, seq_len), generator=torch.Generator().manual_seed(1))
     runs: dict[str, tuple[nn.Module, cswap.Runtime]] = {}
     refused: dict[str, BudgetError] = {}
-    for policy in RUNTIME_POLICIES:
+    for policy in POLICIES:
         model = copy.deepcopy(base)
         rt = cswap.Runtime(policy, device="cpu", model=model, memory_budget=fraction)
         try:
@@ -100,9 +103,9 @@ def measure(name: str, fraction: float, rounds: int, seq_len: int, batch: int, p
     with profiler.iteration():
         _step(profiler_model, ids)
     simulator = Simulator(profiler.trace(), profile, SimConfig(min_bytes=profiler.options.min_bytes))
-    outcomes = run_budgets(simulator, RUNTIME_POLICIES, budget=fraction)
+    outcomes = run_budgets(simulator, POLICIES, budget=fraction)
     rows = []
-    for policy in RUNTIME_POLICIES:
+    for policy in POLICIES:
         outcome = outcomes[policy]
         none_peak = outcome.budget_bytes / fraction
         row: dict[str, object] = {"model": name, "policy": policy, "fraction": fraction, "seq_len": seq_len, "batch": batch}

@@ -177,12 +177,27 @@ class CodecRate(_Frozen):
     Args:
         compress_gbps, decompress_gbps: uncompressed bytes per second, GB/s.
         compress_overhead_s, decompress_overhead_s: fixed seconds per call.
+        by_itemsize: the rates of element widths timed apart (on a CPU exponent coding of bf16
+            runs at half fp32's bytes per second); a width not here takes the nearest one's, and
+            with none the rates above hold for every width.
+
+    Example:
+        >>> rate = CodecRate(compress_gbps=0.3, decompress_gbps=1.0, by_itemsize={2: CodecRate(compress_gbps=0.2, decompress_gbps=0.7)})
+        >>> rate.at(2).compress_gbps, rate.at(1).compress_gbps, rate.at(4).compress_gbps
+        (0.2, 0.2, 0.2)
     """
 
     compress_gbps: float = Field(gt=0)
     decompress_gbps: float = Field(gt=0)
     compress_overhead_s: float = Field(default=0.0, ge=0)
     decompress_overhead_s: float = Field(default=0.0, ge=0)
+    by_itemsize: dict[int, CodecRate] = Field(default_factory=dict)
+
+    def at(self, itemsize: int) -> CodecRate:
+        """The rate of elements of ``itemsize`` bytes (:attr:`by_itemsize`' nearest width, else this one)."""
+        if not self.by_itemsize:
+            return self
+        return self.by_itemsize[min(self.by_itemsize, key=lambda width: (abs(width - itemsize), width))]
 
     def seconds(self, op: str, nbytes: float) -> float:
         """Seconds of ``op`` (``compress`` or ``decompress``) on ``nbytes`` uncompressed bytes."""
@@ -270,11 +285,11 @@ class HardwareTimeModel:
     def _codec(self, backend: str) -> CodecSpec:
         return self.profile.device_codec if self._on_device(backend) else self.profile.host_codec
 
-    def _other(self, backend: str, codec: str) -> CodecRate:
+    def _other(self, backend: str, codec: str, itemsize: int) -> CodecRate:
         rates = self.profile.device_codecs if self._on_device(backend) else self.profile.host_codecs
         if codec not in rates:
             raise ValueError(f"profile {self.profile.name!r} gives no speed for codec {codec!r} on backend {backend!r}")
-        return rates[codec]
+        return rates[codec].at(itemsize)
 
     def _compressed(self, nbytes: int, density: float, itemsize: int) -> int:
         return zvc_nbytes_for(int(nbytes), 1.0 - density, itemsize, self.chunk_words)
@@ -282,13 +297,13 @@ class HardwareTimeModel:
     def compress_s(self, nbytes: int, density: float, itemsize: int, backend: str, codec: str = "zvc") -> float:
         """Seconds to compress (see the module docstring); another codec's from its :class:`CodecRate`."""
         if codec != "zvc":
-            return self._other(backend, codec).seconds("compress", nbytes)
+            return self._other(backend, codec, itemsize).seconds("compress", nbytes)
         return self._codec(backend).compress_s(nbytes, self._compressed(nbytes, density, itemsize))
 
     def decompress_s(self, nbytes: int, density: float, itemsize: int, backend: str, codec: str = "zvc") -> float:
         """Seconds to decompress (see the module docstring)."""
         if codec != "zvc":
-            return self._other(backend, codec).seconds("decompress", nbytes)
+            return self._other(backend, codec, itemsize).seconds("decompress", nbytes)
         return self._codec(backend).decompress_s(nbytes, self._compressed(nbytes, density, itemsize))
 
 

@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from cswap.planner.actions import POLICY_TABLE
 from cswap.profile.trace import Trace
 from cswap.simulate.engine import DEFAULT_MIN_BYTES, SimConfig, Simulator
-from cswap.simulate.hardware import CodecSpec, DeviceSpec, HardwareProfile, LinkSpec
+from cswap.simulate.hardware import CodecRate, CodecSpec, DeviceSpec, HardwareProfile, LinkSpec
 from cswap.simulate.policies import POLICIES, Action
 
 __all__ = [
@@ -70,6 +70,21 @@ def _matmul_tflops(size: int = 1024, repeats: int = 3) -> float:
         a @ b
         times.append(time.perf_counter() - start)
     return 2 * size**3 / min(times) / 1e12
+
+
+def _other_codec_rates(speed: Any, call_s: float) -> dict[str, CodecRate]:
+    """The codecs besides ZVC as ``speed`` (a :class:`cswap.profile.codec_speed.CodecSpeed`) timed
+    them, per element width (:attr:`CodecRate.by_itemsize`), ``call_s`` more per call; each
+    codec's own rates are its widest width's."""
+    widths: dict[str, dict[int, CodecRate]] = {}
+    for name, itemsize, compress, decompress in getattr(speed, "others", ()):
+        widths.setdefault(name, {})[itemsize] = CodecRate(
+            compress_gbps=1e-9 / max(compress.s_per_byte, 1e-15),
+            decompress_gbps=1e-9 / max(decompress.s_per_byte, 1e-15),
+            compress_overhead_s=compress.fixed_s + call_s,
+            decompress_overhead_s=decompress.fixed_s + call_s,
+        )
+    return {name: rates[max(rates)].model_copy(update={"by_itemsize": rates}) for name, rates in widths.items()}
 
 
 def _codec_spec(op_fixed_s: float, s_per_byte: float, s_per_nonzero_byte: float) -> CodecSpec:
@@ -251,6 +266,7 @@ def cpu_profile(name: str = "cpu-here", measure: bool = False, overheads: Runtim
         compress_overhead_s=compress.compress_overhead_s,
         decompress_overhead_s=decompress.decompress_overhead_s,
     )
+    others = _other_codec_rates(speed, overheads.codec_call_s)
     return HardwareProfile(
         name=name,
         description=f"{fp.name}, {fp.sm_count} cores, measured here",
@@ -269,10 +285,13 @@ def cpu_profile(name: str = "cpu-here", measure: bool = False, overheads: Runtim
         link=LinkSpec(name="memcpy into the host arena", h2d_gbps=h2d_gbps, d2h_gbps=d2h_gbps, async_copies=False),
         device_codec=codec,
         host_codec=codec,
+        device_codecs=others,
+        host_codecs=others,
         sources=(
             "link: the runtime's own swap copies on 1 MiB activations (measure_runtime_overheads), else "
             "cswap.device bandwidth on 'cpu' (median of 64 MiB copies)",
-            "cswap.profile.codec_speed on ('cpu', 'cpu'): the runtime's fitted cpu codec speed",
+            "cswap.profile.codec_speed on ('cpu', 'cpu'): the runtime's fitted cpu codec speed, ZVC's and each other "
+            "codec's per element width",
             "peak_tflops: a 1024x1024 float32 matmul timed here (efficiency 1: compute times come from the trace)",
             "hook, iteration and codec-call overheads: measure_runtime_overheads() on tiny linear chains",
         ),

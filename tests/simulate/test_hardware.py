@@ -192,3 +192,23 @@ def test_profiles_are_frozen():
     profile = load_hardware("v100-pcie3")
     with pytest.raises(Exception, match="frozen"):
         profile.link.h2d_gbps = 100.0
+
+
+@pytest.mark.parametrize("itemsize", [1, 2, 4, 8])
+def test_a_cpu_profile_prices_each_codec_at_the_width_it_was_timed(itemsize: int) -> None:
+    """Exponent coding of bf16 runs at half fp32's bytes per second on a CPU: the profile made from
+    the runtime's timings keeps each width's rate, a width not timed taking the nearest one's."""
+    from cswap.profile.codec_speed import CodecSpeed, OpSpeed
+    from cswap.simulate.validate import _other_codec_rates
+
+    zvc = OpSpeed(1e-5, 1e-10, 0.0)
+    timed = {2: (OpSpeed(0.0, 6e-9, 0.0), OpSpeed(8e-6, 1.4e-9, 0.0)), 4: (OpSpeed(0.0, 3e-9, 0.0), OpSpeed(2e-5, 0.8e-9, 0.0))}
+    speed = CodecSpeed("cpu", zvc, zvc, others=tuple(("exponent", w, c, d) for w, (c, d) in timed.items()))
+    rates = _other_codec_rates(speed, call_s=1e-6)
+    profile = load_hardware("v100-pcie3").model_copy(update={"host_codecs": rates})
+    nearest = min(timed, key=lambda w: (abs(w - itemsize), w))
+    compress, decompress = timed[nearest]
+    model = profile.time_model()
+    nbytes = 1 << 20
+    assert model.compress_s(nbytes, 1.0, itemsize, "cpu", codec="exponent") == pytest.approx(compress.seconds(nbytes, 1.0) + 1e-6)
+    assert model.decompress_s(nbytes, 1.0, itemsize, "cpu", codec="exponent") == pytest.approx(decompress.seconds(nbytes, 1.0) + 1e-6)
