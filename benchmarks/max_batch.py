@@ -33,14 +33,16 @@ def main() -> None:
     parser.add_argument("--policies", default=",".join(POLICY_ACTIONS), help="comma-separated policies and strategies, or all")
     parser.add_argument("--seq-len", type=int, default=None, help="tokens per sequence of a transformer (default: the preset's)")
     parser.add_argument("--hardware", default=None, help="hardware profile (default: v100-pcie3 for an image model, a100-pcie4 for a transformer)")
+    parser.add_argument("--compressibility", default="all-minilm-l6-v2",
+                        help="a transformer's codec profile (configs/compressibility/), or none: ZVC alone")
     args = parser.parse_args()
     started = time.perf_counter()
     policies = args.policies.split(",")
     if is_transformer_model(args.model, args.seq_len):
         hardware = args.hardware or "a100-pcie4"
         result = planned_max_batch_transformer(args.model, policies, parse_bytes(args.memory_limit), seq_len=args.seq_len,
-                                               hardware=hardware)
-        reference = {}
+                                               hardware=hardware, compressibility=args.compressibility)
+        reference = {"compressibility": args.compressibility}
     else:
         hardware = args.hardware or "v100-pcie3"
         result = planned_max_batch(args.model, policies, parse_bytes(args.memory_limit), hardware=hardware)

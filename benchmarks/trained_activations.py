@@ -20,7 +20,8 @@ would reach (``entropy_coded_exponent_ratio``: the bound of the design not taken
 With ``--runtime``, one more row: ``compress-swap`` training the bf16 model three steps on the cpu
 backend, the compression ratio ``stats()`` measured (the profiling iteration, which compresses
 everything with ZVC, included), the codecs its plan chose, and whether every gradient is
-bit-identical to plain PyTorch's.
+bit-identical to plain PyTorch's; and ``compress-keep`` under a budget of 0.75 of ``none``'s peak,
+which only compressing can meet: the budget, the peak held, and the least budget it states.
 
 Output: one JSON object per line: a header, then one per (dtype, class), then the runtime row.
 
@@ -177,9 +178,11 @@ def measure(tensors: list[torch.Tensor], repeats: int) -> dict[str, object]:
     }
 
 
-def runtime_row(policy: str, batch: int, tokens: int, steps: int = 3) -> dict[str, object]:
+def runtime_row(policy: str, batch: int, tokens: int, steps: int = 3, memory_budget: float | None = None) -> dict[str, object]:
     """``policy`` on the trained MiniLM in bf16 for ``steps`` steps on the cpu backend: the ratio
-    ``stats()`` measured, the codecs the plan chose, and whether every gradient equals plain PyTorch's."""
+    ``stats()`` measured, the codecs the plan chose, and whether every gradient equals plain PyTorch's.
+    Under ``memory_budget`` (a fraction of ``none``'s peak) also the budget, the peak held, and the
+    least budget the policy states when asked for a twentieth of ``none``'s peak."""
     import contextlib
 
     import cswap
@@ -189,9 +192,10 @@ def runtime_row(policy: str, batch: int, tokens: int, steps: int = 3) -> dict[st
     ids = AutoTokenizer.from_pretrained(folder)(_english(folder), return_tensors="pt", add_special_tokens=False)["input_ids"][0]
     batches = [ids[s * batch * tokens : (s + 1) * batch * tokens].view(batch, tokens) for s in range(steps)]
 
-    def train(runtime_policy: str | None) -> tuple[list[list[torch.Tensor]], object]:
+    def train(runtime_policy: str | None, budget: float | None = memory_budget) -> tuple[list[list[torch.Tensor]], object]:
         model = AutoModel.from_pretrained(folder, attn_implementation="eager").to(torch.bfloat16).train()
-        rt = cswap.Runtime(runtime_policy, model=model, device="cpu", min_bytes=0) if runtime_policy else None
+        options = {} if budget is None else {"memory_budget": budget}
+        rt = cswap.Runtime(runtime_policy, model=model, device="cpu", min_bytes=0, **options) if runtime_policy else None
         grads = []
         for i, input_ids in enumerate(batches):
             with torch.random.fork_rng(), cuda_dropout_on_cpu():
@@ -210,11 +214,21 @@ def runtime_row(policy: str, batch: int, tokens: int, steps: int = 3) -> dict[st
     for decision in rt.plan().rows().values():  # type: ignore[attr-defined]
         if decision.action.compresses:
             codecs[decision.codec] = codecs.get(decision.codec, 0) + 1
-    return {
+    row: dict[str, object] = {
         "kind": "runtime", "policy": policy, "dtype": "bfloat16", "steps": steps,
         "compression_ratio": round(stats.compression_ratio, 3), "compressed_input_mib": round(stats.compressed_input_bytes / 2**20, 2),
         "codecs_in_plan": codecs, "gradients_bit_identical": identical,
     }
+    if memory_budget is not None:
+        try:
+            train(policy, budget=0.05)
+            least: float | None = None
+        except cswap.BudgetError as error:
+            least = error.minimum_fraction
+        row.update(memory_budget=memory_budget, budget_bytes=stats.budget_bytes, peak_resident_bytes=stats.peak_resident_bytes,
+                   budget_held=stats.peak_resident_bytes <= stats.budget_bytes,
+                   least_fraction_of_none=None if least is None else round(least, 3))
+    return row
 
 
 def _kind(t: torch.Tensor, batch: int, tokens: int) -> str:
@@ -302,6 +316,7 @@ def main() -> None:
             print(json.dumps({**row, **measure(members, args.repeats)}), flush=True)
     if args.runtime:
         print(json.dumps(runtime_row("compress-swap", args.batch, args.tokens)), flush=True)
+        print(json.dumps(runtime_row("compress-keep", args.batch, args.tokens, memory_budget=0.75)), flush=True)
 
 
 if __name__ == "__main__":

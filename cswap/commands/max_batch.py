@@ -65,6 +65,11 @@ def register(app: typer.Typer) -> None:
         mixed_precision: bool = typer.Option(
             False, "--mixed-precision", help="A 16-bit transformer keeps float32 master weights too (4 more bytes a parameter)."
         ),
+        compressibility: str = typer.Option(
+            "all-minilm-l6-v2",
+            help="What exponent coding and bit-packing give each kind of a transformer's saved tensors: a profile in "
+            "configs/compressibility/ (measured on a trained model) or a YAML path; 'none' for ZVC alone.",
+        ),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:
         """Binary-search the largest batch under each policy: measured on a GPU, planned without one.
@@ -132,6 +137,7 @@ def register(app: typer.Typer) -> None:
                     num_layers=layers,
                     mixed_precision=mixed_precision,
                     served_seq_lens=lengths.lengths[:-1] if lengths is not None else (),
+                    compressibility=compressibility,
                 )
                 result = outcome.batches
                 extra = {k: v for k, v in outcome.to_dict().items() if k not in ("model", "memory_limit_bytes", "max_batch")}

@@ -25,7 +25,9 @@ path, traced by :func:`cswap.simulate.lmtrace.transformer_trace`) searches the m
 
 so 12 bytes a parameter for pure bfloat16 training, 16 for mixed precision (the 2 + 2 + 12 of
 Rajbhandari et al., "ZeRO", SC 2020) and 16 for float32; the input batch is the token ids and
-labels (int64). Transformers are always planned, also on a GPU (not measured yet).
+labels (int64). Transformers are always planned, also on a GPU (not measured yet). A transformer's
+saved tensors compress as a trained one's do (``compressibility``, by default what ``cswap simulate``
+assumes); an image model's by its ReLU sparsity, with ZVC alone.
 
 The strategies users pick instead of a policy (:mod:`cswap.simulate.strategies`: checkpointing
 every layer, selective recompute, torchtune's and Megatron-LM's offloading, a recompute knapsack,
@@ -76,6 +78,7 @@ from torch import nn
 
 from cswap import models
 from cswap.profile.trace import Trace
+from cswap.simulate.compressibility import DEFAULT_COMPRESSIBILITY
 from cswap.runtime import Runtime
 
 if TYPE_CHECKING:
@@ -477,6 +480,7 @@ def planned_max_batch_transformer(
     ceiling: int = 4096,
     time_limit_s: float = 30.0,
     served_seq_lens: Sequence[int] = (),
+    compressibility: str | None = DEFAULT_COMPRESSIBILITY,
 ) -> PlannedMaxBatch:
     """The largest micro-batch of a transformer per policy whose plan fits ``memory_limit_bytes``.
 
@@ -496,15 +500,23 @@ def planned_max_batch_transformer(
         workspace_fraction, ceiling, time_limit_s: as :func:`planned_max_batch` takes them.
         served_seq_lens: shorter lengths served by the plan for ``seq_len`` (module docstring):
             :attr:`PlannedMaxBatch.served_s` gives each name's iteration seconds at each.
+        compressibility: what exponent coding and bit-packing give each kind of saved tensor, a
+            profile :func:`cswap.simulate.compressibility.load_compressibility` reads (measured on
+            a trained transformer), as ``cswap simulate`` assumes; ``None`` or ``"none"``: ZVC
+            alone, which shrinks no dense activation.
 
     Raises:
         ValueError: a limit that is not positive, a bad fraction, an unknown policy or model, a
             strategy named that cannot run on the model, a served length not shorter than
             ``seq_len``, or a model whose saved tensors change with the length.
     """
+    from cswap.simulate.compressibility import load_compressibility
+    from cswap.simulate.metatrace import SparsityModel
     from cswap.simulate.modeltrace import is_transformer_model, trace_model
 
     _check_settings(policies, memory_limit_bytes, workspace_fraction)
+    coded = None if compressibility in (None, "none") else load_compressibility(compressibility)
+    sparsity = SparsityModel(compressibility=coded)
 
     if not is_transformer_model(model, seq_len):
         raise ValueError(
@@ -512,7 +524,8 @@ def planned_max_batch_transformer(
         )
 
     def trace_at(batch: int) -> Trace:
-        return trace_model(model, batch, hardware, dtype=dtype, seq_len=seq_len, num_layers=num_layers, attention=attention)
+        return trace_model(model, batch, hardware, dtype=dtype, seq_len=seq_len, num_layers=num_layers, attention=attention,
+                           sparsity=sparsity)
 
     first = trace_at(1)
     parameters, weight_bytes = int(first.meta["param_count"]), int(first.meta["param_bytes"])
@@ -539,7 +552,8 @@ def planned_max_batch_transformer(
             raise ValueError(f"served lengths {longer} are not shorter than the {tokens} tokens the batch is searched at")
 
         def trace_short(batch: int, length: int) -> Trace:
-            return trace_model(model, batch, hardware, dtype=dtype, seq_len=length, num_layers=num_layers, attention=attention)
+            return trace_model(model, batch, hardware, dtype=dtype, seq_len=length, num_layers=num_layers, attention=attention,
+                               sparsity=sparsity)
 
         served = _served_times(found, sorted(set(served_seq_lens)), tokens, trace_short)
     return PlannedMaxBatch(
