@@ -99,7 +99,7 @@ def run_simulate(
     """
     from cswap.simulate import SimConfig, Simulator, load_hardware
     from cswap.simulate.engine import DEFAULT_MIN_BYTES
-    from cswap.simulate.compressibility import load_compressibility
+    from cswap.simulate.compressibility import compressibility_named
     from cswap.simulate.metatrace import SparsityModel
     from cswap.simulate.modeltrace import trace_model
     from cswap.profile.trace import Trace
@@ -120,7 +120,7 @@ def run_simulate(
     names = _budget_policies(policies) if budgets else _unbudgeted_policies(policies)
     profile = load_hardware(hardware)
 
-    coded = None if compressibility in (None, "none") else load_compressibility(compressibility)
+    coded = compressibility_named(compressibility)
 
     def trace_at(tokens: int | None) -> Trace:
         return trace_model(

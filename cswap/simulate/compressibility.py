@@ -27,7 +27,7 @@ import yaml
 
 from cswap.paths import shipped_configs_dir
 
-__all__ = ["DEFAULT_COMPRESSIBILITY", "KINDS", "Compressibility", "compressibility_names", "load_compressibility"]
+__all__ = ["DEFAULT_COMPRESSIBILITY", "KINDS", "Compressibility", "compressibility_names", "load_compressibility", "compressibility_named"]
 
 #: The profile ``cswap simulate`` uses unless told otherwise.
 DEFAULT_COMPRESSIBILITY = "all-minilm-l6-v2"
@@ -98,3 +98,16 @@ def load_compressibility(name_or_path: str | os.PathLike[str]) -> Compressibilit
         return Compressibility(fractions=data.get("fractions", {}), source=str(data.get("source", "")), date=str(data.get("date", "")))
     except (ValueError, AttributeError, TypeError) as error:
         raise ValueError(f"{path}: {error}") from None
+
+
+def compressibility_named(name_or_path: str | os.PathLike[str] | None) -> Compressibility | None:
+    """:func:`load_compressibility`'s profile, or ``None`` (ZVC alone) for ``None`` or ``"none"``, as
+    the commands' ``--compressibility`` takes it.
+
+    Example:
+        >>> compressibility_named("none") is None, compressibility_named("all-minilm-l6-v2") is not None
+        (True, True)
+    """
+    if name_or_path is None or str(name_or_path) == "none":
+        return None
+    return load_compressibility(name_or_path)

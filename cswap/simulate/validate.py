@@ -77,7 +77,7 @@ def _other_codec_rates(speed: Any, call_s: float) -> dict[str, CodecRate]:
     them, per element width (:attr:`CodecRate.by_itemsize`), ``call_s`` more per call; each
     codec's own rates are its widest width's."""
     widths: dict[str, dict[int, CodecRate]] = {}
-    for name, itemsize, compress, decompress in getattr(speed, "others", ()):
+    for name, itemsize, compress, decompress in speed.others:
         widths.setdefault(name, {})[itemsize] = CodecRate(
             compress_gbps=1e-9 / max(compress.s_per_byte, 1e-15),
             decompress_gbps=1e-9 / max(decompress.s_per_byte, 1e-15),

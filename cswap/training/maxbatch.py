@@ -510,12 +510,12 @@ def planned_max_batch_transformer(
             strategy named that cannot run on the model, a served length not shorter than
             ``seq_len``, or a model whose saved tensors change with the length.
     """
-    from cswap.simulate.compressibility import load_compressibility
+    from cswap.simulate.compressibility import compressibility_named
     from cswap.simulate.metatrace import SparsityModel
     from cswap.simulate.modeltrace import is_transformer_model, trace_model
 
     _check_settings(policies, memory_limit_bytes, workspace_fraction)
-    coded = None if compressibility in (None, "none") else load_compressibility(compressibility)
+    coded = compressibility_named(compressibility)
     sparsity = SparsityModel(compressibility=coded)
 
     if not is_transformer_model(model, seq_len):
