@@ -825,7 +825,7 @@ class Executor:
         if profiler is not None:
             record = dict(key=key, shape=layout.shape, dtype=_dtype_name(layout.dtype), nbytes=layout.nbytes, numel=layout.numel,
                           zeros=zeros, producer=producer, offloadable=True, reason="", value_range=encoding_facts,
-                          module=profiler.module(tensor), coded=coded)
+                          module=profiler.module(tensor), coded=coded, storage=storage)
         return Handle(key, stored), record
 
     def _smallest_coding(self, plan: Plan, decision: Decision, layout: Layout, tensor: torch.Tensor, coded: Any) -> Decision:

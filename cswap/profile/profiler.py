@@ -141,6 +141,10 @@ class Profiler:
         self._rebuilt: dict[int, int] = {}
         self._reasons: dict[int, str] = {}
         self._duplicates: dict[int, int] = {}
+        # storage id -> (weak storage, key) of the first offloadable pack of each storage, and the
+        # key of each later pack of another view of it -> that first key
+        self._storages: dict[int, tuple[StorageWeakRef, int]] = {}
+        self._views: dict[int, int] = {}
         self._hooks: list[Any] = []
         self._modules = threading.local()
         # storage id -> (weak storage, label) of each module's last output, to name producers.
@@ -259,6 +263,7 @@ class Profiler:
         value_range: Any = None,
         module: str = "",
         coded: Any = None,
+        storage: Any = None,
     ) -> None:
         """One pack hook call.
 
@@ -276,10 +281,18 @@ class Profiler:
             module: see :meth:`module`.
             coded: ``(codec, size)`` from :func:`cswap.codecs.alternative_nbytes` (the size an int or
                 a 0-d tensor), or ``None``: no codec besides ZVC takes it.
+            storage: the tensor's untyped storage (``None``: not known), to find the records that
+                are other views of one storage (a record's ``view_of``).
         """
         self._packs[key] = _Pack(key, shape, dtype, nbytes, numel, zeros, producer, offloadable, start, end, value_range, module, coded)
         if not offloadable:
             self._reasons[key] = reason
+        elif storage is not None and key not in self._duplicates:
+            seen = self._storages.get(storage._cdata)
+            if seen is not None and not seen[0].expired():
+                self._views[key] = seen[1]
+            else:
+                self._storages[storage._cdata] = (StorageWeakRef(storage), key)
 
     def record_duplicate(self, key: int, first_key: int) -> None:
         """``key`` packed the same storage and view as ``first_key``: it is stored once."""
@@ -383,6 +396,7 @@ class Profiler:
                     hidden_backward_s=hidden_b.get(p.key, 0.0),
                     unpack_order=rank,
                     free_order=free,
+                    view_of=self._views.get(p.key),
                     rebuilt_nbytes=self._rebuilt.get(p.key) if self._rebuilt.get(p.key, p.nbytes) != p.nbytes else None,
                     **coded.get(source.key, {}),
                 )

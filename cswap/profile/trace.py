@@ -73,6 +73,9 @@ class TensorRecord:
         codec: the codec besides ZVC that takes its dtype (``"bitpack"``, ``"exponent"``), or ``None``.
         codec_fraction: the size ``codec`` gave it when profiled, as a fraction of ``nbytes`` (a
             fraction, so that it holds for the same tensor at another size), or ``None``.
+        view_of: the key of the first saved tensor whose storage this one is another view of (a
+            view of the same shape and strides is a duplicate instead), or ``None``: kept together,
+            the two hold that storage once.
     """
 
     key: int
@@ -97,6 +100,7 @@ class TensorRecord:
     recompute_s: float | None = None
     codec: str | None = None
     codec_fraction: float | None = None
+    view_of: int | None = None
 
     @property
     def codec_nbytes(self) -> int | None:

@@ -126,7 +126,7 @@ def planning_problem(
     timeline, costs = simulator.timeline, simulator.costs
     records = tuple(i for i, counted in enumerate(simulator.counted) if counted)
     forward = sorted(records, key=lambda i: (timeline.produced_s[i], i))
-    backward = sorted((i for i in records if timeline.consumed_s[i] is not None), key=lambda i: (timeline.consumed_s[i], i))
+    backward = sorted((i for i in records if timeline.consumed_s[i] is not None), key=timeline.backward_key)
     pack_rank = {i: r for r, i in enumerate(forward)}
     unpack_rank = {i: r for r, i in enumerate(backward)}
     events = lifetimes_from_orders([pack_rank[i] for i in records], [unpack_rank.get(i) for i in records])

@@ -221,6 +221,8 @@ class Simulator:
         self.costs = tuple(
             replace(cost, recompute_s=self._recompute_s(record)) for cost, record in zip(self.costs, trace.tensors, strict=True)
         )
+        index_of = {r.key: i for i, r in enumerate(trace.tensors)}
+        self.views = tuple(index_of.get(r.view_of) if r.view_of is not None else None for r in trace.tensors)
         self.moved = candidates(trace, self.config.min_bytes)
         self.counted = [r.offloadable for r in trace.tensors]
 
@@ -320,7 +322,8 @@ class Simulator:
             raise ValueError(f"need one action per trace record: {len(self.costs)} records, {len(actions)} actions")
         hooked = policy != "none"
         outcome = run_queues(
-            self.timeline, self.costs, actions, params or self.params, self.counted, hooked=hooked, fetch_after=fetch_after, regions=regions
+            self.timeline, self.costs, actions, params or self.params, self.counted, hooked=hooked, fetch_after=fetch_after, regions=regions,
+            views=self.views,
         )
         moved = [i for i, a in enumerate(actions) if a.transfers]
         hidden_f, hidden_b = hidden_windows(self.timeline, moved, self.config.prefetch_depth)
@@ -354,7 +357,7 @@ class Simulator:
         costs = list(self.costs)
         for region in regions:
             needed = [i for i in region.records if self.timeline.consumed_s[i] is not None]
-            first = min(needed, key=lambda i: (self.timeline.consumed_s[i], i), default=None)
+            first = min(needed, key=self.timeline.backward_key, default=None)
             for i in region.records:
                 costs[i] = replace(costs[i], recompute_s=region.forward_s if i == first else 0.0)
         return tuple(costs)

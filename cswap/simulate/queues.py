@@ -42,7 +42,9 @@ recomputed outside every region is rebuilt alone, for its producing op's seconds
 Memory: a tensor occupies the device from production until its swap-out ends (compressed size
 after compression), again from the start of its swap-in (and full size from the start of its
 decompression), until the backward operator that uses it ends, i.e. until compute reaches the
-next use. Kept tensors stay from production to use. Only offloadable records are counted.
+next use. Kept tensors stay from production to use. Only offloadable records are counted. A kept
+record that is another view of a kept record's storage, no larger than it (``views``), holds no
+bytes of its own: that storage is counted once, until the last of the two is used.
 
 Example:
     >>> from cswap.simulate.timeline import Timeline
@@ -152,6 +154,22 @@ def _peak(events: list[tuple[float, float]]) -> int:
     return int(round(peak))
 
 
+def _shared_storages(
+    views: Sequence[int | None] | None, actions: Sequence[Action], costs: Sequence[TensorCost], counted: Sequence[bool]
+) -> dict[int, int]:
+    """Per kept record that is another view of a kept record's storage and no larger, that record
+    (the runtime's executor counts such a storage once)."""
+    if views is None:
+        return {}
+    if len(views) != len(actions):
+        raise ValueError(f"need one view per record: {len(actions)} records, {len(views)} views")
+    return {
+        i: owner for i, owner in enumerate(views)
+        if owner is not None and owner != i and counted[i] and counted[owner]
+        and actions[i] is Action.KEEP and actions[owner] is Action.KEEP and costs[owner].nbytes >= costs[i].nbytes
+    }
+
+
 def _region_of(
     regions: Sequence[RecomputeRegion], actions: Sequence[Action], timeline: Timeline
 ) -> dict[int, tuple[int, tuple[int, ...], RecomputeRegion]]:
@@ -165,7 +183,7 @@ def _region_of(
             seen.add(i)
             if actions[i] is not Action.RECOMPUTE:
                 raise ValueError(f"record {i} of recompute region {region.label!r} has action {actions[i].value}, not recompute")
-        needed = sorted((i for i in region.records if timeline.consumed_s[i] is not None), key=lambda i: (timeline.consumed_s[i], i))
+        needed = sorted((i for i in region.records if timeline.consumed_s[i] is not None), key=timeline.backward_key)
         for i in needed:
             found[i] = (needed[0], tuple(needed), region)
     return found
@@ -180,6 +198,7 @@ def run_queues(
     hooked: bool = False,
     fetch_after: Sequence[int | None] | None = None,
     regions: Sequence[RecomputeRegion] = (),
+    views: Sequence[int | None] | None = None,
 ) -> QueueOutcome:
     """Replay one iteration under ``actions`` (one per record) and return its times and peak memory.
 
@@ -195,6 +214,8 @@ def run_queues(
             which its swap-in may be issued (-1: when forward ends; ``None``: when needed). It
             replaces ``prefetch_depth`` and ``prefetch_bytes``.
         regions: records rebuilt together (module docstring); each of them takes ``recompute``.
+        views: per record, the record whose storage it is another view of, or ``None``
+            (:attr:`cswap.profile.trace.TensorRecord.view_of`, as record indices).
 
     Raises:
         ValueError: lengths that do not match, or a region record that is not recomputed or lies
@@ -205,6 +226,8 @@ def run_queues(
         raise ValueError(f"need one cost and one action per record: {count} records, {len(costs)} costs, {len(actions)} actions")
     counted = [True] * count if counted is None else list(counted)
     region_of = _region_of(regions, actions, timeline)
+    shared = _shared_storages(views, actions, costs, counted)
+    alive = {owner: 1 + sum(1 for o in shared.values() if o == owner) for owner in set(shared.values())}
     events: list[tuple[float, float]] = []
 
     # bytes asked for so far (a hold counts from when it is asked for, a release from when it is
@@ -228,6 +251,16 @@ def run_queues(
                 heapq.heappush(pending, (at, nbytes))
             else:
                 level -= nbytes
+
+    def let_go(at: float, i: int, nbytes: float) -> None:
+        """Record ``i`` is done with: a storage kept by several views goes with the last of them."""
+        owner = shared.get(i, i)
+        if owner not in alive:
+            release(at, nbytes, i)
+            return
+        alive[owner] -= 1
+        if not alive[owner]:
+            release(at, costs[owner].nbytes, owner)
 
     def settle(at: float) -> None:
         nonlocal level
@@ -266,10 +299,12 @@ def run_queues(
         # otherwise round apart by the shift, the second a step before the first
         t = max(timeline.produced_s[i] + shift, t)
         need = cost.nbytes + (cost.compressed_nbytes if action.device_codec else 0.0)
+        if i in shared:  # its storage is held by the view that owns it
+            need = 0.0
         waited = make_room(t, need, i)
         exposed += waited - t
         t = waited
-        hold(t, cost.nbytes, i)
+        hold(t, 0.0 if i in shared else cost.nbytes, i)
         hook = hook_s(action)
         t += hook
         overhead += hook
@@ -363,7 +398,7 @@ def run_queues(
         action, cost = actions[i], costs[i]
         t = max(timeline.consumed_s[i] + shift, t)
         for j in finished:
-            release(t, costs[j].nbytes, j)
+            let_go(t, j, costs[j].nbytes)
         finished.clear()
         hook = hook_s(action)
         t += hook
@@ -417,10 +452,10 @@ def run_queues(
             issue(t)
     backward_end = timeline.backward_s + shift
     for j in finished:
-        release(backward_end, costs[j].nbytes, j)
+        let_go(backward_end, j, costs[j].nbytes)
     for i in range(count):  # kept tensors backward never asked for live until the graph is freed
         if timeline.consumed_s[i] is None and not actions[i].transfers and actions[i] is not Action.RECOMPUTE:
-            release(backward_end, costs[i].resident_nbytes(actions[i]), i)
+            let_go(backward_end, i, costs[i].resident_nbytes(actions[i]))
     end = max(backward_end, d2h_free, h2d_free, host_free)
     exposed += end - backward_end
     return QueueOutcome(

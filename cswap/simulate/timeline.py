@@ -33,16 +33,22 @@ class Timeline:
         forward_s, backward_s: compute seconds of forward and of backward.
         produced_s: per record (trace order), forward compute before it is produced.
         consumed_s: per record, backward compute before it is first needed, or ``None``.
+        unpack_rank: per record, its place among backward's first unpacks, which orders records
+            needed at the same ``consumed_s`` (``None``: by record index). A profile's hook calls
+            can outlast the compute between them, so records a few hooks apart share a time.
     """
 
     forward_s: float
     backward_s: float
     produced_s: tuple[float, ...]
     consumed_s: tuple[float | None, ...]
+    unpack_rank: tuple[int | None, ...] | None = None
 
     def __post_init__(self) -> None:
         if len(self.produced_s) != len(self.consumed_s):
             raise ValueError("produced_s and consumed_s must have one entry per record")
+        if self.unpack_rank is not None and len(self.unpack_rank) != len(self.consumed_s):
+            raise ValueError("unpack_rank must have one entry per record")
         if self.forward_s < 0 or self.backward_s < 0:
             raise ValueError(f"compute times must be >= 0, got forward {self.forward_s}, backward {self.backward_s}")
 
@@ -60,8 +66,12 @@ class Timeline:
 
     def backward_order(self) -> list[int]:
         """Indices of the records backward needs, in the order it needs them."""
-        needed = (i for i, at in enumerate(self.consumed_s) if at is not None)
-        return sorted(needed, key=lambda i: (self.consumed_s[i], i))
+        return sorted((i for i, at in enumerate(self.consumed_s) if at is not None), key=self.backward_key)
+
+    def backward_key(self, i: int) -> tuple[float, int, int]:
+        """What orders record ``i`` (one backward needs) among the others in backward."""
+        rank = self.unpack_rank[i] if self.unpack_rank is not None else None
+        return (self.consumed_s[i] or 0.0, i if rank is None else rank, i)
 
     @classmethod
     def from_trace(cls, trace: Trace, strip_hooks: bool = True, hook_residual_s: float = 0.0) -> Timeline:
@@ -84,22 +94,33 @@ class Timeline:
                 hooks_s += records[i].pack_s + residual
         forward_s = max(trace.forward_s - hooks_s, max(produced, default=0.0))
 
+        index_of = {r.key: i for i, r in enumerate(records)}
+        duplicates = [(index_of.get(int(d)), index_of.get(int(f))) for d, f in (trace.meta.get("duplicates") or {}).items()]
+        duplicates = [(d, f) for d, f in duplicates if d is not None and f is not None]
+        # the first unpack of a duplicated storage is one hook call that both records carry
+        shared_call = {d for d, f in duplicates
+                       if (records[d].unpack_at_s, records[d].unpack_s) == (records[f].unpack_at_s, records[f].unpack_s)}
+
         consumed: list[float | None] = [None] * count
+        rank: list[int | None] = [None] * count
         hooks_s = 0.0
+        previous = 0.0
         needed = [i for i in range(count) if records[i].unpack_at_s is not None]
-        for i in sorted(needed, key=lambda i: (records[i].unpack_at_s, i)):
-            consumed[i] = max(records[i].unpack_at_s - trace.forward_s - hooks_s, 0.0)
-            if strip_hooks:
+        for position, i in enumerate(sorted(needed, key=lambda i: (records[i].unpack_at_s, i))):
+            # never before the record unpacked before it: taking hook time out must not reorder backward
+            consumed[i] = previous = max(records[i].unpack_at_s - trace.forward_s - hooks_s, previous)
+            rank[i] = position
+            if strip_hooks and i not in shared_call:
                 hooks_s += records[i].unpack_s + residual
         backward_s = max(trace.backward_s - hooks_s, max((c for c in consumed if c is not None), default=0.0))
 
-        index_of = {r.key: i for i, r in enumerate(records)}
-        for duplicate, first in (trace.meta.get("duplicates") or {}).items():
-            d, f = index_of.get(int(duplicate)), index_of.get(int(first))
-            if d is None or f is None or consumed[d] is None:
+        for d, f in duplicates:
+            if consumed[d] is None:
                 continue
-            consumed[f] = consumed[d] if consumed[f] is None else min(consumed[f], consumed[d])
-        return cls(forward_s=forward_s, backward_s=backward_s, produced_s=tuple(produced), consumed_s=tuple(consumed))
+            if consumed[f] is None or (consumed[d], rank[d]) < (consumed[f], rank[f]):
+                consumed[f], rank[f] = consumed[d], rank[d]
+        return cls(forward_s=forward_s, backward_s=backward_s, produced_s=tuple(produced), consumed_s=tuple(consumed),
+                   unpack_rank=tuple(rank))
 
 
 def hidden_windows(timeline: Timeline, moved: Sequence[int], prefetch_depth: int = 1) -> tuple[dict[int, float], dict[int, float]]:
@@ -121,7 +142,7 @@ def hidden_windows(timeline: Timeline, moved: Sequence[int], prefetch_depth: int
     for position, i in enumerate(forward):
         end = timeline.produced_s[forward[position + 1]] if position + 1 < len(forward) else timeline.forward_s
         hidden_f[i] = max(end - timeline.produced_s[i], 0.0)
-    backward = sorted((i for i in moved if timeline.consumed_s[i] is not None), key=lambda i: (timeline.consumed_s[i], i))
+    backward = sorted((i for i in moved if timeline.consumed_s[i] is not None), key=timeline.backward_key)
     hidden_b = {}
     for position, i in enumerate(backward):
         issued = timeline.consumed_s[backward[position - prefetch_depth]] if position >= prefetch_depth else 0.0

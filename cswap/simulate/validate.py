@@ -52,6 +52,7 @@ __all__ = [
     "cpu_time_model",
     "measure_runtime_overheads",
     "median_trace",
+    "runtime_actions",
     "thread_limit",
     "validate",
 ]
@@ -380,9 +381,17 @@ class ValidationRow:
         return asdict(self)
 
 
-def _actions(trace: Trace, plan: Any) -> tuple[Action, ...]:
-    """The runtime plan's action per record; a duplicate is stored with its first pack, so it is
-    ``keep`` here (its first record carries the storage, needed from the earliest of their unpacks)."""
+def runtime_actions(trace: Trace, plan: Any) -> tuple[Action, ...]:
+    """The action a runtime ``plan`` carries out on each record of ``trace``, for
+    :meth:`cswap.simulate.Simulator.run_plan`: the simulator then replays what the runtime did.
+
+    A duplicate is stored with its first pack, so it is ``keep`` here (its first record carries the
+    storage, needed from the earliest of their unpacks); so is a record the plan does not know.
+
+    Args:
+        trace: the runtime's profile (``rt.trace()``), whose keys the plan's decisions use.
+        plan: the runtime's plan (``rt.plan()``).
+    """
     decisions = plan.decisions
     duplicates = {int(k) for k in (trace.meta.get("duplicates") or {})}
     return tuple(
@@ -508,7 +517,7 @@ def _validate_model(
             measured[policy].append(step(rt))
         simulator = Simulator(trace, profile, config, time_model=time_model)
         for policy, rt in runtimes.items():
-            actions = _actions(trace, rt.plan())
+            actions = runtime_actions(trace, rt.plan())
             result = simulator.run_plan(actions, policy=policy, plan="runtime")
             simulated[policy].append((result.iteration_s, result.formula.iteration_s))
             matches[policy] = matches[policy] and simulator.plan(policy) == actions

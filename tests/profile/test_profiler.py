@@ -181,3 +181,23 @@ def test_trace_module_field_round_trips_and_old_traces_load(tmp_path) -> None:
     old = Trace(tensors=(record,)).to_dict()
     del old["tensors"][0]["module"]
     assert Trace.from_dict(old).tensors[0].module == ""
+
+
+def test_another_view_of_a_saved_storage_names_the_first_and_the_simulator_counts_the_storage_once() -> None:
+    from cswap.simulate import SimConfig, Simulator
+    from cswap.simulate.validate import cpu_profile
+
+    x = torch.randn(64, 32, requires_grad=True)
+    rt = cswap.Runtime("none", device="cpu", min_bytes=0, d2h_gbps=1.0, h2d_gbps=1.0)
+    with rt.iteration():
+        y = x.exp()  # saves y: key 0
+        z = y.t().sin()  # saves y.t(), another view of y's storage: key 1
+        (z * z).sum().backward()  # saves z twice: key 2 and its duplicate, key 3
+    trace = rt.trace()
+    records = {t.key: t for t in trace.tensors}
+    assert [records[k].view_of for k in range(4)] == [None, 0, None, None]
+    assert trace.meta["duplicates"] == {"3": 2}
+    assert Trace.from_dict(trace.to_dict()).tensors[1].view_of == 0
+    measured = rt.stats().iteration_peak_resident_bytes
+    assert measured == 2 * 64 * 32 * 4  # y's storage once, z's once
+    assert Simulator(trace, cpu_profile(), SimConfig(min_bytes=0)).run("none").peak_bytes == measured

@@ -144,3 +144,42 @@ def test_actions_must_match_records(gb):
     timeline = Timeline(forward_s=1.0, backward_s=1.0, produced_s=(0.0,), consumed_s=(0.5,))
     with pytest.raises(ValueError, match="one cost and one action per record"):
         run_queues(timeline, [], [Action.SWAP], QueueParams(1.0, 1.0))
+
+
+def _views_timeline() -> tuple[Timeline, list[TensorCost]]:
+    # A (1 MB) produced at 0, a C of 1 MB at 0.25 and B, another view of A's storage, at 0.5;
+    # backward needs B at 0.25, C at 0.5 and A last, at 0.75
+    timeline = Timeline(forward_s=1.0, backward_s=1.0, produced_s=(0.0, 0.25, 0.5), consumed_s=(0.75, 0.5, 0.25))
+    cost = TensorCost(1_000_000, 1_000_000, 0.0, 4, 0.0, 0.0, 0.0, 0.0)
+    return timeline, [cost, cost, cost]
+
+
+@pytest.mark.parametrize(("actions", "peak_bytes"), [
+    # kept with its owner: the storage counts once, until A (the last of the two) is used
+    ((Action.KEEP, Action.KEEP, Action.KEEP), 2_000_000),
+    # its owner swapped (on a CPU profile, copied at pack): B holds the storage, once
+    ((Action.SWAP, Action.KEEP, Action.KEEP), 2_000_000),
+    # itself swapped: the storage is A's; back in backward, B's copy is a storage of its own
+    ((Action.KEEP, Action.KEEP, Action.SWAP), 3_000_000),
+])
+def test_a_kept_view_of_a_kept_storage_counts_it_once(actions, peak_bytes):
+    timeline, costs = _views_timeline()
+    params = QueueParams(1.0, 1.0, async_copies=False)
+    views = (None, None, 0)
+    assert run_queues(timeline, costs, actions, params, views=views).peak_bytes == peak_bytes
+    assert run_queues(timeline, costs, (Action.KEEP,) * 3, params).peak_bytes == 3_000_000  # unknown: counted twice
+
+
+def test_a_shared_storage_lives_until_the_last_of_its_views_is_used():
+    # D (2 MB, swapped) is produced first; A (1 MB) and B, a view of A's storage, are kept. Backward
+    # uses A at 0.25, fetches D for 0.5 and uses B last: A's storage, held by B, is still there
+    timeline = Timeline(forward_s=1.0, backward_s=1.0, produced_s=(0.0, 0.25, 0.5), consumed_s=(0.5, 0.25, 0.75))
+    costs = [TensorCost(n, n, 0.0, 4, 0.0, 0.0, 0.0, 0.0) for n in (2_000_000, 1_000_000, 1_000_000)]
+    params = QueueParams(1.0, 1.0, async_copies=False)
+    actions = (Action.SWAP, Action.KEEP, Action.KEEP)
+    assert run_queues(timeline, costs, actions, params, views=(None, None, 1)).peak_bytes == 3_000_000
+    # B used before D comes back too: the storage is gone, D alone
+    early = Timeline(forward_s=1.0, backward_s=1.0, produced_s=(0.0, 0.25, 0.5), consumed_s=(0.75, 0.25, 0.5))
+    assert run_queues(early, costs, actions, params, views=(None, None, 1)).peak_bytes == 2_000_000
+    with pytest.raises(ValueError, match="one view per record"):
+        run_queues(timeline, costs, actions, params, views=(None,))

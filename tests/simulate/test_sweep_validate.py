@@ -14,7 +14,7 @@ from cswap.simulate.hardware import load_hardware
 from cswap.simulate.plot import plot_sweep
 from cswap.simulate.policies import Action
 from cswap.simulate.sweep import SweepResult, sweep, with_link
-from cswap.simulate.validate import RuntimeOverheads, _actions, median_trace, validate
+from cswap.simulate.validate import RuntimeOverheads, median_trace, runtime_actions, validate
 
 
 def test_sweep_finds_where_compression_pays(tmp_path):
@@ -84,7 +84,7 @@ def test_runtime_plan_mapping_keeps_duplicates_with_their_first():
 
     trace = Trace(tensors=(_rec(0, 0.0, 2.0), _rec(1, 0.0, 1.0, offloadable=False), _rec(2, 0.5, 1.5), _rec(3, 0.6, 1.6)),
                   meta={"duplicates": {"1": 0}})
-    assert _actions(trace, Plan()) == (Action.SWAP, Action.KEEP, Action.ZVC_KEEP, Action.KEEP)
+    assert runtime_actions(trace, Plan()) == (Action.SWAP, Action.KEEP, Action.ZVC_KEEP, Action.KEEP)
 
 
 def test_validate_runs_the_runtime_and_simulates_its_plans(monkeypatch):

@@ -59,3 +59,37 @@ def test_timeline_validation():
         Timeline(forward_s=1.0, backward_s=1.0, produced_s=(0.0,), consumed_s=())
     with pytest.raises(ValueError, match="compute times must be >= 0"):
         Timeline(forward_s=-1.0, backward_s=1.0, produced_s=(), consumed_s=())
+
+
+def test_a_duplicates_shared_unpack_call_is_taken_out_once_and_backward_keeps_the_hooks_order():
+    # record 2 packed the storage and view of record 1: the first unpack of either is one hook call
+    # (0.5 s at 2.0) that both records carry; records 0 and 3 are unpacked after it, 0 last
+    trace = Trace(
+        tensors=(
+            _record(0, 0.0, 2.75, unpack_s=0.0),
+            _record(1, 0.25, 2.0, unpack_s=0.5),
+            _record(2, 0.5, 2.0, unpack_s=0.5, offloadable=False),
+            _record(3, 0.75, 2.5, unpack_s=0.0),
+        ),
+        forward_s=2.0,
+        backward_s=1.0,
+        meta={"duplicates": {"2": 1}},
+    )
+    timeline = Timeline.from_trace(trace)
+    assert timeline.consumed_s == (0.25, 0.0, 0.0, 0.0)
+    assert timeline.backward_s == 0.5
+    assert timeline.backward_order() == [1, 2, 3, 0]
+
+
+def test_backward_keeps_the_hooks_order_where_taking_hook_time_out_would_reorder_it():
+    # record 2's unpack hook timed 1.0 s, yet record 1's began 0.5 s after it (the hook's end was
+    # read after work that overlapped the next): stripped, record 1 would fall before record 2
+    trace = Trace(
+        tensors=(_record(0, 0.0, 1.75), _record(1, 0.5, 0.75), _record(2, 1.0, 0.25, unpack_s=1.0)),
+        forward_s=0.0,
+        backward_s=2.0,
+    )
+    timeline = Timeline.from_trace(trace)
+    assert timeline.backward_order() == [2, 1, 0]
+    assert timeline.consumed_s == (0.75, 0.25, 0.25)
+    assert Timeline.from_trace(trace, strip_hooks=False).backward_order() == [2, 1, 0]
