@@ -3,7 +3,9 @@
 GPT-2, Llama and BERT from their config classes with the library's defaults (dropout on), two
 layers, hidden 256, sequence 256, micro-batch 2, vocabulary 2048. Per model: one runtime per policy
 at ``--fraction`` of ``none``'s activation peak, warmed up past its profile, then ``--rounds``
-interleaved timed iterations; the simulator is given the runtime's own profile of the model and
+interleaved timed iterations; the simulator is given the runtime's own profile of the model (a
+warmed-up ``none`` runtime profiles it once a round, between the timed iterations; the per-record
+medians of those profiles, as :func:`cswap.simulate.validate.validate` takes them) and
 this machine's CPU profile (:func:`cswap.simulate.validate.cpu_profile`, measured now, with the
 runtime's overheads) and plans and simulates every policy under the same budget.
 
@@ -12,7 +14,7 @@ bytes, the simulated ones, and ``simulated / measured - 1`` for each; a policy t
 budget gives its least budget (as a fraction of ``none``'s peak) in the runtime and in the simulator.
 
 Example:
-    $ python benchmarks/transformers_cpu.py --rounds 7 > benchmarks/results/cpu-$(date +%F)/transformers-cpu.jsonl
+    $ python benchmarks/transformers_cpu.py --rounds 9 > benchmarks/results/cpu-$(date +%F)/transformers-cpu.jsonl
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from cswap.planner import POLICY_ACTIONS
 from cswap.planner.actions import RUNTIME_POLICIES
 from cswap.simulate import SimConfig, Simulator
 from cswap.simulate.budgeted import run_budgets
-from cswap.simulate.validate import cpu_profile, measure_runtime_overheads, thread_limit
+from cswap.simulate.validate import cpu_profile, measure_runtime_overheads, median_trace, thread_limit
 
 __all__ = ["MODELS", "main", "measure"]
 
@@ -91,18 +93,25 @@ def measure(name: str, fraction: float, rounds: int, seq_len: int, batch: int, p
             refused[policy] = error
             continue
         runs[policy] = (model, rt)
+    profiler_model = copy.deepcopy(base)
+    profiler = cswap.Runtime("none", device="cpu", model=profiler_model)
+    for _ in range(3):  # its profile, then warm-up as the others had
+        with profiler.iteration():
+            _step(profiler_model, ids)
     times: dict[str, list[float]] = {policy: [] for policy in runs}
+    traces = []
     for _ in range(rounds):
         for policy, (model, rt) in runs.items():
             started = time.perf_counter()
             with rt.iteration():
                 _step(model, ids)
             times[policy].append(time.perf_counter() - started)
-    profiler_model = copy.deepcopy(base)
-    profiler = cswap.Runtime("none", device="cpu", model=profiler_model)
-    with profiler.iteration():
-        _step(profiler_model, ids)
-    simulator = Simulator(profiler.trace(), profile, SimConfig(min_bytes=profiler.options.min_bytes))
+        # one iteration's profile alone swings the simulated time of a 100 ms iteration by 2x
+        profiler.new_epoch()
+        with profiler.iteration():
+            _step(profiler_model, ids)
+        traces.append(profiler.trace())
+    simulator = Simulator(median_trace(traces), profile, SimConfig(min_bytes=profiler.options.min_bytes))
     outcomes = run_budgets(simulator, POLICIES, budget=fraction)
     rows = []
     for policy in POLICIES:
