@@ -2,11 +2,14 @@
 
 Compression is two parallel passes over the chunks with a prefix sum between them:
 
-1. each chunk's exponent histogram, its table order (by count, then value), the code width of
-   fewest words, the shared trailing zero bits of the mantissas, and so its size in words; the
-   table is kept for pass 2;
-2. after the serial prefix sum of sizes into ``offsets``, each chunk's header, table, codes, rest
-   and escapes, written through a 64-bit bit accumulator.
+1. each chunk's exponent histogram, its table order (by count, then value: only the exponents the
+   chunk holds are sorted), the code width of fewest words, the shared trailing zero bits of the
+   mantissas (of their OR), and so its size in words; the table is kept for pass 2;
+2. after the serial prefix sum of sizes into ``offsets``, each chunk's header and table, then one
+   read of its elements writes its codes, rest and escapes, each section through its own 64-bit
+   accumulator.
+
+Each thread takes runs of consecutive chunks and allocates its scratch once per run.
 
 Decompression is one parallel pass: each chunk reads its header, table and sections with the same
 accumulator. It checks every chunk's header against its span in ``offsets`` and counts escapes
@@ -26,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from numba import njit, prange
+from numba import get_num_threads, njit, prange
 
 from cswap.codecs.cpu_launch import check_launch, require_cpu, threads, threads_for
 from cswap.codecs.exponent_format import ExponentPacked
@@ -60,112 +63,159 @@ def _chunk_total(m: int, k: int, t: int, n_esc: int, exp_bits: int, man_bits: in
     )
 
 
-@njit(parallel=True, cache=True, nogil=True)
-def _plan_chunks(x, width, exp_bits, man_bits, chunk, ks, ts, n_escs, tables, sizes):  # type: ignore[no-untyped-def]
-    """Pass 1: per chunk its code width, dropped bits, escapes, table and size in words."""
-    n = x.size
-    n_chunks = sizes.size
-    n_exp = 1 << exp_bits
-    value_mask = (1 << width) - 1
-    for c in prange(n_chunks):
-        lo = c * chunk
-        m = min(chunk, n - lo)
-        counts = np.zeros(n_exp, np.int64)
-        t = man_bits
-        for i in range(lo, lo + m):
-            u = np.int64(x[i]) & value_mask
-            counts[(u >> man_bits) & (n_exp - 1)] += 1
-            t = min(t, _low_bit((u & ((1 << man_bits) - 1)) | (1 << man_bits)))
-        keys = np.empty(n_exp, np.int64)
-        for e in range(n_exp):
-            keys[e] = (chunk - counts[e]) * n_exp + e  # unique: most frequent first, then smaller value
-        order = np.argsort(keys)
-        best_k = 0
-        best = _section_words(m, exp_bits)
-        covered = 0
-        for k in range(1, exp_bits):
-            for j in range((1 << (k - 1)) - 1, (1 << k) - 1):
-                covered += counts[order[j]]
-            cost = _section_words((1 << k) - 1, TABLE_ENTRY_BITS) + _section_words(m, k) + _section_words(m - covered, exp_bits)
-            if cost < best:
-                best = cost
-                best_k = k
-        n_table = (1 << best_k) - 1
-        kept = 0
-        for j in range(n_table):
-            tables[c, j] = order[j]
-            kept += counts[order[j]]
-        ks[c] = best_k
-        ts[c] = t
-        n_escs[c] = m - kept
-        sizes[c] = _chunk_total(m, best_k, t, m - kept, exp_bits, man_bits)
-
-
-@njit(cache=True, inline="always")
-def _put(words, state, field, bits):  # type: ignore[no-untyped-def]
-    """Append ``bits`` bits of ``field`` to the stream whose (next word, accumulator, bits held) are ``state``."""
-    w, acc, filled = state
-    acc |= np.uint64(field) << np.uint64(filled)
-    filled += bits
-    if filled >= 32:
-        words[w] = np.uint32(acc & _WORD)
-        w += 1
-        acc >>= np.uint64(32)
-        filled -= 32
-    return (w, acc, filled)
-
-
-@njit(cache=True, inline="always")
-def _flush(words, state):  # type: ignore[no-untyped-def]
-    """The next word after the stream, its last partial word written."""
-    w, acc, filled = state
-    if filled:
-        words[w] = np.uint32(acc & _WORD)
-        w += 1
-    return w
+def _blocks(n_chunks: int) -> int:
+    """Runs of consecutive chunks the parallel passes hand out (under the launch's thread count): a
+    few per thread, so that each run allocates its scratch once and the threads still balance."""
+    return min(n_chunks, 8 * get_num_threads())
 
 
 @njit(cache=True, nogil=True)
-def _write_chunk(x, lo, m, width, exp_bits, man_bits, k, t, n_esc, table, w, words):  # type: ignore[no-untyped-def]
-    """One chunk's words from ``words[w]`` on."""
+def _plan_chunk(x, lo, m, width, exp_bits, man_bits, chunk, counts, keys, table):  # type: ignore[no-untyped-def]
+    """One chunk's ``(k, t, n_esc, words)``, its table in ``table``; ``counts`` and ``keys`` are scratch."""
+    n_exp = 1 << exp_bits
+    value_mask = (1 << width) - 1
+    man_mask = (1 << man_bits) - 1
+    counts[:] = 0
+    mantissas = 0
+    for i in range(lo, lo + m):
+        u = np.int64(x[i]) & value_mask
+        counts[(u >> man_bits) & (n_exp - 1)] += 1
+        mantissas |= u
+    # the fewest trailing zeros of any mantissa (with its implicit bit) are those of their OR
+    t = _low_bit((mantissas & man_mask) | (1 << man_bits))
+    # table order: most frequent first, then smaller value; the exponents a chunk holds are few,
+    # so only they are sorted and the absent ones follow in value order
+    distinct = 0
+    for e in range(n_exp):
+        if counts[e]:
+            keys[distinct] = (chunk - counts[e]) * n_exp + e
+            distinct += 1
+    present = keys[:distinct]
+    present.sort()
+    best_k = 0
+    best = _section_words(m, exp_bits)
+    covered = 0
+    for k in range(1, exp_bits):
+        for j in range((1 << (k - 1)) - 1, min((1 << k) - 1, distinct)):
+            covered += counts[present[j] & (n_exp - 1)]
+        cost = _section_words((1 << k) - 1, TABLE_ENTRY_BITS) + _section_words(m, k) + _section_words(m - covered, exp_bits)
+        if cost < best:
+            best = cost
+            best_k = k
+    n_table = (1 << best_k) - 1
+    kept = 0
+    j = 0
+    while j < min(n_table, distinct):
+        e = present[j] & (n_exp - 1)
+        table[j] = e
+        kept += counts[e]
+        j += 1
+    e = 0
+    while j < n_table:
+        if not counts[e]:
+            table[j] = e
+            j += 1
+        e += 1
+    return best_k, t, m - kept, _chunk_total(m, best_k, t, m - kept, exp_bits, man_bits)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _plan_chunks(x, width, exp_bits, man_bits, chunk, ks, ts, n_escs, tables, sizes, blocks):  # type: ignore[no-untyped-def]
+    """Pass 1: per chunk its code width, dropped bits, escapes, table and size in words; ``blocks``
+    runs of consecutive chunks, one at a time per thread."""
+    n = x.size
+    n_chunks = sizes.size
+    n_exp = 1 << exp_bits
+    for b in prange(blocks):
+        counts = np.empty(n_exp, np.int64)
+        keys = np.empty(n_exp, np.int64)
+        for c in range(b * n_chunks // blocks, (b + 1) * n_chunks // blocks):
+            lo = c * chunk
+            ks[c], ts[c], n_escs[c], sizes[c] = _plan_chunk(
+                x, lo, min(chunk, n - lo), width, exp_bits, man_bits, chunk, counts, keys, tables[c]
+            )
+
+
+@njit(cache=True, nogil=True)
+def _write_chunk(x, lo, m, width, exp_bits, man_bits, k, t, n_esc, table, w, words, code_of):  # type: ignore[no-untyped-def]
+    """One chunk's words from ``words[w]`` on; ``code_of`` is scratch."""
     n_exp = 1 << exp_bits
     value_mask = (1 << width) - 1
     n_table = (1 << k) - 1
     words[w] = np.uint32(k | (t << 8))
     words[w + 1] = np.uint32(n_esc)
-    state = (w + HEADER_WORDS, np.uint64(0), 0)
-    code_of = np.full(n_exp, n_table, np.int64)
+    w += HEADER_WORDS
+    code_of[:] = n_table
+    # each section is one run of fields through a 64-bit accumulator, flushed to a word boundary
+    acc = np.uint64(0)
+    filled = 0
     for j in range(n_table):
         code_of[table[j]] = j
-        state = _put(words, state, table[j], TABLE_ENTRY_BITS)
-    state = (_flush(words, state), np.uint64(0), 0)
-    if k:
-        for i in range(lo, lo + m):
-            state = _put(words, state, code_of[((np.int64(x[i]) & value_mask) >> man_bits) & (n_exp - 1)], k)
-        state = (_flush(words, state), np.uint64(0), 0)
+        acc |= np.uint64(table[j]) << np.uint64(filled)
+        filled += TABLE_ENTRY_BITS
+        if filled >= 32:
+            words[w] = np.uint32(acc & _WORD)
+            w += 1
+            acc >>= np.uint64(32)
+            filled -= 32
+    if filled:
+        words[w] = np.uint32(acc & _WORD)
+        w += 1
+    # one read of the chunk writes its three sections, each through its own accumulator
     rest_bits = man_bits + 1 - t
     man_mask = (1 << man_bits) - 1
+    code_w = w
+    rest_w = code_w + _section_words(m, k)
+    esc_w = rest_w + _section_words(m, rest_bits)
+    code_acc = rest_acc = esc_acc = np.uint64(0)
+    code_bits = rest_held = esc_bits = 0
     for i in range(lo, lo + m):
         u = np.int64(x[i]) & value_mask
-        state = _put(words, state, ((u >> (width - 1)) << (man_bits - t)) | ((u & man_mask) >> t), rest_bits)
-    state = (_flush(words, state), np.uint64(0), 0)
-    if n_esc:
-        for i in range(lo, lo + m):
-            e = ((np.int64(x[i]) & value_mask) >> man_bits) & (n_exp - 1)
-            if code_of[e] == n_table:
-                state = _put(words, state, e, exp_bits)
-        _flush(words, state)
+        e = (u >> man_bits) & (n_exp - 1)
+        code = code_of[e]
+        if k:
+            code_acc |= np.uint64(code) << np.uint64(code_bits)
+            code_bits += k
+            if code_bits >= 32:
+                words[code_w] = np.uint32(code_acc & _WORD)
+                code_w += 1
+                code_acc >>= np.uint64(32)
+                code_bits -= 32
+        rest_acc |= np.uint64(((u >> (width - 1)) << (man_bits - t)) | ((u & man_mask) >> t)) << np.uint64(rest_held)
+        rest_held += rest_bits
+        if rest_held >= 32:
+            words[rest_w] = np.uint32(rest_acc & _WORD)
+            rest_w += 1
+            rest_acc >>= np.uint64(32)
+            rest_held -= 32
+        if code == n_table:
+            esc_acc |= np.uint64(e) << np.uint64(esc_bits)
+            esc_bits += exp_bits
+            if esc_bits >= 32:
+                words[esc_w] = np.uint32(esc_acc & _WORD)
+                esc_w += 1
+                esc_acc >>= np.uint64(32)
+                esc_bits -= 32
+    if code_bits:
+        words[code_w] = np.uint32(code_acc & _WORD)
+    if rest_held:
+        words[rest_w] = np.uint32(rest_acc & _WORD)
+    if esc_bits:
+        words[esc_w] = np.uint32(esc_acc & _WORD)
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def _write_chunks(x, width, exp_bits, man_bits, chunk, ks, ts, n_escs, tables, offsets, words):  # type: ignore[no-untyped-def]
-    """Pass 2: every chunk's words from ``offsets[c]`` on."""
+def _write_chunks(x, width, exp_bits, man_bits, chunk, ks, ts, n_escs, tables, offsets, words, blocks):  # type: ignore[no-untyped-def]
+    """Pass 2: every chunk's words from ``offsets[c]`` on, in ``blocks`` runs of consecutive chunks."""
     n = x.size
-    for c in prange(offsets.size - 1):
-        lo = c * chunk
-        _write_chunk(
-            x, lo, min(chunk, n - lo), width, exp_bits, man_bits, ks[c], ts[c], n_escs[c], tables[c], offsets[c], words
-        )
+    n_chunks = offsets.size - 1
+    for b in prange(blocks):
+        code_of = np.empty(1 << exp_bits, np.int64)
+        for c in range(b * n_chunks // blocks, (b + 1) * n_chunks // blocks):
+            lo = c * chunk
+            _write_chunk(
+                x, lo, min(chunk, n - lo), width, exp_bits, man_bits, ks[c], ts[c], n_escs[c], tables[c], offsets[c], words, code_of
+            )
 
 
 @njit(cache=True, inline="always")
@@ -244,7 +294,7 @@ def _plan(flat_bits: torch.Tensor, layout: FloatLayout, chunk_words: int, launch
         np.empty((n_chunks, (1 << (layout.exponent_bits - 1)) - 1), np.int64), np.empty(n_chunks, np.int64),
     )
     with threads(threads_for(launch, x.nbytes)):
-        _plan_chunks(x, layout.width, layout.exponent_bits, layout.mantissa_bits, chunk, *planned)
+        _plan_chunks(x, layout.width, layout.exponent_bits, layout.mantissa_bits, chunk, *planned, _blocks(n_chunks))
     return planned
 
 
@@ -268,7 +318,7 @@ def compress_bits(
     with threads(threads_for(launch, x.nbytes)):
         _write_chunks(
             x, layout.width, layout.exponent_bits, layout.mantissa_bits, 32 * chunk_words,
-            ks, ts, n_escs, tables, offsets.numpy(), words.numpy().view(np.uint32),
+            ks, ts, n_escs, tables, offsets.numpy(), words.numpy().view(np.uint32), _blocks(sizes.size),
         )
     return words, offsets
 

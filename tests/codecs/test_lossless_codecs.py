@@ -130,6 +130,20 @@ def test_chunks_with_and_without_escapes_decode_side_by_side(dtype: torch.dtype)
     _check_round_trip("exponent", t, 1)
 
 
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+def test_a_table_longer_than_a_chunks_exponents_is_filled_with_the_absent_ones_in_value_order(dtype: torch.dtype) -> None:
+    """Two exponents, half the chunk each: a 2-bit code (three table entries, no escapes) is
+    cheapest, so the table holds both, the more frequent first, then the smallest exponent the
+    chunk lacks (0); every backend writes those bytes."""
+    t = torch.tensor([1.5] * 20 + [-3.0] * 12).to(dtype)  # exponents of 1 and 2: 20 and 12 of them
+    packed = compress(t, codec="exponent", backend="torch", launch=CpuLaunch(chunk_words=1))
+    words = packed.words.view(torch.int32)
+    assert int(words[0]) & 0xFF == 2 and int(words[1]) == 0  # k = 2, no escapes
+    bias = (1 << (FLOAT_LAYOUTS[dtype].exponent_bits - 1)) - 1
+    assert [(int(words[2]) >> (8 * j)) & 0xFF for j in range(3)] == [bias, bias + 1, 0]
+    _check_round_trip("exponent", t, 1)
+
+
 @pytest.mark.skipif(not (SIMULATOR or GPU), reason="the cuda backend runs in the simulator child or on a GPU")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_escapes_are_ranked_across_tiles_of_segments(dtype: torch.dtype) -> None:
