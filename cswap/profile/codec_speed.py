@@ -21,6 +21,8 @@ Example:
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import os
 import time
@@ -33,11 +35,12 @@ import numpy as np
 import torch
 from scipy.optimize import nnls
 
+import cswap.codecs as codecs_package
 from cswap.codecs import CODECS, compress, decompress
 from cswap.device import fingerprint, resolve_device
 from cswap.paths import cswap_home
 
-__all__ = ["CodecSpeed", "OpSpeed", "codec_speed", "measure_codec_speed"]
+__all__ = ["CodecSpeed", "OpSpeed", "cache_path", "codec_speed", "kernels_digest", "measure_codec_speed"]
 
 _FORMAT_VERSION = 2
 #: The codecs besides ZVC that are timed, and the dtypes each is timed on (one fit per width).
@@ -254,16 +257,41 @@ def _time_other(
     return codec, dtype.itemsize, _fit(compress_rows), _fit(decompress_rows)
 
 
+@functools.cache
+def kernels_digest(backend: str) -> str:
+    """A digest of the sources of ``backend``'s codec kernels (``cswap/codecs/*_<backend>.py``).
+
+    A speed is measured for the kernels that ran: once they change (a release, an edit), a cached
+    speed describes other code, so its cache file is named by this digest.
+
+    Example:
+        >>> kernels_digest("cpu") == kernels_digest("cpu") != kernels_digest("torch")
+        True
+    """
+    digest = hashlib.sha256()
+    for path in sorted(Path(codecs_package.__file__).parent.glob(f"*_{backend}.py")):
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def cache_path(device: str | torch.device | None, backend: str, cache_dir: Path | None = None) -> Path:
+    """Where :func:`codec_speed` keeps the speed of ``backend`` on ``device``: one file per device
+    fingerprint, backend and :func:`kernels_digest`."""
+    key = fingerprint(device).key
+    return (cache_dir or cswap_home()) / f"codec-speed-{key}-{backend}-{kernels_digest(backend)}.json"
+
+
 def codec_speed(device: str | torch.device | None, backend: str, cache_dir: Path | None = None) -> CodecSpeed:
-    """:func:`measure_codec_speed` once per device fingerprint and backend, cached as JSON.
+    """:func:`measure_codec_speed` once per device fingerprint, backend and version of its kernels,
+    cached as JSON (:func:`cache_path`).
 
     Args:
         device: where the tensors live.
         backend: the codec backend.
         cache_dir: where the cache lives (default :func:`cswap_home`).
     """
-    key = fingerprint(device).key
-    path = (cache_dir or cswap_home()) / f"codec-speed-{key}-{backend}.json"
+    path = cache_path(device, backend, cache_dir)
     try:
         return CodecSpeed.from_dict(json.loads(path.read_text()))
     except (OSError, ValueError, TypeError, KeyError):

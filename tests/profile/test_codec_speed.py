@@ -11,7 +11,7 @@ import torch
 import cswap
 from cswap.device import fingerprint
 from cswap.paths import cswap_home
-from cswap.profile.codec_speed import CodecSpeed, OpSpeed, codec_speed, measure_codec_speed
+from cswap.profile.codec_speed import CodecSpeed, OpSpeed, cache_path, codec_speed, kernels_digest, measure_codec_speed
 
 
 def test_op_speed_is_linear_in_bytes_and_nonzeros() -> None:
@@ -91,9 +91,23 @@ def test_measurement_leaves_torch_threads_alone() -> None:
 
 def test_cached_per_fingerprint_and_backend() -> None:
     first = codec_speed("cpu", "torch")
-    path = cswap_home() / f"codec-speed-{fingerprint('cpu').key}-torch.json"
+    path = cache_path("cpu", "torch")
+    assert path.parent == cswap_home() and fingerprint("cpu").key in path.name
     assert json.loads(path.read_text())["backend"] == "torch"
     assert codec_speed("cpu", "torch") == first  # read back, not re-measured
+
+
+def test_a_speed_measured_with_other_kernels_is_measured_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    import cswap.profile.codec_speed as module
+
+    measured = CodecSpeed(backend="cpu", compress=OpSpeed(1e-3, 1e-9, 0.0), decompress=OpSpeed(2e-3, 1e-9, 0.0))
+    monkeypatch.setattr(module, "measure_codec_speed", lambda device, backend, **kwargs: measured)
+    stale = CodecSpeed(backend="cpu", compress=OpSpeed(9.0, 9.0, 0.0), decompress=OpSpeed(9.0, 9.0, 0.0))
+    path = cache_path("cpu", "cpu")
+    older = path.with_name(path.name.replace(kernels_digest("cpu"), "0" * 12))  # the kernels before an edit
+    older.write_text(json.dumps(stale.to_dict()))
+    assert codec_speed("cpu", "cpu") == measured
+    assert CodecSpeed.from_dict(json.loads(path.read_text())) == measured
 
 
 def test_asking_for_another_backend_is_an_error() -> None:
@@ -126,7 +140,7 @@ def test_cswap_runtime_measures_it_when_no_time_model_is_given(monkeypatch: pyte
     with rt.iteration():
         torch.relu(x * 1.0).sum().backward()
     assert calls == [("cpu", "cpu")]
-    cached = cswap_home() / f"codec-speed-{fingerprint('cpu').key}-cpu.json"
+    cached = cache_path("cpu", "cpu")
     assert CodecSpeed.from_dict(json.loads(cached.read_text())) == measured
     decisions = [d for d in rt.plan().decisions.values() if d.compress_s is not None]
     assert decisions and all(d.compress_s >= 1e-3 and d.decompress_s >= 2e-3 and d.swap_s is not None for d in decisions)
