@@ -37,7 +37,7 @@ from cswap.codecs.exponent_layout import FLOAT_LAYOUTS, HEADER_WORDS, TABLE_ENTR
 from cswap.codecs.intrinsics import low_bit as _low_bit
 from cswap.codecs.launch import CpuLaunch
 
-__all__ = ["available", "check_launch", "chunk_words_needed", "compress_bits", "decompress_bits"]
+__all__ = ["available", "check_launch", "chunk_words_needed", "chunks_valid", "compress_bits", "decompress_bits"]
 
 _WORD = np.uint64(0xFFFFFFFF)
 
@@ -282,6 +282,58 @@ def _decompress(words, offsets, width, exp_bits, man_bits, chunk, out):  # type:
         elif not _decode_chunk(words, w0, span, lo, min(chunk, n - lo), width, exp_bits, man_bits, out):
             bad += 1
     return bad
+
+
+@njit(cache=True, nogil=True)
+def _chunk_faulty(words, w0, span, m, exp_bits, man_bits):  # type: ignore[no-untyped-def]
+    """Whether one chunk fails a check: its header's ranges, the span it needs, a table entry past
+    the exponent bits, or escape codes that disagree with its escape count."""
+    k = np.int64(words[w0] & np.uint32(0xFF))
+    t = np.int64((words[w0] >> np.uint32(8)) & np.uint32(0xFF))
+    n_esc = np.int64(words[w0 + 1])
+    if k >= exp_bits or t > man_bits or n_esc > m or _chunk_total(m, k, t, n_esc, exp_bits, man_bits) != span:
+        return True
+    n_table = (1 << k) - 1
+    state = (w0 + HEADER_WORDS, np.uint64(0), 0)
+    for _ in range(n_table):
+        entry, state = _take(words, state, TABLE_ENTRY_BITS)
+        if entry >> exp_bits:
+            return True
+    if not k:
+        return n_esc != m  # no table: every exponent is an escape
+    escapes = 0
+    state = (w0 + HEADER_WORDS + _section_words(n_table, TABLE_ENTRY_BITS), np.uint64(0), 0)
+    for _ in range(m):
+        code, state = _take(words, state, k)
+        if code == n_table:
+            escapes += 1
+    return escapes != n_esc
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _faulty_chunks(words, offsets, exp_bits, man_bits, chunk, numel):  # type: ignore[no-untyped-def]
+    """How many chunks fail a check of :func:`cswap.codecs.exponent_torch.chunk_problems` (the
+    offsets are checked before)."""
+    bad = 0
+    for c in prange(offsets.size - 1):
+        if _chunk_faulty(words, offsets[c], offsets[c + 1] - offsets[c], min(chunk, numel - c * chunk), exp_bits, man_bits):
+            bad += 1
+    return bad
+
+
+def chunks_valid(words: torch.Tensor, offsets: torch.Tensor, numel: int, chunk_elements: int, dtype: torch.dtype) -> bool:
+    """Whether every chunk of a coded tensor on the CPU passes the reference's checks, whose offsets
+    already rise from 0 by at least a header per chunk to the end of ``words`` (the checks of
+    :func:`cswap.codecs.exponent_torch.chunk_problems` past its offsets, in parallel, at the speed
+    of a decode; that function names the fault when this finds one)."""
+    layout = FLOAT_LAYOUTS[dtype]
+    n_chunks = offsets.numel() - 1
+    with threads(threads_for(CpuLaunch(), numel * layout.width // 8)):
+        bad = _faulty_chunks(
+            words.contiguous().numpy().view(np.uint32), offsets.contiguous().numpy(), layout.exponent_bits,
+            layout.mantissa_bits, chunk_elements, numel,
+        ) if n_chunks > 0 else 0
+    return bad == 0
 
 
 def _plan(flat_bits: torch.Tensor, layout: FloatLayout, chunk_words: int, launch: CpuLaunch) -> tuple[np.ndarray, ...]:

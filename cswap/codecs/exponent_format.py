@@ -96,6 +96,13 @@ class ExponentPacked(Encoded):
             self._raise_if([f"dtype {self.dtype} is not one exponent coding writes"])
         self._raise_if(self._buffer_problems({"words": (torch.int32, -1), "offsets": (torch.int64, self.n_chunks + 1)}))
         # Imported here: the checks decode with the reference backend, which imports this module.
-        from cswap.codecs.exponent_torch import chunk_problems
+        from cswap.codecs.exponent_torch import chunk_problems, offset_problems
 
+        self._raise_if(offset_problems(self.words, self.offsets, self.numel, self.chunk_elements))
+        if self.words.device.type == "cpu":
+            from cswap.codecs.exponent_cpu import chunks_valid
+
+            # the same checks in parallel Numba; the reference names the fault when there is one
+            if chunks_valid(self.words, self.offsets, self.numel, self.chunk_elements, self.dtype):
+                return
         self._raise_if(chunk_problems(self.words, self.offsets, self.numel, self.chunk_elements, self.dtype))

@@ -22,7 +22,7 @@ import torch
 from cswap.codecs.exponent_layout import FLOAT_LAYOUTS, HEADER_WORDS, TABLE_ENTRY_BITS, FloatLayout
 from cswap.codecs.launch import Launch
 
-__all__ = ["available", "check_launch", "chunk_problems", "chunk_words_needed", "compress_bits", "decompress_bits"]
+__all__ = ["available", "check_launch", "chunk_problems", "chunk_words_needed", "compress_bits", "decompress_bits", "offset_problems"]
 
 _WORD_MASK = 0xFFFFFFFF
 
@@ -243,6 +243,17 @@ def decompress_bits(packed: _Coded, out_bits: torch.Tensor, launch: Launch | Non
     out_bits.copy_(torch.where(u >= 1 << (layout.width - 1), u - (1 << layout.width), u))
 
 
+def offset_problems(words: torch.Tensor, offsets: torch.Tensor, numel: int, chunk_elements: int) -> list[str]:
+    """What is wrong with the offsets of a coded tensor (empty when they rise from 0 by at least a
+    header per chunk to the end of ``words``); the arguments are :func:`chunk_problems`'."""
+    if -(-numel // chunk_elements) == 0:
+        return [] if words.numel() == 0 else [f"an empty tensor has {words.numel()} words"]
+    offsets = offsets.cpu()
+    if int(offsets[0]) != 0 or bool((offsets.diff() < HEADER_WORDS).any()) or int(offsets[-1]) != words.numel():
+        return [f"offsets must rise from 0 by at least {HEADER_WORDS} per chunk to the {words.numel()} words"]
+    return []
+
+
 def chunk_problems(
     words: torch.Tensor, offsets: torch.Tensor, numel: int, chunk_elements: int, dtype: torch.dtype
 ) -> list[str]:
@@ -255,11 +266,9 @@ def chunk_problems(
         dtype: the original dtype.
     """
     words, offsets = words.cpu(), offsets.cpu()
-    n_chunks = -(-numel // chunk_elements)
-    if n_chunks == 0:
-        return [] if words.numel() == 0 else [f"an empty tensor has {words.numel()} words"]
-    if int(offsets[0]) != 0 or bool((offsets.diff() < HEADER_WORDS).any()) or int(offsets[-1]) != words.numel():
-        return [f"offsets must rise from 0 by at least {HEADER_WORDS} per chunk to the {words.numel()} words"]
+    problems = offset_problems(words, offsets, numel, chunk_elements)
+    if problems or numel == 0:
+        return problems
     layout = FLOAT_LAYOUTS[dtype]
     k, t, n_esc = _headers(words, offsets)
     chunk, local, sizes = _chunks(numel, chunk_elements, offsets.device)

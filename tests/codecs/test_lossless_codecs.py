@@ -270,6 +270,31 @@ def test_escape_codes_that_disagree_with_the_header_are_refused_even_unvalidated
         decompress(broken, backend="cpu", validate=False)
 
 
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+def test_the_cpu_check_of_chunks_finds_every_fault_the_reference_names(dtype: torch.dtype) -> None:
+    """:meth:`ExponentPacked.validate` checks a buffer on the CPU with Numba and asks the reference
+    for the message only when it finds a fault: on single-word corruptions of every section
+    (headers, tables, codes, escapes) the two agree on which buffers are valid."""
+    from cswap.codecs.exponent_cpu import chunks_valid
+    from cswap.codecs.exponent_torch import chunk_problems
+
+    t = torch.cat([_activation_like(3000, dtype, 3, 0.05), torch.full((100,), 1.5).to(dtype)])
+    packed = compress(t, codec="exponent", backend="torch", launch=CpuLaunch(chunk_words=2))
+    generator = torch.Generator().manual_seed(0)
+    verdicts = set()
+    for _ in range(300):
+        index = int(torch.randint(packed.words.numel(), (1,), generator=generator))
+        value = int(torch.randint(-(2**31), 2**31, (1,), generator=generator)) if _ % 2 else int(packed.words[index]) ^ 1
+        words = _flip(packed.words, index, value)
+        valid = chunks_valid(words, packed.offsets, packed.numel, packed.chunk_elements, dtype)
+        assert valid == (not chunk_problems(words, packed.offsets, packed.numel, packed.chunk_elements, dtype)), index
+        verdicts.add(valid)
+        if not valid:
+            with pytest.raises(ValueError, match="corrupt exponent buffer"):
+                replace(packed, words=words).validate()
+    assert verdicts == {True, False}  # flips the checks cannot see (a mantissa bit) and flips they can
+
+
 def test_corrupt_bitpack_is_refused() -> None:
     packed = compress(torch.ones(40, dtype=torch.bool), codec="bitpack")
     with pytest.raises(ValueError, match="corrupt bitpack buffer: the last word has bits set past element 39"):
