@@ -32,8 +32,7 @@ import torch
 from numba import get_num_threads, njit, prange
 
 from cswap.codecs.cpu_launch import check_launch, require_cpu, threads, threads_for
-from cswap.codecs.exponent_format import ExponentPacked
-from cswap.codecs.exponent_layout import FLOAT_LAYOUTS, HEADER_WORDS, TABLE_ENTRY_BITS, FloatLayout
+from cswap.codecs.exponent_layout import FLOAT_LAYOUTS, HEADER_WORDS, TABLE_ENTRY_BITS, CodedFloats, FloatLayout
 from cswap.codecs.intrinsics import low_bit as _low_bit
 from cswap.codecs.launch import CpuLaunch
 
@@ -375,7 +374,7 @@ def compress_bits(
     return words, offsets
 
 
-def decompress_bits(packed: ExponentPacked, out_bits: torch.Tensor, launch: CpuLaunch | None) -> None:
+def decompress_bits(packed: CodedFloats, out_bits: torch.Tensor, launch: CpuLaunch | None) -> None:
     """Write the element bits of ``packed`` into the flat int16 or int32 tensor ``out_bits``."""
     for name, tensor in (("packed.words", packed.words), ("packed.offsets", packed.offsets), ("out", out_bits)):
         require_cpu(name, tensor)

@@ -10,7 +10,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 
@@ -19,10 +19,21 @@ __all__ = [
     "FLOAT_LAYOUTS",
     "HEADER_WORDS",
     "TABLE_ENTRY_BITS",
+    "CodedFloats",
     "FloatLayout",
     "exponent_chunk_words",
     "section_words",
 ]
+
+
+class CodedFloats(Protocol):
+    """What decoding reads of an :class:`~cswap.codecs.exponent_format.ExponentPacked` (the backends
+    take this, so that the format, which checks buffers with them, is not imported back)."""
+
+    words: torch.Tensor
+    offsets: torch.Tensor
+    dtype: torch.dtype
+    chunk_elements: int
 
 
 class FloatLayout(NamedTuple):

@@ -15,25 +15,16 @@ Example:
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 import torch
 
-from cswap.codecs.exponent_layout import FLOAT_LAYOUTS, HEADER_WORDS, TABLE_ENTRY_BITS, FloatLayout
+from cswap.codecs.exponent_layout import FLOAT_LAYOUTS, HEADER_WORDS, TABLE_ENTRY_BITS, CodedFloats, FloatLayout
 from cswap.codecs.launch import Launch
 
 __all__ = ["available", "check_launch", "chunk_problems", "chunk_words_needed", "compress_bits", "decompress_bits", "offset_problems"]
 
 _WORD_MASK = 0xFFFFFFFF
-
-
-class _Coded(Protocol):
-    """What decoding reads of an :class:`~cswap.codecs.exponent_format.ExponentPacked`."""
-
-    words: torch.Tensor
-    offsets: torch.Tensor
-    dtype: torch.dtype
-    chunk_elements: int
 
 
 def available() -> bool:
@@ -220,7 +211,7 @@ def _headers(words: torch.Tensor, offsets: torch.Tensor) -> tuple[torch.Tensor, 
     return header & 0xFF, (header >> 8) & 0xFF, n_esc
 
 
-def decompress_bits(packed: _Coded, out_bits: torch.Tensor, launch: Launch | None) -> None:
+def decompress_bits(packed: CodedFloats, out_bits: torch.Tensor, launch: Launch | None) -> None:
     """Write the element bits of ``packed`` into the flat int16 or int32 tensor ``out_bits`` (buffers already valid)."""
     layout = FLOAT_LAYOUTS[packed.dtype]
     exp_bits, man_bits = layout.exponent_bits, layout.mantissa_bits
