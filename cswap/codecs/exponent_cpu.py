@@ -145,7 +145,9 @@ def _write_chunk(x, lo, m, width, exp_bits, man_bits, k, t, n_esc, table, w, wor
     words[w + 1] = np.uint32(n_esc)
     w += HEADER_WORDS
     code_of[:] = n_table
-    # each section is one run of fields through a 64-bit accumulator, flushed to a word boundary
+    # Each section is one run of fields through a 64-bit accumulator, flushed to a word boundary.
+    # The appends are written out: a helper returning the (word, accumulator, bits) state measured
+    # 2.4x slower on the whole compression.
     acc = np.uint64(0)
     filled = 0
     for j in range(n_table):
