@@ -233,14 +233,23 @@ def _take(words, state, width):  # type: ignore[no-untyped-def]
     return value, (w, acc, held - width)
 
 
+@njit(cache=True, inline="always")
+def _header(words, w0, span, m, exp_bits, man_bits):  # type: ignore[no-untyped-def]
+    """A chunk's ``(k, t, n_esc)`` from its header at ``words[w0]``, and whether they are in range
+    and need exactly its ``span`` of words."""
+    k = np.int64(words[w0] & np.uint32(0xFF))
+    t = np.int64((words[w0] >> np.uint32(8)) & np.uint32(0xFF))
+    n_esc = np.int64(words[w0 + 1])
+    fits = k < exp_bits and t <= man_bits and n_esc <= m and _chunk_total(m, k, t, n_esc, exp_bits, man_bits) == span
+    return k, t, n_esc, fits
+
+
 @njit(cache=True, nogil=True)
 def _decode_chunk(words, w0, span, lo, m, width, exp_bits, man_bits, out):  # type: ignore[no-untyped-def]
     """Decode one chunk into ``out[lo:lo + m]``; False when its header or escape count is inconsistent."""
     n_exp = 1 << exp_bits
-    k = np.int64(words[w0] & np.uint32(0xFF))
-    t = np.int64((words[w0] >> np.uint32(8)) & np.uint32(0xFF))
-    n_esc = np.int64(words[w0 + 1])
-    if k >= exp_bits or t > man_bits or n_esc > m or _chunk_total(m, k, t, n_esc, exp_bits, man_bits) != span:
+    k, t, n_esc, fits = _header(words, w0, span, m, exp_bits, man_bits)
+    if not fits:
         return False
     n_table = (1 << k) - 1
     table = np.empty(max(n_table, 1), np.int64)
@@ -289,10 +298,8 @@ def _decompress(words, offsets, width, exp_bits, man_bits, chunk, out):  # type:
 def _chunk_faulty(words, w0, span, m, exp_bits, man_bits):  # type: ignore[no-untyped-def]
     """Whether one chunk fails a check: its header's ranges, the span it needs, a table entry past
     the exponent bits, or escape codes that disagree with its escape count."""
-    k = np.int64(words[w0] & np.uint32(0xFF))
-    t = np.int64((words[w0] >> np.uint32(8)) & np.uint32(0xFF))
-    n_esc = np.int64(words[w0 + 1])
-    if k >= exp_bits or t > man_bits or n_esc > m or _chunk_total(m, k, t, n_esc, exp_bits, man_bits) != span:
+    k, _, n_esc, fits = _header(words, w0, span, m, exp_bits, man_bits)
+    if not fits:
         return True
     n_table = (1 << k) - 1
     state = (w0 + HEADER_WORDS, np.uint64(0), 0)

@@ -59,7 +59,7 @@ Example:
 from __future__ import annotations
 
 import heapq
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -227,7 +227,9 @@ def run_queues(
     counted = [True] * count if counted is None else list(counted)
     region_of = _region_of(regions, actions, timeline)
     shared = _shared_storages(views, actions, costs, counted)
-    alive = {owner: 1 + sum(1 for o in shared.values() if o == owner) for owner in set(shared.values())}
+    alive = Counter(shared.values())  # per owner, the records still holding its storage: its views and itself
+    for owner in alive:
+        alive[owner] += 1
     events: list[tuple[float, float]] = []
 
     # bytes asked for so far (a hold counts from when it is asked for, a release from when it is
@@ -298,13 +300,12 @@ def run_queues(
         # never before the record packed before it: two records one op saves at one time would
         # otherwise round apart by the shift, the second a step before the first
         t = max(timeline.produced_s[i] + shift, t)
-        need = cost.nbytes + (cost.compressed_nbytes if action.device_codec else 0.0)
-        if i in shared:  # its storage is held by the view that owns it
-            need = 0.0
+        held = 0.0 if i in shared else cost.nbytes  # a shared storage is held by the view that owns it
+        need = held + (cost.compressed_nbytes if action.device_codec else 0.0)
         waited = make_room(t, need, i)
         exposed += waited - t
         t = waited
-        hold(t, 0.0 if i in shared else cost.nbytes, i)
+        hold(t, held, i)
         hook = hook_s(action)
         t += hook
         overhead += hook
