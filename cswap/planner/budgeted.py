@@ -186,6 +186,9 @@ def _decisions(
         if action.compresses:  # each codec runs with the launches tuned for its own kernels (LaunchCache.launches)
             codec = codecs[record.key]
             extra = {**launches.launches(record.dtype, record.nbytes, codec), "codec": codec}
+        elif action is Action.HOST_ZVC_SWAP:
+            # the host worker encodes by the codec its size was planned with (its launch is the worker's own)
+            extra = {"codec": codecs[record.key]}
         if action is Action.ZVC_KEEP:
             extra["compressed_nbytes"] = float(tensor.held_bytes - record.nbytes)  # it holds raw + compressed at pack
         elif action is Action.HOST_ZVC_SWAP and compressed.get(record.key) is not None:

@@ -88,6 +88,24 @@ def test_a_budget_is_held_with_the_codecs(reference: list[list[torch.Tensor]]) -
     assert stats.iteration_peak_resident_bytes <= stats.budget_bytes
 
 
+def test_host_compression_under_a_budget_encodes_by_the_codec_it_was_planned_with(reference: list[list[torch.Tensor]]) -> None:
+    """``cpu-compress-swap`` under a budget sizes each host copy by its best codec, and the worker
+    must encode it by that codec: ZVC makes a dense bf16 copy no smaller, so it would stay raw."""
+    grads, rt = _train("cpu-compress-swap", memory_budget=0.5)
+    assert rt is not None
+    for want, got in zip(reference, grads, strict=True):
+        assert_bit_equal(want, got)
+    planned = [d for d in rt.plan().rows().values() if d.action.value == "host-zvc-swap"]
+    assert {d.codec for d in planned if d.dtype == "bfloat16"} == {"exponent"}
+    assert {d.codec for d in planned if d.dtype == "bool"} == {"bitpack"}
+    stored_once = sum(1 for d in planned if not d.reason.startswith("duplicate"))
+    stats = rt.stats()
+    shrunk = stats.actions["host-zvc-swap"] - stats.profiled_actions["host-zvc-swap"]
+    # a host compression that does not shrink its copy is counted as a swap instead
+    assert shrunk == stored_once * (stats.iterations - stats.profiled_iterations) > 0, stats
+    assert stats.iteration_peak_resident_bytes <= stats.budget_bytes
+
+
 def test_compress_keep_holds_a_budget_below_nones_peak(reference: list[list[torch.Tensor]]) -> None:
     """ZVC shrinks no dense bf16 activation; exponent coding does. The profiling iteration keeps each
     tensor by the codec the plans will take, so it peaks below ``none`` as they do, and compress-keep
