@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cswap.planner.actions import tensor_actions
+from cswap.planner.actions import KEEP, tensor_actions
 from cswap.planner.lifetime import resident_bytes
 from cswap.planner.problem import Option, PlanningProblem, TensorOptions
 
@@ -43,7 +43,8 @@ def policy_options(tensor: TensorOptions, policy: str) -> tuple[Option, ...]:
 
 def peak_floor(problem: PlanningProblem, policy: str) -> int:
     """The largest, over events, of the bytes every tensor holds at least there under ``policy``:
-    no plan of the policy peaks lower."""
+    no plan of the policy peaks lower. A shared storage's pair holds at least the less of its two
+    least holds and its two keeps less their credit (:class:`~cswap.planner.problem.SharedStorage`)."""
     floor = np.zeros(problem.event_count + 1, dtype=np.int64)
     for tensor in problem.tensors:
         options = policy_options(tensor, policy)
@@ -57,7 +58,28 @@ def peak_floor(problem: PlanningProblem, policy: str) -> int:
                 delta[row, start - low] += nbytes
                 delta[row, end - low + 1] -= nbytes
         floor[low : high + 1] += np.cumsum(delta, axis=1)[:, :-1].min(axis=0)
-    return int(floor[:-1].max(initial=0))
+    floor = floor[:-1]
+    if problem.shared:
+        floor = floor + _shared_floor(problem, policy)
+    return int(floor.max(initial=0))
+
+
+def _shared_floor(problem: PlanningProblem, policy: str) -> np.ndarray:
+    """What the shared storages take off the sum of each tensor's least holds, event by event (<= 0)."""
+    index = {t.key: t for t in problem.tensors}
+    change = np.zeros(problem.event_count, dtype=np.int64)
+    for pair in problem.shared:
+        owner, view = index.get(pair.owner_key), index.get(pair.view_key)
+        if owner is None or view is None:
+            continue
+        options = policy_options(owner, policy), policy_options(view, policy)
+        keeps = [next((o for o in each if o.action == KEEP), None) for each in options]
+        if keeps[0] is None or keeps[1] is None:
+            continue
+        apart = sum(np.min([problem.holds(o) for o in each], axis=0) for each in options)
+        together = problem.holds(keeps[0]) + problem.holds(keeps[1]) + resident_bytes(problem.event_count, pair.credit_holds)
+        change += np.minimum(apart, together) - apart
+    return change
 
 
 def _area(option: Option) -> int:
@@ -71,5 +93,8 @@ def least_footprint_choice(problem: PlanningProblem, policy: str) -> list[Option
 
 def least_footprint_peak(problem: PlanningProblem, policy: str) -> int:
     """The peak of :func:`least_footprint_choice`: a budget ``policy`` can meet."""
-    segments = [s for option in least_footprint_choice(problem, policy) for s in option.holds]
-    return int(resident_bytes(problem.event_count, segments).max(initial=0))
+    choice = least_footprint_choice(problem, policy)
+    level = resident_bytes(problem.event_count, [s for option in choice for s in option.holds])
+    if problem.shared:
+        level = level + problem.shared_credit({t.key: o.action for t, o in zip(problem.tensors, choice, strict=True)})
+    return int(level.max(initial=0))

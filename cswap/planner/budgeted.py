@@ -43,7 +43,7 @@ from cswap.planner.bounds import policy_options
 from cswap.planner.problem import Option
 from cswap.planner.milp import EXACT_REL_GAP
 from cswap.planner.solve import carry_plan, minimum_host_bytes
-from cswap.planner.actions import HOST_ZVC_SWAP, POLICY_ACTIONS, POLICY_TABLE, carried_out, compressed_on_host_if_it_shrinks
+from cswap.planner.actions import HOST_ZVC_SWAP, KEEP, POLICY_ACTIONS, POLICY_TABLE, carried_out, compressed_on_host_if_it_shrinks
 from cswap.planner.costmodel import TimeModel
 from cswap.planner.plan import Action, Decision, LaunchCache, Plan, host_bytes_at_pack, unsized_compression_bytes
 from cswap.profile.trace import TensorRecord, Trace
@@ -154,8 +154,16 @@ def _decisions(
     """Per record its decision, the host bytes the offloaded ones need, and per planned key the
     resident bytes the plan expects just before its pack."""
     chosen = {t.key: t for t in planned.tensors}
+    # a kept view of a kept storage holds nothing of its own at its pack: its credit takes its bytes back
+    actions = {t.key: t.action for t in planned.tensors}
+    packs = {t.key: t.lifetime.pack for t in problem.tensors if t.lifetime is not None}
+    shared_at_pack = {
+        pair.view_key: sum(nbytes for first, last, nbytes in pair.credit_holds if first <= packs[pair.view_key] <= last)
+        for pair in problem.shared
+        if actions.get(pair.owner_key) == KEEP == actions.get(pair.view_key)
+    }
     expected = {
-        t.key: planned.timeline_bytes[t.lifetime.pack] - _own_hold_at_pack(t, chosen[t.key], problem)
+        t.key: planned.timeline_bytes[t.lifetime.pack] - _own_hold_at_pack(t, chosen[t.key], problem) - shared_at_pack.get(t.key, 0)
         for t in problem.tensors
         if t.lifetime is not None
     }

@@ -4,7 +4,9 @@ Each offloadable record becomes a :class:`~cswap.planner.problem.TensorSpec`: it
 :func:`cswap.planner.lifetime.lifetimes_from_trace`, its exact ZVC size from the codecs' encoding
 (:class:`cswap.codecs.encoding.Encoding`: an int64 record with a ``narrow_dtype`` is sized and
 timed at that width, as the encoding narrows it first), its codec
-seconds from a :class:`~cswap.planner.costmodel.TimeModel`, and its ``hidden_forward_s``. Events happen
+seconds from a :class:`~cswap.planner.costmodel.TimeModel`, and its ``hidden_forward_s``; a record
+that is another view of an earlier one's storage (``view_of``) shares it
+(:class:`~cswap.planner.problem.SharedStorage`). Events happen
 at the records' ``pack_at_s`` and ``unpack_at_s``; records below ``min_bytes`` may only be kept, and
 the copies of records below ``copy_latency_below`` each cost a fixed latency
 (:data:`~cswap.planner.costmodel.COPY_LATENCY_S`). Under a budget the runtime's planners pass
@@ -253,4 +255,6 @@ def problem_from_trace(
     first_unpack_s = float(times[events.forward_events]) if events.event_count > events.forward_events else float("inf")
     backward_start_s = min(max(trace.forward_s, last_pack_s), first_unpack_s)
     actions = ACTIONS if host_time_model is None else (*ACTIONS, HOST_ZVC_SWAP)
-    return build_problem(specs, events, times.tolist(), backward_start_s, link, prefetch_distances, actions)
+    # a recomputed key's hold is its region's (storage_of), not a keep's
+    views = {r.key: r.view_of for r in trace.tensors if r.view_of is not None and r.key not in rebuilt_at and r.view_of not in rebuilt_at}
+    return build_problem(specs, events, times.tolist(), backward_start_s, link, prefetch_distances, actions, views)

@@ -45,7 +45,7 @@ from scipy.sparse import csr_matrix
 
 from cswap.budget import BudgetError
 from cswap.planner import highs
-from cswap.planner.actions import tensor_actions
+from cswap.planner.actions import KEEP, tensor_actions
 from cswap.planner.lifetime import resident_bytes
 from cswap.planner.problem import Option, PlanningProblem, TensorOptions
 
@@ -161,6 +161,30 @@ class _Arrays:
     held: np.ndarray  # options x events, int64
     tensor_count: int
     host: np.ndarray = None  # type: ignore[assignment]  # options x events, int64: host bytes (the tied fast path leaves it out)
+    # per shared storage: the owner's and the view's keep columns, and the credit when both are chosen
+    shared: tuple[tuple[int, int, np.ndarray], ...] = ()
+
+
+def _shared_columns(problem: PlanningProblem, options: list[Option], owner: list[int]) -> tuple[tuple[int, int, np.ndarray], ...]:
+    index = {tensor.key: t for t, tensor in enumerate(problem.tensors)}
+    keep_column = {owner[v]: v for v, option in enumerate(options) if option.action == KEEP}
+    columns = []
+    for pair in problem.shared:
+        a, b = keep_column.get(index.get(pair.owner_key, -1)), keep_column.get(index.get(pair.view_key, -1))
+        if a is not None and b is not None:
+            columns.append((a, b, resident_bytes(problem.event_count, pair.credit_holds)))
+    return tuple(columns)
+
+
+def _level(arrays: _Arrays, chosen: np.ndarray) -> np.ndarray:
+    """Resident bytes at each event of one option column per tensor, shared storages counted once."""
+    level = arrays.held[chosen].sum(axis=0)
+    if arrays.shared:
+        picked = set(chosen.tolist())
+        for a, b, credit in arrays.shared:
+            if a in picked and b in picked:
+                level = level + credit
+    return level
 
 
 def _arrays(problem: PlanningProblem, policy: str) -> _Arrays:
@@ -179,15 +203,19 @@ def _arrays(problem: PlanningProblem, policy: str) -> _Arrays:
         if option.host_holds:
             host[v] = problem.host_holds(option)
     return _Arrays(
-        tuple(options), np.asarray(owner, dtype=np.int64), np.array([o.cost_s for o in options]), held, len(problem.tensors), host
+        tuple(options), np.asarray(owner, dtype=np.int64), np.array([o.cost_s for o in options]), held, len(problem.tensors), host,
+        _shared_columns(problem, options, owner),
     )
 
 
 def timeline_of(problem: PlanningProblem, choice: list[Option]) -> np.ndarray:
-    """Resident bytes at each event when each tensor takes the option in ``choice`` (problem order)."""
+    """Resident bytes at each event when each tensor takes the option in ``choice`` (problem order),
+    a storage that two kept tensors share counted once."""
     total = np.zeros(problem.event_count, dtype=np.int64)
     for option in choice:
         total += problem.holds(option)
+    if problem.shared:
+        total += problem.shared_credit({tensor.key: option.action for tensor, option in zip(problem.tensors, choice, strict=True)})
     return total
 
 
@@ -204,25 +232,40 @@ def _milp(arrays: _Arrays, c: np.ndarray, budget_bytes: int | None, peak_variabl
           host_budget_bytes: int | None = None, host_peak: bool = False, rel_gap: float = EXACT_REL_GAP):
     """The program: ``peak_variable`` minimises the device peak (the last variable), ``host_peak``
     the host peak, within ``budget_bytes`` on the device; ``host_budget_bytes`` bounds the host.
-    The solver stops once its plan is within ``rel_gap`` of the optimum (relative)."""
-    count = len(arrays.options)
+    The solver stops once its plan is within ``rel_gap`` of the optimum (relative).
+
+    A shared storage is a binary ``y`` after the options, one when both its keeps are chosen
+    (``y <= x_owner``, ``y <= x_view``, ``y >= x_owner + x_view - 1``), its credit on the device rows."""
+    count, links = len(arrays.options), len(arrays.shared)
     extra = 1 if peak_variable or host_peak else 0
-    one = csr_matrix((np.ones(count), (arrays.owner, np.arange(count))), shape=(arrays.tensor_count, count + extra))
-    if extra:
-        memory = arrays.held.T.astype(float) * _SCALE
-        if peak_variable:
-            memory = np.hstack([memory, -np.ones((memory.shape[0], 1))])
-            upper = np.zeros(memory.shape[0])
-        else:
-            memory = np.hstack([memory, np.zeros((memory.shape[0], 1))])
-            upper = np.full(memory.shape[0], budget_bytes * _SCALE)
+    width = count + links + extra
+    c = np.concatenate([c[:count], np.zeros(links), c[count:]])
+    one = csr_matrix((np.ones(count), (arrays.owner, np.arange(count))), shape=(arrays.tensor_count, width))
+    memory = arrays.held.T.astype(float) * _SCALE
+    if links:
+        memory = np.hstack([memory, np.stack([credit for _, _, credit in arrays.shared], axis=1).astype(float) * _SCALE])
+    if peak_variable:
+        memory = np.hstack([memory, -np.ones((memory.shape[0], 1))])
+        upper = np.zeros(memory.shape[0])
     else:
-        memory = arrays.held.T.astype(float) * _SCALE
+        memory = np.hstack([memory, np.zeros((memory.shape[0], extra))])
         upper = np.full(memory.shape[0], budget_bytes * _SCALE)
     constraints = [LinearConstraint(one, 1, 1), LinearConstraint(csr_matrix(memory), -np.inf, upper)]
+    if links:
+        rows, cols, vals = [], [], []
+        for link, (a, b, _) in enumerate(arrays.shared):
+            y = count + link
+            for r, entries in enumerate((((y, 1.0), (a, -1.0)), ((y, 1.0), (b, -1.0)), ((a, 1.0), (b, 1.0), (y, -1.0)))):
+                for col, val in entries:
+                    rows.append(3 * link + r)
+                    cols.append(col)
+                    vals.append(val)
+        both = csr_matrix((vals, (rows, cols)), shape=(3 * links, width))
+        constraints.append(LinearConstraint(both, -np.inf, np.tile([0.0, 0.0, 1.0], links)))
     if host_peak or host_budget_bytes is not None:
         host = arrays.host.T[np.any(arrays.host.T != 0, axis=1)].astype(float) * _SCALE
         if host.shape[0]:
+            host = np.hstack([host, np.zeros((host.shape[0], links))])
             if host_peak:
                 host = np.hstack([host, -np.ones((host.shape[0], 1))])
                 host_upper = np.zeros(host.shape[0])
@@ -230,8 +273,8 @@ def _milp(arrays: _Arrays, c: np.ndarray, budget_bytes: int | None, peak_variabl
                 host = np.hstack([host, np.zeros((host.shape[0], extra))])
                 host_upper = np.full(host.shape[0], host_budget_bytes * _SCALE)
             constraints.append(LinearConstraint(csr_matrix(host), -np.inf, host_upper))
-    integrality = np.concatenate([np.ones(count), np.zeros(extra)])
-    bounds = Bounds(np.zeros(count + extra), np.concatenate([np.ones(count), np.full(extra, np.inf)]))
+    integrality = np.concatenate([np.ones(count + links), np.zeros(extra)])
+    bounds = Bounds(np.zeros(width), np.concatenate([np.ones(count + links), np.full(extra, np.inf)]))
     return highs.solve(c, constraints, integrality, bounds, {"time_limit": time_limit_s, "mip_rel_gap": rel_gap})
 
 
@@ -272,7 +315,7 @@ def least_peak(problem: PlanningProblem, policy: str, time_limit_s: float = 30.0
         chosen = _least_peak_choice(arrays)
         if host_budget_bytes is not None and arrays.host[chosen].sum(axis=0).max(initial=0) > host_budget_bytes:
             chosen = _keep_choice(arrays)
-    return int(arrays.held[chosen].sum(axis=0).max(initial=0))
+    return int(_level(arrays, chosen).max(initial=0))
 
 
 def _keep_choice(arrays: _Arrays) -> np.ndarray:
@@ -304,7 +347,7 @@ def least_host_peak(problem: PlanningProblem, policy: str, budget_bytes: int, ti
     c = np.concatenate([np.zeros(len(arrays.options)), [1.0]])
     result = _milp(arrays, c, budget_bytes, peak_variable=False, time_limit_s=time_limit_s, host_peak=True)
     chosen = _choice(arrays, result.x[:-1]) if result.x is not None else None
-    if chosen is None or arrays.held[chosen].sum(axis=0).max(initial=0) > budget_bytes:
+    if chosen is None or _level(arrays, chosen).max(initial=0) > budget_bytes:
         chosen = _greedy(arrays, budget_bytes)  # nothing in time (or the tolerance let bytes through)
     if chosen is None:
         return None
@@ -424,7 +467,7 @@ def solve_milp(problem: PlanningProblem, policy: str, budget_bytes: int, time_li
                    host_budget_bytes=host_budget_bytes, rel_gap=rel_gap)
     solver_choice = _choice(arrays, result.x) if result.x is not None else None
     if solver_choice is not None and (
-        arrays.held[solver_choice].sum(axis=0).max(initial=0) > budget_bytes
+        _level(arrays, solver_choice).max(initial=0) > budget_bytes
         or (host_budget_bytes is not None and arrays.host[solver_choice].sum(axis=0).max(initial=0) > host_budget_bytes)
     ):
         solver_choice = None  # the solver's tolerance let a few bytes through: not a plan
@@ -468,7 +511,7 @@ def budget_plan_of(
 ) -> BudgetPlan:
     """The :class:`BudgetPlan` of one option per tensor (problem order), whichever planner chose them."""
     held = [problem.holds(option) for option in choice]
-    level = np.sum(held, axis=0) if held else np.zeros(problem.event_count, dtype=np.int64)
+    level = timeline_of(problem, choice)
     host_level = host_timeline_of(problem, choice)
     binding = int(np.argmax(level)) if level.size else 0
     unpacked_at = {t.lifetime.unpack: t.key for t in problem.tensors if t.lifetime is not None and t.lifetime.unpack is not None}

@@ -37,6 +37,11 @@ An :class:`Option` is one action carried out one way: the bytes it holds over th
   tensors (one re-run rebuilding several) are modelled. A tensor without ``recompute_s`` (unknown
   forward time) gets no ``recompute`` option.
 
+A **shared storage** (:class:`SharedStorage`): a later saved tensor that is another view of an earlier
+one's storage, no larger, is held as that storage when both are kept, as the executor counts it: once,
+until the later of the two is freed. Its keep then adds its ``credit_holds`` to the sum of the two
+keeps (:meth:`PlanningProblem.shared_credit`); any other pair of options holds what each holds.
+
 Compression never stores more than the raw bytes: where ZVC would not shrink a tensor, no ``zvc``
 option is offered. Within one action, an option that holds no fewer bytes at every event and costs
 no less than another is dropped.
@@ -53,7 +58,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,7 +66,9 @@ import numpy as np
 from cswap.planner.actions import HOST_ZVC_SWAP, KEEP, RECOMPUTE, SWAP, ZVC_KEEP, ZVC_SWAP
 from cswap.planner.lifetime import EventTimeline, Lifetime, resident_bytes
 
-__all__ = ["DEFAULT_PREFETCH_DISTANCES", "LinkModel", "Option", "PlanningProblem", "TensorOptions", "TensorSpec", "build_problem"]
+__all__ = [
+    "DEFAULT_PREFETCH_DISTANCES", "LinkModel", "Option", "PlanningProblem", "SharedStorage", "TensorOptions", "TensorSpec", "build_problem",
+]
 
 #: Backward events ahead of its unpack that a swapped tensor's copy back may be issued.
 DEFAULT_PREFETCH_DISTANCES: tuple[int, ...] = (0, 1, 2, 4, 8)
@@ -178,6 +185,27 @@ class TensorOptions:
 
 
 @dataclass(frozen=True)
+class SharedStorage:
+    """A saved tensor that is another view of an earlier saved tensor's storage, no larger.
+
+    Kept both, the executor counts the storage once, as the owner's bytes, from the owner's pack
+    until the later of the two is freed; the sum of the two keeps counts the view's bytes again
+    while both live, and the owner's bytes only to the owner's own free.
+
+    Attributes:
+        owner_key: the earlier tensor, whose keep counts the storage.
+        view_key: the later one.
+        credit_holds: ``(first_event, last_event, nbytes)`` segments added to the two keeps' holds
+            when both are kept: the view's bytes taken off while both live, and the owner's bytes
+            beyond the view's added where the view outlives the owner.
+    """
+
+    owner_key: int
+    view_key: int
+    credit_holds: tuple[tuple[int, int, int], ...]
+
+
+@dataclass(frozen=True)
 class PlanningProblem:
     """Every tensor's options over one iteration's events.
 
@@ -185,11 +213,13 @@ class PlanningProblem:
         tensors: per saved tensor.
         event_count: events of the timeline.
         forward_events: how many of them are packs.
+        shared: the pairs of tensors that are views of one storage (:class:`SharedStorage`).
     """
 
     tensors: tuple[TensorOptions, ...]
     event_count: int
     forward_events: int
+    shared: tuple[SharedStorage, ...] = ()
 
     def holds(self, option: Option) -> np.ndarray:
         """The bytes ``option`` holds at each event."""
@@ -198,6 +228,20 @@ class PlanningProblem:
     def host_holds(self, option: Option) -> np.ndarray:
         """The host bytes ``option`` holds at each event."""
         return resident_bytes(self.event_count, option.host_holds)
+
+    def shared_credit(self, actions: Mapping[int, str]) -> np.ndarray:
+        """What the shared storages change in the resident bytes at each event when each tensor
+        (by key) takes its action in ``actions``: the credit of every pair kept both (zero or
+        less at every event but where a view outlives its owner).
+
+        Example:
+            >>> problem = PlanningProblem((), 4, 2, shared=(SharedStorage(0, 1, ((1, 2, -8),)),))
+            >>> problem.shared_credit({0: "keep", 1: "keep"}).tolist(), problem.shared_credit({0: "swap", 1: "keep"}).tolist()
+            ([0, -8, -8, 0], [0, 0, 0, 0])
+        """
+        segments = [s for pair in self.shared if actions.get(pair.owner_key) == KEEP == actions.get(pair.view_key)
+                    for s in pair.credit_holds]
+        return resident_bytes(self.event_count, segments)
 
 
 def _seconds(nbytes: float, gbps: float) -> float:
@@ -347,6 +391,7 @@ def build_problem(
     link: LinkModel,
     prefetch_distances: Sequence[int] = DEFAULT_PREFETCH_DISTANCES,
     actions: Sequence[str] = (KEEP, SWAP, ZVC_SWAP, ZVC_KEEP, RECOMPUTE),
+    views: Mapping[int, int] | None = None,
 ) -> PlanningProblem:
     """Every tensor's options (see the module docstring).
 
@@ -359,6 +404,8 @@ def build_problem(
         prefetch_distances: the distances (in events) a copy back may be issued ahead of need.
         actions: which actions to build options for. ``host-zvc-swap`` is left out by default:
             it only pays under a host budget, and offering it elsewhere would only grow the program.
+        views: view key -> owner key: a tensor that is another view of an earlier one's storage
+            (:class:`SharedStorage`).
 
     Raises:
         ValueError: times that do not match the events, or a negative distance.
@@ -386,4 +433,20 @@ def build_problem(
             TensorOptions(key=spec.key, nbytes=spec.nbytes, options=_prune(events.event_count, options), lifetime=spec.lifetime,
                           compressed_nbytes=spec.compressed_nbytes, codec=spec.codec)
         )
-    return PlanningProblem(tensors=tuple(tensors), event_count=events.event_count, forward_events=events.forward_events)
+    return PlanningProblem(tensors=tuple(tensors), event_count=events.event_count, forward_events=events.forward_events,
+                           shared=_shared_storages(specs, views or {}))
+
+
+def _shared_storages(specs: Sequence[TensorSpec], views: Mapping[int, int]) -> tuple[SharedStorage, ...]:
+    by_key = {spec.key: spec for spec in specs}
+    pairs = []
+    for view_key, owner_key in views.items():
+        view, owner = by_key.get(view_key), by_key.get(owner_key)
+        if view is None or owner is None or view.nbytes > owner.nbytes:
+            continue  # the executor counts a view larger than its owner's hold on its own
+        first, last = max(owner.lifetime.pack, view.lifetime.pack), min(owner.lifetime.free, view.lifetime.free)
+        if first > last:
+            continue  # never alive together
+        credit = ((first, last, -view.nbytes), *_segment(owner.lifetime.free + 1, view.lifetime.free, owner.nbytes - view.nbytes))
+        pairs.append(SharedStorage(owner_key, view_key, credit))
+    return tuple(pairs)

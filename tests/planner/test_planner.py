@@ -26,13 +26,15 @@ from cswap.planner import (
     timeline_of,
 )
 from cswap.planner.actions import HOST_ZVC_SWAP, KEEP, RECOMPUTE, SWAP, ZVC_KEEP, ZVC_SWAP
+from cswap.planner.bounds import least_footprint_peak, peak_floor
 
 POLICIES = tuple(POLICY_ACTIONS)
 MB = 1_000_000
 
 
-def random_problem(seed: int, count: int = 4, async_copies: bool = True):
-    """A small problem whose copies span events: 1 MB moves in 1 ms, events 1 ms apart."""
+def random_problem(seed: int, count: int = 4, async_copies: bool = True, views: bool = False):
+    """A small problem whose copies span events: 1 MB moves in 1 ms, events 1 ms apart; with
+    ``views``, tensor 1 is another view of tensor 0's storage (as large, or half as large on odd seeds)."""
     rng = np.random.default_rng(seed)
     pack = list(range(count))
     unpack = [int(u) for u in rng.permutation(count)]
@@ -58,9 +60,12 @@ def random_problem(seed: int, count: int = 4, async_copies: bool = True):
                 recompute_s=None if key == 0 and seed % 3 == 0 else float(rng.uniform(0.0, 3e-3)),
             )
         )
+    if views:
+        specs[1] = replace(specs[1], nbytes=specs[0].nbytes // (1 + seed % 2), compressed_nbytes=specs[0].compressed_nbytes // (1 + seed % 2))
     times = [1e-3 * e for e in range(events.event_count)]
     link = LinkModel(d2h_gbps=1.0, h2d_gbps=1.0, async_copies=async_copies)
-    return build_problem(specs, events, times, times[events.forward_events] - 0.5e-3, link, prefetch_distances=(0, 1, 2))
+    return build_problem(specs, events, times, times[events.forward_events] - 0.5e-3, link, prefetch_distances=(0, 1, 2),
+                         views={1: 0} if views else None)
 
 
 def _ranks(values):
@@ -74,13 +79,13 @@ def _ranks(values):
 def brute_force(problem, policy, budget_bytes=None):
     """(least cost within the budget or None, least peak) over every combination of options."""
     per_tensor = [
-        [(o.cost_s, problem.holds(o)) for o in t.options if o.action in tensor_actions(policy, {o.action for o in t.options})]
+        [(o.cost_s, problem.holds(o), (t.key, o.action)) for o in t.options if o.action in tensor_actions(policy, {o.action for o in t.options})]
         for t in problem.tensors
     ]
     best_cost, best_peak = None, None
     for combo in itertools.product(*per_tensor):
-        peak = int(sum(h for _, h in combo).max())
-        cost = sum(c for c, _ in combo)
+        peak = int((sum(h for _, h, _ in combo) + problem.shared_credit(dict(a for _, _, a in combo))).max())
+        cost = sum(c for c, _, _ in combo)
         best_peak = peak if best_peak is None else min(best_peak, peak)
         if budget_bytes is not None and peak <= budget_bytes and (best_cost is None or cost < best_cost):
             best_cost = cost
@@ -186,10 +191,11 @@ def test_async_copy_stays_while_in_flight_and_prefetch_hides_the_copy_back():
     assert roomy.prefetch_window_bytes == MB and roomy.peak_bytes == 2 * MB
 
 
+@pytest.mark.parametrize("views", [False, True])
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("policy", POLICIES)
-def test_minimum_is_the_least_peak_and_is_feasible(seed, policy):
-    problem = random_problem(seed)
+def test_minimum_is_the_least_peak_and_is_feasible(seed, policy, views):
+    problem = random_problem(seed, views=views)
     least = minimum_bytes(problem, policy)
     if policy == "capuchin":  # its greedy's least budget: never below what its actions allow
         assert least >= brute_force(problem, policy)[1]
@@ -203,11 +209,31 @@ def test_minimum_is_the_least_peak_and_is_feasible(seed, policy):
     assert f"Raise the budget to at least {least} bytes" in str(caught.value)
 
 
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("policy", [p for p in POLICIES if p != "capuchin"])
+def test_a_shared_storage_is_counted_once_kept_both_and_the_floor_stays_below_the_least(seed, policy):
+    """Tensor 1 views tensor 0's storage: kept both, the storage is held once (to the later free);
+    the floor the fast path certifies a least with never passes the least, nor does a plan's peak."""
+    problem = random_problem(seed, views=True)
+    (pair,) = problem.shared
+    owner, view = problem.tensors[0], problem.tensors[1]
+    both = max(owner.lifetime.pack, view.lifetime.pack), min(owner.lifetime.free, view.lifetime.free)
+    assert pair.credit_holds[0] == (*both, -view.nbytes)
+    assert pair.credit_holds[1:] == (((owner.lifetime.free + 1, view.lifetime.free, owner.nbytes - view.nbytes),)
+                                     if view.lifetime.free > owner.lifetime.free and view.nbytes < owner.nbytes else ())
+    least = brute_force(problem, policy)[1]
+    assert peak_floor(problem, policy) <= least <= least_footprint_peak(problem, policy)
+    kept = timeline_of(problem, [next(o for o in t.options if o.action == KEEP) for t in problem.tensors])
+    alone = sum(problem.holds(next(o for o in t.options if o.action == KEEP)) for t in problem.tensors)
+    assert (kept - alone).min() == -view.nbytes and kept.max() == minimum_bytes(problem, "none")
+
+
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("fraction", [0.5, 0.75, 1.0])
 @pytest.mark.parametrize("policy", ["swap", "compress-swap", "compress-keep", "cswap"])
-def test_milp_is_optimal_and_the_greedy_is_no_better(seed, fraction, policy):
-    problem = random_problem(seed)
+@pytest.mark.parametrize("views", [False, True])
+def test_milp_is_optimal_and_the_greedy_is_no_better(seed, fraction, policy, views):
+    problem = random_problem(seed, views=views)
     none_peak = minimum_bytes(problem, "none")
     budget = max(int(none_peak * fraction), minimum_bytes(problem, policy))
     best, _ = brute_force(problem, policy, budget)

@@ -137,3 +137,18 @@ def test_budget_held_or_honestly_refused_and_peak_as_simulated(name: str, policy
     outcome = _simulated(name).get(policy)  # ac-full is a fixed plan, not one of the simulator's budget policies
     if outcome is not None and not outcome.infeasible:
         assert outcome.result.peak_bytes <= outcome.budget_bytes
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_nones_least_budget_is_the_peak_it_measures(name: str) -> None:
+    """Llama's attention output and its ``o_proj`` input are views of one storage, which the runtime
+    counts once; the planner counts it once too, so ``none``'s least budget, what a fractional budget
+    is a fraction of, is the peak ``none`` measures, to the byte."""
+    rt, _ = _train(name, "none", 1.0, iterations=2)
+    measured = rt.stats().iteration_peak_resident_bytes
+    shared = [r for r in rt.trace().tensors if r.view_of is not None and r.offloadable]
+    assert shared or name != "llama"
+    assert rt.resolved_budget is not None and rt.resolved_budget.nbytes == measured
+    with pytest.raises(BudgetError) as raised:
+        _train(name, "none", measured - 1, iterations=1)
+    assert raised.value.minimum_bytes == measured
