@@ -252,16 +252,7 @@ def _milp(arrays: _Arrays, c: np.ndarray, budget_bytes: int | None, peak_variabl
         upper = np.full(memory.shape[0], budget_bytes * _SCALE)
     constraints = [LinearConstraint(one, 1, 1), LinearConstraint(csr_matrix(memory), -np.inf, upper)]
     if links:
-        rows, cols, vals = [], [], []
-        for link, (a, b, _) in enumerate(arrays.shared):
-            y = count + link
-            for r, entries in enumerate((((y, 1.0), (a, -1.0)), ((y, 1.0), (b, -1.0)), ((a, 1.0), (b, 1.0), (y, -1.0)))):
-                for col, val in entries:
-                    rows.append(3 * link + r)
-                    cols.append(col)
-                    vals.append(val)
-        both = csr_matrix((vals, (rows, cols)), shape=(3 * links, width))
-        constraints.append(LinearConstraint(both, -np.inf, np.tile([0.0, 0.0, 1.0], links)))
+        constraints.append(_both_kept(count, [(a, b) for a, b, _ in arrays.shared], width))
     if host_peak or host_budget_bytes is not None:
         host = arrays.host.T[np.any(arrays.host.T != 0, axis=1)].astype(float) * _SCALE
         if host.shape[0]:
@@ -276,6 +267,20 @@ def _milp(arrays: _Arrays, c: np.ndarray, budget_bytes: int | None, peak_variabl
     integrality = np.concatenate([np.ones(count + links), np.zeros(extra)])
     bounds = Bounds(np.zeros(width), np.concatenate([np.ones(count + links), np.full(extra, np.inf)]))
     return highs.solve(c, constraints, integrality, bounds, {"time_limit": time_limit_s, "mip_rel_gap": rel_gap})
+
+
+def _both_kept(count: int, pairs: list[tuple[int, int]], width: int) -> LinearConstraint:
+    """Rows making variable ``count + i`` one exactly when both columns of ``pairs[i]`` are taken:
+    ``y <= x_a``, ``y <= x_b``, ``x_a + x_b - y <= 1``."""
+    rows, cols, vals = [], [], []
+    for link, (a, b) in enumerate(pairs):
+        y = count + link
+        for row, entries in enumerate((((y, 1.0), (a, -1.0)), ((y, 1.0), (b, -1.0)), ((a, 1.0), (b, 1.0), (y, -1.0)))):
+            for col, val in entries:
+                rows.append(3 * link + row)
+                cols.append(col)
+                vals.append(val)
+    return LinearConstraint(csr_matrix((vals, (rows, cols)), shape=(3 * len(pairs), width)), -np.inf, np.tile([0.0, 0.0, 1.0], len(pairs)))
 
 
 def _choice(arrays: _Arrays, x: np.ndarray) -> np.ndarray:

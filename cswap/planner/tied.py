@@ -52,7 +52,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint
@@ -61,7 +61,8 @@ from scipy.sparse import csr_matrix
 from cswap.planner.bounds import policy_options
 from cswap.planner.lifetime import resident_bytes
 from cswap.planner import highs
-from cswap.planner.milp import EXACT_REL_GAP, BudgetPlan, _Arrays, _greedy, budget_plan_of
+from cswap.planner.actions import KEEP
+from cswap.planner.milp import EXACT_REL_GAP, BudgetPlan, _Arrays, _both_kept, _greedy, budget_plan_of
 from cswap.planner.problem import Option, PlanningProblem
 from cswap.planner.repeats import RepeatedLayers
 
@@ -90,6 +91,9 @@ class TiedProgram:
         held_bytes: columns x events, its members' bytes, summed.
         places: per unit, ``(block, position)`` in the repeated layers, or ``None`` outside them.
         blocks: the layers of each block.
+        shared: per pair of units whose members share storages
+            (:class:`~cswap.planner.problem.SharedStorage`): the two units' keep columns and the
+            bytes the pairs' credits change at each event when both are taken.
     """
 
     units: tuple[tuple[int, ...], ...]
@@ -100,6 +104,7 @@ class TiedProgram:
     held_bytes: np.ndarray
     places: tuple[tuple[int, int] | None, ...]
     blocks: tuple[range, ...]
+    shared: tuple[tuple[int, int, np.ndarray], ...] = ()
 
     @property
     def starts(self) -> np.ndarray:
@@ -193,11 +198,50 @@ def tie_layers(
         held[column] = resident_bytes(problem.event_count, [s for o in options for s in o.holds])
     cost = np.array([sum(o.cost_s for o in options) for options in choices])
     return TiedProgram(tuple(units), np.asarray(owner, dtype=np.int64), tuple(choices), tuple(labels), cost, held, tuple(places),
-                       tuple(runs))
+                       tuple(runs), _shared_columns(problem, units, owner, choices, held))
+
+
+def _shared_columns(problem: PlanningProblem, units: list[tuple[int, ...]], owner: list[int], choices: list[tuple[Option, ...]],
+                    held: np.ndarray) -> tuple[tuple[int, int, np.ndarray], ...]:
+    """The program's shared storages: each pair's credit on its units' keep columns, summed per pair
+    of units (kept both, every member pair of theirs is kept both); a pair within one unit goes
+    into that unit's keep column, which ``held`` is changed in place for."""
+    if not problem.shared:
+        return ()
+    unit_of = {t: u for u, members in enumerate(units) for t in members}
+    keep_column: dict[int, int] = {}
+    for column, options in enumerate(choices):
+        if all(o.action == KEEP for o in options):
+            keep_column.setdefault(owner[column], column)
+    index = {tensor.key: t for t, tensor in enumerate(problem.tensors)}
+    credits: dict[tuple[int, int], np.ndarray] = {}
+    for pair in problem.shared:
+        a, b = (keep_column.get(unit_of.get(index.get(key, -1), -1)) for key in (pair.owner_key, pair.view_key))
+        if a is None or b is None:
+            continue
+        credit = resident_bytes(problem.event_count, pair.credit_holds)
+        if a == b:
+            held[a] += credit
+        else:
+            credits[(a, b)] = credits.get((a, b), 0) + credit
+    return tuple((a, b, credit) for (a, b), credit in credits.items())
+
+
+def _level(program: TiedProgram, columns: np.ndarray) -> np.ndarray:
+    """Resident bytes at each event of one column per unit, shared storages counted once."""
+    level = program.held_bytes[columns].sum(axis=0)
+    taken = set(np.asarray(columns).tolist())
+    for a, b, credit in program.shared:
+        if a in taken and b in taken:
+            level = level + credit
+    return level
 
 
 def _most_per_event(program: TiedProgram) -> np.ndarray:
-    return np.maximum.reduceat(program.held_bytes, program.starts, axis=0).sum(axis=0)
+    most = np.maximum.reduceat(program.held_bytes, program.starts, axis=0).sum(axis=0)
+    for _, _, credit in program.shared:
+        most = most + np.maximum(credit, 0)
+    return most
 
 
 def _rows(program: TiedProgram, above_bytes: np.ndarray) -> np.ndarray:
@@ -206,26 +250,32 @@ def _rows(program: TiedProgram, above_bytes: np.ndarray) -> np.ndarray:
     rows = np.flatnonzero(_most_per_event(program) > above_bytes)
     if rows.size == 0:
         return rows
-    keyed = np.vstack([program.held_bytes[:, rows], above_bytes[rows]])
+    keyed = np.vstack([program.held_bytes[:, rows], *(credit[rows] for _, _, credit in program.shared), above_bytes[rows]])
     first = np.unique(keyed, axis=1, return_index=True)[1]
     return rows[np.sort(first)]
 
 
 def _solve(program: TiedProgram, rows: np.ndarray, c: np.ndarray, upper_bytes: np.ndarray | None, floor_bytes: float,
            time_limit_s: float, rel_gap: float = EXACT_REL_GAP):  # type: ignore[no-untyped-def]
-    count = len(program.choices)
+    count, links = len(program.choices), len(program.shared)
     peak = 1 if upper_bytes is None else 0  # minimise the peak: one more (continuous) variable
-    one = csr_matrix((np.ones(count), (program.owner, np.arange(count))), shape=(len(program.units), count + peak))
+    width = count + links + peak
+    c = np.concatenate([c[:count], np.zeros(links), c[count:]])
+    one = csr_matrix((np.ones(count), (program.owner, np.arange(count))), shape=(len(program.units), width))
     memory = program.held_bytes[:, rows].T.astype(float) * _SCALE
+    if links:
+        memory = np.hstack([memory, np.stack([credit[rows] for _, _, credit in program.shared], axis=1).astype(float) * _SCALE])
     if peak:
         memory = np.hstack([memory, -np.ones((memory.shape[0], 1))])
     bound = np.zeros(memory.shape[0]) if upper_bytes is None else upper_bytes[rows].astype(float) * _SCALE
     constraints = [LinearConstraint(one, 1, 1)]
     if rows.size:
         constraints.append(LinearConstraint(csr_matrix(memory), -np.inf, bound))
-    bounds = Bounds(np.concatenate([np.zeros(count), np.full(peak, floor_bytes * _SCALE)]),
-                    np.concatenate([np.ones(count), np.full(peak, np.inf)]))
-    return highs.solve(c, constraints, np.concatenate([np.ones(count), np.zeros(peak)]), bounds,
+    if links:
+        constraints.append(_both_kept(count, [(a, b) for a, b, _ in program.shared], width))
+    bounds = Bounds(np.concatenate([np.zeros(count + links), np.full(peak, floor_bytes * _SCALE)]),
+                    np.concatenate([np.ones(count + links), np.full(peak, np.inf)]))
+    return highs.solve(c, constraints, np.concatenate([np.ones(count + links), np.zeros(peak)]), bounds,
                        {"time_limit": time_limit_s, "mip_rel_gap": rel_gap})
 
 
@@ -234,6 +284,8 @@ def _subset(program: TiedProgram, units: np.ndarray) -> tuple[TiedProgram, np.nd
     columns = np.flatnonzero(units[program.owner])
     renumber = np.cumsum(units) - 1
     kept = np.flatnonzero(units)
+    at = {int(column): i for i, column in enumerate(columns)}
+    shared = tuple((at[a], at[b], credit) for a, b, credit in program.shared if a in at and b in at)
     return TiedProgram(
         tuple(program.units[u] for u in kept),
         renumber[program.owner[columns]],
@@ -243,6 +295,7 @@ def _subset(program: TiedProgram, units: np.ndarray) -> tuple[TiedProgram, np.nd
         program.held_bytes[columns],
         tuple(program.places[u] for u in kept),
         program.blocks,
+        shared,
     ), columns
 
 
@@ -274,13 +327,22 @@ def _fitting(program: TiedProgram, budget_bytes: int, time_limit_s: float, rel_g
     optimal = True
     if free.any():
         left = budget_bytes - program.held_bytes[found[~free]].sum(axis=0)
-        sub, columns = _subset(program, free)
+        fixed = set(found[~free].tolist())
+        pending = program
+        for a, b, credit in program.shared:  # a pair with a unit taken as given: its credit is known, or rides on the other's keep
+            if a in fixed and b in fixed:
+                left = left - credit
+            elif a in fixed or b in fixed:
+                if pending is program:
+                    pending = replace(program, held_bytes=program.held_bytes.copy())
+                pending.held_bytes[b if a in fixed else a] += credit
+        sub, columns = _subset(pending, free)
         result = _solve(sub, _rows(sub, left), sub.cost_s, left, 0.0, time_limit_s, rel_gap)
         if result.x is None:
             return None, False
         found[free] = columns[_columns(sub, result.x)]
         optimal = result.status == 0
-    if program.held_bytes[found].sum(axis=0).max(initial=0) > budget_bytes:
+    if _level(program, found).max(initial=0) > budget_bytes:
         return None, False  # the solver's tolerance let a few bytes through: not a plan
     return found, optimal
 
@@ -374,4 +436,4 @@ def tied_least_peak(
     result = _solve(program, rows, c, None, float(floor_bytes), time_limit_s)
     if result.x is None:
         return None
-    return int(program.held_bytes[_columns(program, result.x[:-1])].sum(axis=0).max(initial=0))
+    return int(_level(program, _columns(program, result.x[:-1])).max(initial=0))

@@ -23,15 +23,18 @@ STATED_GAP = 0.01
 LAYERS = 20
 
 
-def repeated_problem(layers: int, seed: int = 0, differ: bool = False, per_layer: int = 4):
+def repeated_problem(layers: int, seed: int = 0, differ: bool = False, per_layer: int = 4, views: bool = False):
     """A stem tensor, ``layers`` layers of ``per_layer`` tensors, two head tensors; backward in reverse.
 
     Every layer saves the same tensors (sizes, compressibility, codec and recompute seconds drawn
     once per position); ``differ``: each layer's tensors grow by half a MB per layer. 1 MB moves in
-    1 ms; forward events are 1 ms apart, backward events 2 ms.
+    1 ms; forward events are 1 ms apart, backward events 2 ms. ``views``: each layer's second tensor
+    is another view of its first one's storage, and so is the first head tensor of the stem's.
     """
     rng = np.random.default_rng(seed)
     sizes = [int(s) * MB for s in rng.integers(1, 6, per_layer)]
+    if views:
+        sizes[1] = sizes[0]
     ratios = rng.choice([0.3, 0.6, 1.2], per_layer)  # 1.2: ZVC would expand it
     codec_s = rng.uniform(0.0, 1e-3, per_layer)
     recompute_s = rng.uniform(0.0, 3e-3, per_layer)
@@ -46,8 +49,11 @@ def repeated_problem(layers: int, seed: int = 0, differ: bool = False, per_layer
                    recompute_s=rc)
         for k, ((n, r, c, rc), lt) in enumerate(zip(rows, events.lifetimes, strict=True))
     ]
+    if views:
+        specs[count - 2] = TensorSpec(key=count - 2, nbytes=7 * MB, lifetime=events.lifetimes[count - 2], compressed_nbytes=3 * MB)
+    shared = {1 + per_layer * layer + 1: 1 + per_layer * layer for layer in range(layers)} | {count - 2: 0} if views else None
     times = [1e-3 * i for i in range(count)] + [count * 1e-3 + 2e-3 * i for i in range(count)]
-    return build_problem(specs, events, times, count * 1e-3, LinkModel(1.0, 1.0))
+    return build_problem(specs, events, times, count * 1e-3, LinkModel(1.0, 1.0), views=shared)
 
 
 @pytest.fixture(scope="module")
@@ -65,9 +71,11 @@ def gpt2_problem():
     return planning_problem(Simulator(trace, "h100-pcie5", SimConfig(min_bytes=0)))[0]
 
 
-@pytest.fixture(params=["synthetic", "gpt2"])
+@pytest.fixture(params=["synthetic", "views", "gpt2"])
 def problem(request):
-    return repeated_problem(LAYERS, seed=1) if request.param == "synthetic" else request.getfixturevalue("gpt2_problem")
+    if request.param == "gpt2":
+        return request.getfixturevalue("gpt2_problem")
+    return repeated_problem(LAYERS, seed=1, views=request.param == "views")
 
 
 def _chosen_options(problem, plan):
