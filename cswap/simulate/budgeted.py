@@ -152,7 +152,9 @@ def planning_problem(
         )
     link = simulator.hardware.link
     model = LinkModel(d2h_gbps=link.d2h_gbps, h2d_gbps=link.h2d_gbps, async_copies=link.async_copies)
-    problem = build_problem(specs, events, times, timeline.forward_s, model, prefetch_distances, actions)
+    # a kept view of a kept storage is held once, as the queue model and the runtime hold it
+    views = {i: simulator.views[i] for i in records if simulator.views[i] is not None}
+    problem = build_problem(specs, events, times, timeline.forward_s, model, prefetch_distances, actions, views)
     return problem, records
 
 

@@ -142,8 +142,8 @@ def test_budget_held_or_honestly_refused_and_peak_as_simulated(name: str, policy
 @pytest.mark.parametrize("name", MODELS)
 def test_nones_least_budget_is_the_peak_it_measures(name: str) -> None:
     """Llama's attention output and its ``o_proj`` input are views of one storage, which the runtime
-    counts once; the planner counts it once too, so ``none``'s least budget, what a fractional budget
-    is a fraction of, is the peak ``none`` measures, to the byte."""
+    counts once; the planners (the runtime's and the simulator's) count it once too, so ``none``'s
+    least budget, what a fractional budget is a fraction of, is the peak ``none`` measures, to the byte."""
     rt, _ = _train(name, "none", 1.0, iterations=2)
     measured = rt.stats().iteration_peak_resident_bytes
     shared = [r for r in rt.trace().tensors if r.view_of is not None and r.offloadable]
@@ -152,3 +152,10 @@ def test_nones_least_budget_is_the_peak_it_measures(name: str) -> None:
     with pytest.raises(BudgetError) as raised:
         _train(name, "none", measured - 1, iterations=1)
     assert raised.value.minimum_bytes == measured
+    # the simulator's planner and its queue model, on the same profile, say the same
+    from cswap.simulate import SimConfig, Simulator
+    from cswap.simulate.budgeted import none_peak_bytes, planning_problem
+    from cswap.simulate.validate import cpu_profile
+
+    simulator = Simulator(rt.trace(), cpu_profile(), SimConfig(min_bytes=rt.options.min_bytes))
+    assert none_peak_bytes(planning_problem(simulator)[0]) == simulator.run("none").peak_bytes == measured
