@@ -190,13 +190,10 @@ def _decisions(
         action = Action(compressed_on_host_if_it_shrinks(carried_out(policy, tensor.action), record.nbytes, compressed.get(record.key)))
         life = lifetimes[record.key]
         slack = planned.budget_bytes - max(timeline[life.pack : life.free + 1], default=0) if life is not None else None
-        extra: dict[str, Any] = {}
+        # a compressing action, or a budget fallback to one, encodes by the codec the tensor was sized with
+        extra: dict[str, Any] = {"codec": codecs[record.key]}
         if action.compresses:  # each codec runs with the launches tuned for its own kernels (LaunchCache.launches)
-            codec = codecs[record.key]
-            extra = {**launches.launches(record.dtype, record.nbytes, codec), "codec": codec}
-        elif action is Action.HOST_ZVC_SWAP:
-            # the host worker encodes by the codec its size was planned with (its launch is the worker's own)
-            extra = {"codec": codecs[record.key]}
+            extra.update(launches.launches(record.dtype, record.nbytes, codecs[record.key]))
         if action is Action.ZVC_KEEP:
             extra["compressed_nbytes"] = float(tensor.held_bytes - record.nbytes)  # it holds raw + compressed at pack
         elif action is Action.HOST_ZVC_SWAP and compressed.get(record.key) is not None:

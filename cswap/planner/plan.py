@@ -263,7 +263,8 @@ class Decision:
         outgrown: made at run time for a tensor larger than its key's planned one (same dtype and
             rank): the planned action, on the tensor's own size, within the budget.
         codec: the codec a compressing action uses (``"zvc"``, ``"bitpack"``, ``"exponent"``: see
-            :mod:`cswap.planner.codec_choice`).
+            :mod:`cswap.planner.codec_choice`); in a budget plan's other rows, the one a budget
+            fallback to a compressing action takes (the profile's fewest bytes).
     """
 
     key: int
@@ -537,7 +538,7 @@ class Plan:
     def _outgrown(self, planned: Decision, shape: tuple[int, ...], dtype: str, nbytes: int) -> Decision:
         """The decision for a tensor larger than ``planned`` (same dtype and rank): the planned action
         on the tensor's own size, the budget checked at pack as for any decision made at run time."""
-        launches = self.launches.launches(dtype, nbytes) if planned.action.compresses and self.launches is not None else {}
+        launches = self.launches.launches(dtype, nbytes, planned.codec) if planned.action.compresses and self.launches is not None else {}
         reason = (f"larger than planned ({list(shape)}, planned {list(planned.shape)}): its planned {planned.action.value}, "
                   "within the budget at pack")
         return replace(planned, shape=tuple(shape), nbytes=nbytes, reason=reason, planned=False, outgrown=True,
@@ -642,7 +643,7 @@ class Plan:
         action, why = constrained(fallback, decision.nbytes, decision.dtype, 0)
         if action is decision.action or (why is not None and not action.offloads):
             return decision  # the rules leave nothing smaller (no encoding, nothing to fall back to)
-        launches = self.launches.launches(decision.dtype, decision.nbytes) if action.compresses and self.launches is not None else {}
+        launches = self.launches.launches(decision.dtype, decision.nbytes, decision.codec) if action.compresses and self.launches is not None else {}
         reason = (f"budget fallback: {resident_bytes:,d} B resident at pack ({drift:+,d} B over the plan), "
                   f"{decision.action.value} of {held:,d} B would pass the {self.budget_bytes:,d} B budget; {action.value} instead")
         return replace(decision, action=action, reason=reason, planned=False, budget_fallback=True, **launches)

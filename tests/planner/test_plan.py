@@ -187,3 +187,26 @@ def test_a_planned_decision_under_a_budget_is_still_checked_against_it(planned_a
         assert plan.rows()[0] is late
     assert plan.resolve(0, (1024,), "float32", 4096) is planned  # a dtype given by name matches too
     assert plan.rows()[0] is planned
+
+
+def test_a_decision_made_at_run_time_encodes_by_the_planned_codec_with_its_launches() -> None:
+    """A longer sequence than profiled (an outgrown key) and a budget fallback to a compressing
+    action take the codec the profile sized the tensor with, and that codec's own launch configs:
+    ZVC's would run an exponent coder with ZVC's tuning, and ZVC on a dense float moves more bytes
+    than the tensor has."""
+
+    def lookup(backend: str, op: str, dtype: torch.dtype, nbytes: int, codec: str = "zvc") -> CpuLaunch:
+        return CpuLaunch(threads=2 if codec == "exponent" else 1)
+
+    coded = Decision(key=0, shape=(4, 64), dtype="bfloat16", nbytes=512, sparsity=0.0, action=Action.ZVC_SWAP, reason="planned",
+                     codec="exponent")
+    kept = Decision(key=1, shape=(4, 64), dtype="bfloat16", nbytes=512, sparsity=0.0, action=Action.KEEP, reason="planned",
+                    codec="exponent")
+    plan = Plan(policy="compress-swap", epoch=0, default_action=Action.ZVC_SWAP, decisions={0: coded, 1: kept}, budget_bytes=1024,
+                fallback_action=Action.ZVC_SWAP, launches=LaunchCache("cpu", lookup))
+    longer = plan.resolve(0, (4, 96), torch.bfloat16, 768)
+    assert (longer.outgrown, longer.codec, longer.compress_launch, longer.decompress_launch) == (
+        True, "exponent", CpuLaunch(threads=2), CpuLaunch(threads=2))
+    fallback = plan.resolve(1, (4, 64), torch.bfloat16, 512, resident_bytes=1000)
+    assert (fallback.action, fallback.budget_fallback, fallback.codec, fallback.compress_launch) == (
+        Action.ZVC_SWAP, True, "exponent", CpuLaunch(threads=2))

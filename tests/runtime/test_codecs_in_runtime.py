@@ -106,6 +106,19 @@ def test_host_compression_under_a_budget_encodes_by_the_codec_it_was_planned_wit
     assert stats.iteration_peak_resident_bytes <= stats.budget_bytes
 
 
+@pytest.mark.parametrize("policy", ["compress-swap", "cswap"])
+def test_a_budget_plans_kept_rows_name_the_codec_a_fallback_would_take(policy: str, reference: list[list[torch.Tensor]]) -> None:
+    """A planned keep that the budget turns into a compressed swap at run time encodes by the codec
+    its tensor was profiled with: ZVC would move a dense bf16 tensor no smaller."""
+    grads, rt = _train(policy, memory_budget=0.5)
+    assert rt is not None
+    for want, got in zip(reference, grads, strict=True):
+        assert_bit_equal(want, got)
+    rows = [d for d in rt.plan().rows().values() if d.reason.startswith("budget plan")]
+    assert any(d.action.value == "keep" and d.dtype == "bfloat16" for d in rows)
+    assert {d.codec for d in rows if d.dtype == "bfloat16"} == {"exponent"}
+
+
 def test_compress_keep_holds_a_budget_below_nones_peak(reference: list[list[torch.Tensor]]) -> None:
     """ZVC shrinks no dense bf16 activation; exponent coding does. The profiling iteration keeps each
     tensor by the codec the plans will take, so it peaks below ``none`` as they do, and compress-keep
