@@ -320,17 +320,24 @@ def prepare_kernel_configs(
     if client is not None:
         configs.service_answered = client.answered
         client.close()
-    configs.time_model = _calibrated_time_model(fp, configs.store)
+    configs.time_model = _calibrated_time_model(fp, configs.store, backend)
     return configs
 
 
-def _calibrated_time_model(fp: DeviceFingerprint, store: ConfigStore) -> TimeModel | None:
+def _calibrated_time_model(fp: DeviceFingerprint, store: ConfigStore, backend: str) -> TimeModel | None:
+    """The stored time model of this device, or ``None`` (the runtime then times the codecs itself)
+    when there is none, it does not validate, or it lacks ZVC's times on ``backend`` (a calibration of
+    other codecs only), which every compressing plan asks for."""
     try:
         from cswap.predictors import load_time_model
     except ImportError:
         return None
     try:
-        return load_time_model(fp, store)
+        model = load_time_model(fp, store)
+        if model is not None:
+            for op in ("compress", "decompress"):
+                model.model_for(op, 4, backend)
+        return model
     except (ValueError, KeyError) as error:
         warnings.warn(f"ignoring the stored time model of this device: {error}; rerun `cswap calibrate`", stacklevel=2)
         return None

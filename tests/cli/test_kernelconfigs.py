@@ -106,3 +106,24 @@ def test_training_tunes_every_codec_the_model_saves_tensors_for() -> None:
     assert configs.launch_lookup("cpu", "compress", torch.float32, 4**bucket, codec="exponent") is launch
     assert {key[0] for key in configs.chosen} == {"compress", "decompress"}  # ZVC's, as before
     assert {k["codec"] for k in configs.summary()["kernels"]} == {"zvc", "exponent"}
+
+
+@pytest.mark.parametrize("codecs", [("exponent", "bitpack"), ("zvc", "exponent")])
+def test_a_stored_time_model_without_zvcs_times_is_left_to_the_runtime(tmp_path: Path, codecs: tuple[str, ...]) -> None:
+    """A calibration of other codecs only has no ZVC times, which every compressing plan asks for:
+    training then times the codecs itself, with a warning, instead of stopping at its first plan."""
+    from cswap.predictors.features import TIME_FEATURES
+    from cswap.predictors.persistence import save_time_model
+    from cswap.predictors.timemodel import CalibratedTimeModel, LinearTimeModel
+    from cswap.training.kernelconfigs import _calibrated_time_model
+
+    store, fp = ConfigStore(tmp_path / "store.db"), fingerprint("cpu")
+    coef = (1e-4, 0.25) + (0.0,) * (len(TIME_FEATURES) - 2)
+    model = CalibratedTimeModel({("cpu", codec, op, 4): LinearTimeModel("cpu", codec, op, 4, (), coef)
+                                 for codec in codecs for op in ("compress", "decompress")})
+    save_time_model(fp, model, store)
+    if "zvc" in codecs:
+        assert _calibrated_time_model(fp, store, "cpu") == model
+    else:
+        with pytest.warns(UserWarning, match="no calibrated compress time for backend 'cpu', codec 'zvc'"):
+            assert _calibrated_time_model(fp, store, "cpu") is None
