@@ -176,12 +176,13 @@ def _shared_columns(problem: PlanningProblem, options: list[Option], owner: list
     return tuple(columns)
 
 
-def _level(arrays: _Arrays, chosen: np.ndarray) -> np.ndarray:
-    """Resident bytes at each event of one option column per tensor, shared storages counted once."""
-    level = arrays.held[chosen].sum(axis=0)
-    if arrays.shared:
-        picked = set(chosen.tolist())
-        for a, b, credit in arrays.shared:
+def _level(held: np.ndarray, shared: tuple[tuple[int, int, np.ndarray], ...], chosen: np.ndarray) -> np.ndarray:
+    """Resident bytes at each event of the ``chosen`` columns of ``held`` (one per tensor, or per
+    unit of the tied program), with the credit of every shared storage whose two columns are chosen."""
+    level = held[chosen].sum(axis=0)
+    if shared:
+        picked = set(np.asarray(chosen).tolist())
+        for a, b, credit in shared:
             if a in picked and b in picked:
                 level = level + credit
     return level
@@ -320,7 +321,7 @@ def least_peak(problem: PlanningProblem, policy: str, time_limit_s: float = 30.0
         chosen = _least_peak_choice(arrays)
         if host_budget_bytes is not None and arrays.host[chosen].sum(axis=0).max(initial=0) > host_budget_bytes:
             chosen = _keep_choice(arrays)
-    return int(_level(arrays, chosen).max(initial=0))
+    return int(_level(arrays.held, arrays.shared, chosen).max(initial=0))
 
 
 def _keep_choice(arrays: _Arrays) -> np.ndarray:
@@ -352,7 +353,7 @@ def least_host_peak(problem: PlanningProblem, policy: str, budget_bytes: int, ti
     c = np.concatenate([np.zeros(len(arrays.options)), [1.0]])
     result = _milp(arrays, c, budget_bytes, peak_variable=False, time_limit_s=time_limit_s, host_peak=True)
     chosen = _choice(arrays, result.x[:-1]) if result.x is not None else None
-    if chosen is None or _level(arrays, chosen).max(initial=0) > budget_bytes:
+    if chosen is None or _level(arrays.held, arrays.shared, chosen).max(initial=0) > budget_bytes:
         chosen = _greedy(arrays, budget_bytes)  # nothing in time (or the tolerance let bytes through)
     if chosen is None:
         return None
@@ -472,7 +473,7 @@ def solve_milp(problem: PlanningProblem, policy: str, budget_bytes: int, time_li
                    host_budget_bytes=host_budget_bytes, rel_gap=rel_gap)
     solver_choice = _choice(arrays, result.x) if result.x is not None else None
     if solver_choice is not None and (
-        _level(arrays, solver_choice).max(initial=0) > budget_bytes
+        _level(arrays.held, arrays.shared, solver_choice).max(initial=0) > budget_bytes
         or (host_budget_bytes is not None and arrays.host[solver_choice].sum(axis=0).max(initial=0) > host_budget_bytes)
     ):
         solver_choice = None  # the solver's tolerance let a few bytes through: not a plan
@@ -516,7 +517,9 @@ def budget_plan_of(
 ) -> BudgetPlan:
     """The :class:`BudgetPlan` of one option per tensor (problem order), whichever planner chose them."""
     held = [problem.holds(option) for option in choice]
-    level = timeline_of(problem, choice)
+    level = np.sum(held, axis=0) if held else np.zeros(problem.event_count, dtype=np.int64)
+    if problem.shared:  # as timeline_of counts them, from the holds at hand
+        level = level + problem.shared_credit({tensor.key: option.action for tensor, option in zip(problem.tensors, choice, strict=True)})
     host_level = host_timeline_of(problem, choice)
     binding = int(np.argmax(level)) if level.size else 0
     unpacked_at = {t.lifetime.unpack: t.key for t in problem.tensors if t.lifetime is not None and t.lifetime.unpack is not None}

@@ -62,7 +62,7 @@ from cswap.planner.bounds import policy_options
 from cswap.planner.lifetime import resident_bytes
 from cswap.planner import highs
 from cswap.planner.actions import KEEP
-from cswap.planner.milp import EXACT_REL_GAP, BudgetPlan, _Arrays, _both_kept, _greedy, budget_plan_of
+from cswap.planner.milp import EXACT_REL_GAP, BudgetPlan, _Arrays, _both_kept, _greedy, _level, budget_plan_of
 from cswap.planner.problem import Option, PlanningProblem
 from cswap.planner.repeats import RepeatedLayers
 
@@ -227,16 +227,6 @@ def _shared_columns(problem: PlanningProblem, units: list[tuple[int, ...]], owne
     return tuple((a, b, credit) for (a, b), credit in credits.items())
 
 
-def _level(program: TiedProgram, columns: np.ndarray) -> np.ndarray:
-    """Resident bytes at each event of one column per unit, shared storages counted once."""
-    level = program.held_bytes[columns].sum(axis=0)
-    taken = set(np.asarray(columns).tolist())
-    for a, b, credit in program.shared:
-        if a in taken and b in taken:
-            level = level + credit
-    return level
-
-
 def _most_per_event(program: TiedProgram) -> np.ndarray:
     most = np.maximum.reduceat(program.held_bytes, program.starts, axis=0).sum(axis=0)
     for _, _, credit in program.shared:
@@ -342,7 +332,7 @@ def _fitting(program: TiedProgram, budget_bytes: int, time_limit_s: float, rel_g
             return None, False
         found[free] = columns[_columns(sub, result.x)]
         optimal = result.status == 0
-    if _level(program, found).max(initial=0) > budget_bytes:
+    if _level(program.held_bytes, program.shared, found).max(initial=0) > budget_bytes:
         return None, False  # the solver's tolerance let a few bytes through: not a plan
     return found, optimal
 
@@ -436,4 +426,4 @@ def tied_least_peak(
     result = _solve(program, rows, c, None, float(floor_bytes), time_limit_s)
     if result.x is None:
         return None
-    return int(_level(program, _columns(program, result.x[:-1])).max(initial=0))
+    return int(_level(program.held_bytes, program.shared, _columns(program, result.x[:-1])).max(initial=0))
