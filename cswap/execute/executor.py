@@ -834,20 +834,26 @@ class Executor:
         or ``None``) where that gives fewer bytes than ZVC and than the raw tensor: the choice the
         plans made from this profile make (:func:`cswap.planner.codec_choice.codec_for`). The
         profile then peaks where those plans can, where ZVC alone would keep every dense float
-        raw."""
+        raw. Where ZVC gives no more bytes, the decision takes ZVC, whichever codec it named."""
+        zvc = decision if decision.codec == "zvc" else self._coded_by(plan, decision, "zvc")
         if coded is None:
-            return decision
+            return zvc
         codec, size = coded
         other_bytes = int(size)  # a profile may wait for the device
         if other_bytes >= layout.nbytes:
-            return decision
+            return zvc
         nonzero = layout.numel - int(self._zeros(layout.compact(tensor), layout))
         if zvc_compressed_nbytes(layout.numel, nonzero, layout.itemsize) <= other_bytes:
-            return decision  # ties go to ZVC, as the planner's
+            return zvc  # ties go to ZVC, as the planner's
+        return self._coded_by(plan, decision, codec, compressed_nbytes=other_bytes)
+
+    @staticmethod
+    def _coded_by(plan: Plan, decision: Decision, codec: str, **facts: Any) -> Decision:
+        """``decision`` encoding by ``codec``, with that codec's launch configs."""
         launches: dict[str, Any] = {"compress_launch": None, "decompress_launch": None}
         if plan.launches is not None:
             launches.update(plan.launches.launches(decision.dtype, decision.nbytes, codec))
-        return replace(decision, codec=codec, compressed_nbytes=other_bytes, **launches)
+        return replace(decision, codec=codec, **facts, **launches)
 
     def _store(
         self, key: int, tensor: torch.Tensor, layout: Layout, decision: Decision, count_zeros: bool, owner: Stored | None = None,

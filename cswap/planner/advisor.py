@@ -42,7 +42,7 @@ from cswap.codecs.launch import Launch
 from cswap.codecs.launch import LaunchLookup
 from cswap.planner.actions import HOST_ZVC_SWAP, compressed_on_host_if_it_shrinks
 from cswap.planner.actions import RUNTIME_POLICIES as POLICIES
-from cswap.planner.codec_choice import codec_for
+from cswap.planner.codec_choice import codec_for, codecs_by_dtype
 from cswap.planner.costmodel import codec_seconds, decide
 from cswap.planner.plan import DEFAULT_ACTIONS, POLICY_REASONS, Action, Decision, LaunchCache, Plan, constrained
 from cswap.profile.trace import Trace
@@ -146,7 +146,9 @@ class Advisor:
             # copies only until their compression is collected (the executor sizes the arena for
             # those from the last iteration's use).
         unpacked = sorted((r for r in trace.tensors if r.unpack_at_s is not None), key=lambda r: (r.unpack_at_s, r.key))
-        return Plan(**rules, decisions=decisions, unpack_order=tuple(r.key for r in unpacked), host_bytes=host_bytes)
+        coded = ((r.dtype, r.nbytes, self._compressed(r, DEFAULT_CHUNK_WORDS)[0]) for r in trace.tensors if r.offloadable and encodable(r.dtype))
+        return Plan(**rules, decisions=decisions, unpack_order=tuple(r.key for r in unpacked), host_bytes=host_bytes,
+                    unseen_codecs=codecs_by_dtype(coded))
 
     @staticmethod
     def _encoding(record: Any) -> Encoding:

@@ -44,6 +44,7 @@ from cswap.planner.problem import Option
 from cswap.planner.milp import EXACT_REL_GAP
 from cswap.planner.solve import carry_plan, minimum_host_bytes
 from cswap.planner.actions import HOST_ZVC_SWAP, KEEP, POLICY_ACTIONS, POLICY_TABLE, carried_out, compressed_on_host_if_it_shrinks
+from cswap.planner.codec_choice import codecs_by_dtype
 from cswap.planner.costmodel import TimeModel
 from cswap.planner.plan import Action, Decision, LaunchCache, Plan, host_bytes_at_pack, unsized_compression_bytes
 from cswap.profile.trace import TensorRecord, Trace
@@ -244,9 +245,15 @@ def plan_from_budget(
         host_bytes = planned.host_peak_bytes
         summary.update(host_budget_bytes=planned.host_budget_bytes, host_peak_bytes=planned.host_peak_bytes)
     return Plan(**rules, default_action=default_action, decisions=decisions, unpack_order=tuple(r.key for r in unpacked),
-                host_bytes=host_bytes, default_reason=f"policy {rules['policy']} under a budget: not in the plan, smallest footprint",
+                host_bytes=host_bytes, unseen_codecs=_unseen_codecs(trace, problem), default_reason=f"policy {rules['policy']} under a budget: not in the plan, smallest footprint",
                 prefetch_bytes=planned.prefetch_window_bytes, binding=binding, expected_bytes=expected, planner=MappingProxyType(summary),
                 solution=planned)
+
+
+def _unseen_codecs(trace: Trace, problem: PlanningProblem) -> dict[str, str]:
+    """Per dtype, the codec a tensor the plan does not know takes (:attr:`Plan.unseen_codecs`)."""
+    dtypes = {r.key: r.dtype for r in trace.tensors}
+    return codecs_by_dtype((dtypes[t.key], t.nbytes, t.codec) for t in problem.tensors if t.compressed_nbytes is not None and t.key in dtypes)
 
 
 #: The share added to the least budget of a policy whose profile compresses every tensor: its
@@ -732,7 +739,7 @@ def budget_plan(
             error = host_budget_error(problem, policy, budget_bytes, host_budget_bytes, alone, stated, profiled_host_peak_bytes,
                                       none_bytes or None, why, advice, action)
             error = with_profile_leasts(error, problem, action)
-        plan = Plan(**rules, default_action=action, unpack_order=unpack_order, prefetch_bytes=0,
+        plan = Plan(**rules, default_action=action, unpack_order=unpack_order, prefetch_bytes=0, unseen_codecs=_unseen_codecs(trace, problem),
                     default_reason=f"budget {budget_bytes:,d} B below this policy's least {least:,d} B: {action.value}")
         return plan, budget_bytes, error
     plan = plan_from_budget(trace, problem, planned, rules, profile_action(policy, host_budget_bytes), least, none_bytes)

@@ -22,13 +22,23 @@ Example:
 from __future__ import annotations
 
 import math
+from collections import Counter
+from collections.abc import Iterable, Mapping
 
 from cswap.profile.trace import TensorRecord
 
-__all__ = ["EXACT_SIZE_CODECS", "codec_for"]
+__all__ = ["EXACT_SIZE_CODECS", "UNSEEN_DTYPES", "codec_for", "codecs_by_dtype"]
 
 #: Codecs whose compressed size does not depend on the values (bit-packing: one bit per element).
 EXACT_SIZE_CODECS = frozenset({"bitpack"})
+
+#: Per codec besides ZVC, the dtypes of which it takes every value, so that a tensor no profile saw
+#: may take it. Bit-packing takes a uint8 tensor only when it holds 0s and 1s, which nothing knows
+#: of a tensor before it is packed.
+UNSEEN_DTYPES: Mapping[str, frozenset[str]] = {
+    "exponent": frozenset({"bfloat16", "float16", "float32"}),
+    "bitpack": frozenset({"bool"}),
+}
 
 
 def codec_for(record: TensorRecord, zvc_nbytes: int, margin: float = 0.0) -> tuple[str, int]:
@@ -42,3 +52,29 @@ def codec_for(record: TensorRecord, zvc_nbytes: int, margin: float = 0.0) -> tup
         if other < zvc_nbytes:
             return record.codec, other
     return "zvc", zvc_nbytes
+
+
+def codecs_by_dtype(coded: Iterable[tuple[str, int, str]]) -> dict[str, str]:
+    """Per dtype, the codec that coded most of its bytes in a plan, for tensors of that dtype the
+    plan does not know (a graph that changed since its profile): ZVC drops the zeros of a
+    post-ReLU tensor, exponent coding a third of a dense bf16 one, and a plan shows which its model
+    saves. Only a codec that takes every value of the dtype is named (:data:`UNSEEN_DTYPES`); a
+    dtype left out takes ZVC.
+
+    Args:
+        coded: ``(dtype, nbytes, codec)`` of each tensor the plan sized by a codec.
+
+    Example:
+        >>> codecs_by_dtype([("bfloat16", 4096, "exponent"), ("bfloat16", 1024, "zvc"), ("bool", 512, "bitpack"),
+        ...                  ("uint8", 512, "bitpack"), ("float32", 64, "zvc")])
+        {'bfloat16': 'exponent', 'bool': 'bitpack'}
+    """
+    bytes_by: Counter[tuple[str, str]] = Counter()
+    for dtype, nbytes, codec in coded:
+        bytes_by[dtype, codec] += nbytes
+    most: dict[str, tuple[int, str]] = {}
+    for (dtype, codec), nbytes in bytes_by.items():
+        # ties go to ZVC, as in codec_for
+        if dtype not in most or (nbytes, codec == "zvc") > (most[dtype][0], most[dtype][1] == "zvc"):
+            most[dtype] = (nbytes, codec)
+    return {dtype: codec for dtype, (_, codec) in most.items() if dtype in UNSEEN_DTYPES.get(codec, ())}

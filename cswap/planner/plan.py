@@ -380,6 +380,9 @@ class Plan:
         host_meter: what counts the host bytes saved tensors hold now: an object whose
             ``make_host_room(limit_bytes)`` frees what it can down to ``limit_bytes`` and returns
             the bytes held (the executor's :class:`cswap.execute.streams.Transfers`); ``None``: 0.
+        unseen_codecs: per dtype, the codec a compressing decision made here takes for a key the
+            plan does not know: the one most of the dtype's planned bytes were sized by
+            (:func:`cswap.planner.codec_choice.codecs_by_dtype`); ZVC for a dtype not named.
         solution: the budget planner's solution the plan was made from
             (:class:`~cswap.planner.milp.BudgetPlan`, keyed by profiled keys), which a plan at a
             larger size of the same graph may carry (:func:`cswap.planner.solve.carry_plan`);
@@ -409,11 +412,13 @@ class Plan:
     host_pool: PoolLayout | None = field(default=None, compare=False, repr=False)
     host_budget_bytes: int | None = None
     host_meter: Any = field(default=None, compare=False, repr=False)
+    unseen_codecs: Mapping[str, str] = field(default_factory=dict)
     solution: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "decisions", MappingProxyType(dict(self.decisions)))
         object.__setattr__(self, "recomputed", MappingProxyType(dict(self.recomputed)))
+        object.__setattr__(self, "unseen_codecs", MappingProxyType(dict(self.unseen_codecs)))
         # Run-time decisions that differ from the planned ones, latest per key (see rows()).
         object.__setattr__(self, "_resolved", {})
         # The pack hook reads decisions once per saved tensor: a plain dict, not the read-only proxy.
@@ -524,8 +529,11 @@ class Plan:
         else:
             action, why = constrained(self.default_action, nbytes, name, self.min_bytes)
             reason = why or self.default_reason or f"key {key} ({name} {list(shape)}) not in the plan: policy {self.policy}'s default"
-            launches = self.launches.launches(name, nbytes) if action.compresses and self.launches is not None else {}
-            decision = Decision(**facts, action=action, reason=reason, raw_unless_smaller=self.raw_unless_smaller, **launches)
+            # the codec its dtype took in the plan, also the one a budget fallback to compressing takes
+            codec = self.unseen_codecs.get(name, "zvc")
+            launches = self.launches.launches(name, nbytes, codec) if action.compresses and self.launches is not None else {}
+            decision = Decision(**facts, action=action, reason=reason, raw_unless_smaller=self.raw_unless_smaller, codec=codec,
+                                **launches)
         if never_moved is None and duplicate_of is None and not (shares_kept and decision.action is Action.KEEP):
             decision = self._within_budget(decision, resident_bytes)
         resolved = self._resolved  # type: ignore[attr-defined]
@@ -678,6 +686,7 @@ class Plan:
             "planner": dict(self.planner),
             "recompute_regions": list(self.recompute_regions),
             "recomputed": [d.to_dict() for d in self.recomputed.values()],
+            "unseen_codecs": dict(self.unseen_codecs),
         }
 
     def __str__(self) -> str:

@@ -210,3 +210,50 @@ def test_a_decision_made_at_run_time_encodes_by_the_planned_codec_with_its_launc
     fallback = plan.resolve(1, (4, 64), torch.bfloat16, 512, resident_bytes=1000)
     assert (fallback.action, fallback.budget_fallback, fallback.codec, fallback.compress_launch) == (
         Action.ZVC_SWAP, True, "exponent", CpuLaunch(threads=2))
+
+
+@pytest.mark.parametrize(("dtype", "codec"), [("bfloat16", "exponent"), ("bool", "bitpack"), ("uint8", "zvc"), ("float64", "zvc")])
+@pytest.mark.parametrize("budget_bytes", [None, 1 << 20])
+def test_a_key_the_plan_does_not_know_takes_the_codec_its_dtype_took(dtype: str, codec: str, budget_bytes: int | None) -> None:
+    """A tensor no profile saw (a changed graph) is compressed by the codec most of its dtype's
+    planned bytes took, with that codec's launches, where that codec takes every value of the
+    dtype; otherwise by ZVC (bit-packing takes a uint8 tensor only when it holds 0s and 1s)."""
+
+    asked: list[tuple[str, str]] = []
+
+    def lookup(backend: str, op: str, dtype: torch.dtype, nbytes: int, codec: str = "zvc") -> CpuLaunch:
+        asked.append((op, codec))
+        return CpuLaunch(threads=1)
+
+    plan = Plan(policy="compress-swap", epoch=0, default_action=Action.ZVC_SWAP, launches=LaunchCache("cpu", lookup),
+                budget_bytes=budget_bytes, fallback_action=Action.ZVC_SWAP if budget_bytes else None,
+                unseen_codecs={"bfloat16": "exponent", "bool": "bitpack"})
+    unseen = plan.resolve(7, (4, 64), getattr(torch, dtype), 512)
+    assert (unseen.planned, unseen.action, unseen.codec, unseen.compress_launch) == (False, Action.ZVC_SWAP, codec, CpuLaunch(threads=1))
+    assert asked == [("compress", codec), ("decompress", codec)]
+    assert plan.rows()[7].codec == codec and plan.to_dict()["unseen_codecs"] == {"bfloat16": "exponent", "bool": "bitpack"}
+
+
+def test_the_codec_an_unseen_key_takes_follows_the_profile() -> None:
+    """The advisor and the budget planner name, per dtype, the codec that coded most of its bytes:
+    exponent coding for dense bf16, bit-packing for bool masks, ZVC for a sparse post-ReLU float."""
+    from cswap.budget import MemoryBudget
+    from cswap.planner.advisor import Advisor
+    from cswap.planner.budgeted import budget_plan
+    from cswap.profile.trace import TensorRecord, Trace
+
+    itemsize = {"bfloat16": 2, "bool": 1, "float32": 4}
+    facts = [("bfloat16", 1 << 16, 0.0, "exponent", 0.7), ("bool", 1 << 14, 0.1, "bitpack", 0.125),
+             ("float32", 1 << 16, 0.6, "exponent", 0.8), ("bfloat16", 1 << 12, 0.9, "exponent", 0.6)]
+    records = tuple(
+        TensorRecord(key=k, shape=(nbytes // itemsize[dtype],), dtype=dtype, nbytes=nbytes, sparsity=sparsity, codec=codec,
+                     codec_fraction=fraction, pack_at_s=0.1 * k, unpack_at_s=1.0 + 0.1 * (len(facts) - 1 - k))
+        for k, (dtype, nbytes, sparsity, codec, fraction) in enumerate(facts)
+    )
+    trace = Trace(tensors=records, d2h_gbps=10.0, h2d_gbps=10.0, forward_s=0.4, backward_s=0.4)
+    want = {"bfloat16": "exponent", "bool": "bitpack"}  # the sparse float32 takes ZVC, the default
+    assert dict(Advisor("compress-swap", "cpu", 0).plan(trace, 1).unseen_codecs) == want
+    plan, _, error = budget_plan(trace, "compress-swap", MemoryBudget(nbytes=140_000), FAST_CODEC, "cpu", 0, epoch=1)
+    assert error is None and dict(plan.unseen_codecs) == want
+    unseen = plan.resolve(9, (64,), torch.bfloat16, 128, resident_bytes=140_000)  # the budget is full: it falls back, coded
+    assert (unseen.action, unseen.codec) == (Action.ZVC_SWAP, "exponent")

@@ -8,6 +8,7 @@ its dropout saves a bool mask (``torch.native_dropout``), as CUDA's fused dropou
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import pytest
 import torch
@@ -28,7 +29,11 @@ def _bert() -> torch.nn.Module:
     return transformers.BertModel(config).to(torch.bfloat16).train()
 
 
-def _train(policy: str | None, **options: object) -> tuple[list[list[torch.Tensor]], cswap.Runtime | None]:
+def _train(policy: str | None, grown_from: int | None = None, rows: list[dict[int, Any]] | None = None,
+           **options: object) -> tuple[list[list[torch.Tensor]], cswap.Runtime | None]:
+    """Gradients of three steps (and the runtime); from step ``grown_from`` on, the loss saves one
+    tensor more after the model's (its output, through a GELU): keys no profile saw. ``rows``
+    collects the plan's rows after each step."""
     model = _bert()
     rt = None
     if policy is not None:
@@ -40,7 +45,12 @@ def _train(policy: str | None, **options: object) -> tuple[list[list[torch.Tenso
         with torch.random.fork_rng(), cuda_dropout_on_cpu():
             torch.manual_seed(i)
             with rt.iteration() if rt is not None else contextlib.nullcontext():
-                model(input_ids=ids).last_hidden_state.float().pow(2).mean().backward()
+                hidden = model(input_ids=ids).last_hidden_state
+                if grown_from is not None and i >= grown_from:
+                    hidden = torch.nn.functional.gelu(hidden)
+                hidden.float().pow(2).mean().backward()
+        if rows is not None and rt is not None:
+            rows.append(dict(rt.plan().rows()))
         grads.append([p.grad.detach().clone() for p in model.parameters() if p.grad is not None])
         model.zero_grad()
     return grads, rt
@@ -117,6 +127,23 @@ def test_a_budget_plans_kept_rows_name_the_codec_a_fallback_would_take(policy: s
     rows = [d for d in rt.plan().rows().values() if d.reason.startswith("budget plan")]
     assert any(d.action.value == "keep" and d.dtype == "bfloat16" for d in rows)
     assert {d.codec for d in rows if d.dtype == "bfloat16"} == {"exponent"}
+
+
+@pytest.mark.parametrize("policy", ["compress-swap", "compress-keep", "cpu-compress-swap"])
+def test_a_tensor_no_profile_saw_takes_the_codec_its_dtype_took(policy: str) -> None:
+    """A graph that changed after its profile saves tensors the plan does not know: a bf16 one is
+    coded as the plan coded bf16 (exponent coding), where ZVC would move it no smaller."""
+    plain, _ = _train(None, grown_from=1)
+    rows: list[dict[int, Any]] = []
+    grads, rt = _train(policy, grown_from=1, rows=rows)
+    assert rt is not None
+    for want, got in zip(plain, grads, strict=True):
+        assert_bit_equal(want, got)
+    assert rt.stats().unknown_keys >= 2, rt.stats()  # the GELU's input and the float copy after it
+    unseen = {d.dtype: d for d in rows[1].values() if not d.planned and not d.outgrown}
+    assert unseen.keys() == {"bfloat16", "float32"}, unseen
+    assert unseen["bfloat16"].codec == "exponent" and unseen["bfloat16"].action.value == {
+        "compress-swap": "zvc-swap", "compress-keep": "zvc-keep", "cpu-compress-swap": "host-zvc-swap"}[policy]
 
 
 def test_compress_keep_holds_a_budget_below_nones_peak(reference: list[list[torch.Tensor]]) -> None:
