@@ -480,7 +480,7 @@ class Runtime:
         # (but for ac-full's layers, enabled in its profile: LayersProfile).
         plan = replace(plan, recompute_regions=(), recomputed={})
         forced = {"keep-all": Action.KEEP, "layers": Action.KEEP, "passive": Action.SWAP,
-                  "budget": profile_action(self.policy, self._host_budget_bytes)}.get(mode)
+                  "budget": Action.KEEP if self._profile_keeps_all else profile_action(self.policy, self._host_budget_bytes)}.get(mode)
         if forced is not None:
             # Profiling modes that move every tensor alike: a plan with no per-key decisions
             # (the current one's unpack order still drives prefetch).
@@ -491,6 +491,15 @@ class Runtime:
             # policy's smallest footprint like any other, as the planner's replay of it assumes.
             plan = replace(plan, prefetch_bytes=0, raw_unless_smaller=True, min_bytes=0)
         return plan, mode
+
+    @property
+    def _profile_keeps_all(self) -> bool:
+        """Whether a profiling iteration under the budget keeps every tensor, as plain PyTorch does:
+        under all of ``none``'s peak (``memory_budget=1.0``), which keeping every tensor holds on any
+        graph. Storing each at the policy's least footprint may hold more: a compressed copy beside
+        what backward rebuilds from it, or beside a tensor alive anyway."""
+        budget = self._options.memory_budget
+        return budget is not None and budget.relative and budget.fraction is not None and budget.fraction >= 1.0
 
     def _hooked(self, profiling: bool) -> Iterator[None]:
         executor = self._executor
@@ -739,7 +748,8 @@ class Runtime:
         profiled = self._executor.snapshot()
         profiled_peak: int | None = profiled.iteration_peak_resident_bytes
         profiled_host_peak = profiled.iteration_peak_host_bytes
-        if budget is not None and budget.relative and self._plan.budget_bytes is None and self._host_budget_bytes is not None:
+        if (budget is not None and budget.relative and self._plan.budget_bytes is None and self._host_budget_bytes is not None
+                and not self._profile_keeps_all):
             # The first profile under a fraction of none's peak ran before it was known, keeping what
             # the host budget had no room for: its peaks are not those of a profile at the budget.
             # The planner replays the device's; the host budget holds from the plan made from it on.
