@@ -45,6 +45,7 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -187,7 +188,8 @@ def plan_capuchin(candidates: Sequence[Candidate], bytes_to_save: int) -> Capuch
     return CapuchinPlan(MappingProxyType(actions), tuple(regions), saved, overhead_s)
 
 
-#: How many times the greedy is rerun with the measured overflow added to the bytes to save.
+#: How many times the greedy is rerun with the measured overflow added to the bytes to save, before
+#: it asks for twice as many each time (:func:`_greedy_plan`).
 CAPUCHIN_ROUNDS = 16
 
 
@@ -279,11 +281,9 @@ def _greedy_plan(problem: PlanningProblem, budget_bytes: int) -> BudgetPlan | No
     ]
     kept_peak = int(sum(problem.holds(o) for o in keeps if o is not None).max(initial=0)) if keeps else 0
     to_save = max(kept_peak - int(budget_bytes), 0)
-    for _ in range(CAPUCHIN_ROUNDS):
-        try:
-            chosen = plan_capuchin(candidates, to_save)
-        except ValueError:
-            break
+    evictable = sum(c.nbytes for c in candidates)
+    for round_number in itertools.count():
+        chosen = plan_capuchin(candidates, min(to_save, evictable))
         choice = []
         for position, keep in enumerate(keeps):
             action = chosen.actions.get(position, KEEP)
@@ -293,5 +293,12 @@ def _greedy_plan(problem: PlanningProblem, budget_bytes: int) -> BudgetPlan | No
         plan = budget_plan_of(problem, "capuchin", budget_bytes, choice, status="capuchin", solve_s=time.perf_counter() - started)
         if plan.peak_bytes <= budget_bytes:
             return plan
-        to_save += plan.peak_bytes - int(budget_bytes)
-    return None
+        if to_save >= evictable:
+            return None  # every candidate evicted, and still over
+        # Capuchin's feedback asks for the overflow more. Where its rounds leave the budget passed
+        # (what it evicts first is not alive at the peak: a larger budget asks for fewer bytes and
+        # can fail where a smaller one met), it asks for twice as much each round, up to every
+        # candidate, so that a budget above the least it meets is met too.
+        overflow = plan.peak_bytes - int(budget_bytes)
+        to_save = to_save + overflow if round_number < CAPUCHIN_ROUNDS else max(to_save + overflow, 2 * to_save)
+    raise AssertionError("unreachable")

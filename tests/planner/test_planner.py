@@ -517,3 +517,16 @@ def test_a_carried_plan_takes_the_same_options_and_stands_only_within_the_budget
     assert carried.predicted_s == pytest.approx(roomy.predicted_s) and carried.peak_bytes == roomy.peak_bytes
     assert carry_plan(problem, policy, roomy.peak_bytes - 1, roomy) is None  # it would pass the budget
     assert carry_plan(problem, policy, int(least * 1.3), replace(roomy, tensors=roomy.tensors[1:])) is None  # a key it never planned
+
+
+@pytest.mark.parametrize("count", [6, 10])
+@pytest.mark.parametrize("seed", range(44, 60))
+def test_capuchin_meets_every_budget_above_its_least(seed, count):
+    """Capuchin's greedy evicts the best bytes per second first, whether or not they are alive at the
+    peak: a larger budget asks it for fewer bytes, and its feedback rounds could leave the budget
+    passed where a smaller one was met (a run at 0.5 of a BERT's peak was refused, its least 0.06).
+    Every budget from the least it states up to ``none``'s peak is met."""
+    problem = random_problem(seed, count)
+    least, top = minimum_bytes(problem, "capuchin"), minimum_bytes(problem, "none")
+    for budget in sorted({least + (top - least) * i // 8 for i in range(9)}):
+        assert plan_budget(problem, "capuchin", budget).peak_bytes <= budget
