@@ -487,6 +487,9 @@ class BudgetError(ValueError):
         fraction = self.minimum_fraction
         if fraction is None:
             return ""
+        if fraction > 1.0:
+            # a fraction is at most 1, and at 1 a run profiles keeping every tensor, which every policy holds
+            return " (above none's peak: memory_budget=1.0, a fraction, holds instead)"
         # rounded up, so that the fraction given back resolves to at least the minimum
         return f" (memory_budget={math.ceil(fraction * 1000) / 1000:g} as a fraction)"
 

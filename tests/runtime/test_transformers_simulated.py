@@ -174,3 +174,15 @@ def test_all_of_nones_peak_is_met_by_every_policy(name: str, policy: str) -> Non
     stats = rt.stats()
     assert stats.peak_resident_bytes <= rt.resolved_budget.nbytes, stats
     assert_bit_equal(_plain(name), grads, what=f"{name} {policy} gradient")
+
+
+def test_a_least_above_nones_peak_points_to_all_of_it() -> None:
+    """``compress-keep``'s least on the fp32 Llama is above ``none``'s peak (its compressing profile),
+    and a fraction cannot pass 1: the error names ``memory_budget=1.0``, which the run then meets."""
+    with pytest.raises(BudgetError) as raised:
+        _train("llama", "compress-keep", 0.95, iterations=1)
+    error = raised.value
+    assert error.minimum_fraction is not None and error.minimum_fraction > 1.0
+    assert "memory_budget=1.0, a fraction, holds instead" in str(error), str(error)
+    rt, _ = _train("llama", "compress-keep", 1.0, iterations=2)
+    assert rt.resolved_budget is not None and rt.stats().peak_resident_bytes <= rt.resolved_budget.nbytes
