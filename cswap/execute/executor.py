@@ -835,17 +835,15 @@ class Executor:
         plans made from this profile make (:func:`cswap.planner.codec_choice.codec_for`). The
         profile then peaks where those plans can, where ZVC alone would keep every dense float
         raw. Where ZVC gives no more bytes, the decision takes ZVC, whichever codec it named."""
-        zvc = decision if decision.codec == "zvc" else self._coded_by(plan, decision, "zvc")
-        if coded is None:
-            return zvc
-        codec, size = coded
-        other_bytes = int(size)  # a profile may wait for the device
-        if other_bytes >= layout.nbytes:
-            return zvc
-        nonzero = layout.numel - int(self._zeros(layout.compact(tensor), layout))
-        if zvc_compressed_nbytes(layout.numel, nonzero, layout.itemsize) <= other_bytes:
-            return zvc  # ties go to ZVC, as the planner's
-        return self._coded_by(plan, decision, codec, compressed_nbytes=other_bytes)
+        if coded is not None:
+            codec, size = coded
+            other_bytes = int(size)  # a profile may wait for the device
+            if other_bytes < layout.nbytes:
+                nonzero = layout.numel - int(self._zeros(layout.compact(tensor), layout))
+                # ties go to ZVC, as the planner's
+                if zvc_compressed_nbytes(layout.numel, nonzero, layout.itemsize) > other_bytes:
+                    return self._coded_by(plan, decision, codec, compressed_nbytes=other_bytes)
+        return decision if decision.codec == "zvc" else self._coded_by(plan, decision, "zvc")
 
     @staticmethod
     def _coded_by(plan: Plan, decision: Decision, codec: str, **facts: Any) -> Decision:

@@ -394,8 +394,7 @@ def _above_plain(least: int, none_bytes: int, action: Action) -> str:
     return (f"That is more than plain PyTorch holds here ({format_bytes(none_bytes)}): under a budget the profiling "
             f"iteration stores every tensor as {action.value}, and those copies, with what backward rebuilds from them, "
             "sit beside tensors that stay alive anyway (views of one storage saved apart; a backward that saves what it "
-            "reads: create_graph=True, retain_graph=True), where plain PyTorch holds one reference. memory_budget=1.0 "
-            "(all of none's peak, as a fraction) holds: its profile keeps every tensor, as plain PyTorch does.")
+            "reads: create_graph=True, retain_graph=True), where plain PyTorch holds one reference.")
 
 
 def host_budget_error(problem: PlanningProblem, policy: str, budget_bytes: int, host_budget_bytes: int, alone_bytes: int,
