@@ -108,7 +108,7 @@ class _Family:
         layers: for ac-full profiled with its layers recomputed, what they did (``regions`` is then
             ``None``: the trace's keys are the plan's own).
         met_budget: a plan of this structure met the memory budget (a policy that holds it past
-            drift then swaps at pack what would pass it: :data:`_DRIFT_FALLBACK`).
+            drift or growth then swaps at pack what would pass it: :data:`_HOLD_FALLBACK`).
         sparsity_drift: per profiled key, how far its sparsity fell since the profile of this
             structure before, for a policy in :data:`_DRIFT_POLICIES`: its plan takes each tensor's
             sparsity as falling that much again by the next profile (the margin the run has seen).
@@ -130,16 +130,23 @@ class _Family:
 
 
 #: What a keep or zvc-keep that would pass the memory budget becomes, once a plan met it, for a
-#: policy that has nothing to fall back to but whose profile compresses every tensor (compress-keep):
-#: its compressed sizes follow the data, and a budget met at one profile is passed when the
-#: activations come out denser (a ReLU CNN under SGD needed 1.4% more than its stated least, margin
-#: included, by the fourth epoch). Moving such a tensor to the host uncompressed is the one way left
-#: to hold the budget; the rest stays on the device.
-_DRIFT_FALLBACK = Action.SWAP
+#: policy that has nothing of its own to fall back to at pack (:data:`_HELD_POLICIES`). Two things
+#: pass a budget its plan met: a longer sequence than any planned for, whose tensors grow before the
+#: iteration ends and its plan can be made again for them (recompute can no longer choose regions
+#: for a forward already under way: Gemma 2 at 96 tokens under a plan for 40 passed a budget in
+#: bytes by 19%), and, for compress-keep, activations denser than at the profile (a ReLU CNN under
+#: SGD needed 1.4% more than its stated least, margin included, by the fourth epoch). Moving such a
+#: tensor to the host uncompressed is the one way left to hold the budget; the rest stays on the device.
+_HOLD_FALLBACK = Action.SWAP
 
-#: The policies that fall back to :data:`_DRIFT_FALLBACK` once a plan met their budget.
-_DRIFT_POLICIES: tuple[str, ...] = tuple(name for name, action in PROFILE_ACTIONS.items()
-                                         if action.compresses and FALLBACK_ACTIONS[name] is None)
+#: The policies with a budget but no fallback of their own (compress-keep, recompute): they fall
+#: back to :data:`_HOLD_FALLBACK` once a plan met their budget.
+_HELD_POLICIES: tuple[str, ...] = tuple(name for name, actions in POLICY_ACTIONS.items()
+                                        if len(actions) > 1 and FALLBACK_ACTIONS[name] is None)
+
+#: The policies among :data:`_HELD_POLICIES` whose profile compresses every tensor (compress-keep):
+#: their compressed sizes follow the data, which their plans allow for (``sparsity_drift``).
+_DRIFT_POLICIES: tuple[str, ...] = tuple(name for name in _HELD_POLICIES if PROFILE_ACTIONS[name].compresses)
 
 #: The shipped defaults file's options: the defaults :class:`Runtime`'s signature shows.
 _DEFAULTS = file_defaults(shipped_configs_dir() / "default.yaml")
@@ -303,7 +310,7 @@ class Runtime:
         self._profiled_offloaded_bytes = 0
         self._warned_unsaved = False
         self._warned_not_recomputed = False
-        self._warned_drift = False
+        self._warned_held = False
         # The configs whose key/value cache each iteration turns off (disable_kv_cache).
         self._cache_configs = cache_configs(opts.model) if opts.disable_kv_cache else ()
         self._graph_changes = 0
@@ -473,6 +480,14 @@ class Runtime:
             self._regions = RecomputeRegions.of(self._options.model)
         return self._regions
 
+    def _region_bytes(self, plan: Plan) -> dict[str, int]:
+        """Per recompute region of ``plan``, the bytes it rebuilds at the sizes ``plan`` was made for."""
+        if not plan.recompute_regions:
+            return {}
+        recomputed = plan.recomputed
+        return {path: sum(recomputed[k].nbytes for k in self._region_keys.get(path, ()) if k in recomputed)
+                for path in plan.recompute_regions}
+
     def _profiling_plan(self, plan: Plan) -> tuple[Plan, str]:
         """The plan a profiling iteration follows, and its mode (see :meth:`_profile_mode`)."""
         mode = self._profile_mode()
@@ -531,7 +546,7 @@ class Runtime:
             it.on_backward_end.append(tracer.stop)
         if profiler is None and regions is not None:
             regions.enable(plan.recompute_regions)
-            regions.listener = executor.rebuilt_listener(it)
+            regions.listener = executor.rebuilt_listener(it, self._region_bytes(plan))
         if layers is not None:
             assert regions is not None
             regions.enable(layers.enabled)
@@ -583,8 +598,9 @@ class Runtime:
             if passive is not None and passive.retries:
                 profiler.meta["out_of_memory_retries"] = passive.retries
             self._finish_profile(profiler, tracer, layers)
-        if self.policy in _DRIFT_POLICIES:
-            self._warn_drift(executor.counters.budget_fallbacks + executor.counters.budget_evictions - swapped_before)
+        if self.policy in _HELD_POLICIES:
+            self._warn_held(executor.counters.budget_fallbacks + executor.counters.budget_evictions - swapped_before,
+                            it.plan.budget_bytes)
 
     def _count_profiled(self, start: tuple[dict[str, int], int] | None) -> None:
         """Add what a profiling iteration stored, per action and offloaded bytes, to the profiling
@@ -710,7 +726,7 @@ class Runtime:
                 # every tensor compressed holds more than its plan, and its backward, which reads
                 # them back beside their compressed copies, has nothing left to move once the data
                 # is denser. The plan's slack covers backward: a keep whose lifetime it would pass
-                # is swapped at pack (_DRIFT_FALLBACK). The profile measures every tensor either way.
+                # is swapped at pack (_HOLD_FALLBACK). The profile measures every tensor either way.
                 return "plan"
             return "budget"
         if self._options.passive_profile:
@@ -821,8 +837,8 @@ class Runtime:
             if error is not None and holds_drift and budget_bytes is not None:
                 plan, region_keys, error = self._past_drift(error, budget_bytes, trace, profiled_host_peak, solving)
         budget = self._options.memory_budget
-        if budget is not None and error is None and self.policy in _DRIFT_POLICIES:
-            plan = replace(plan, fallback_action=_DRIFT_FALLBACK)
+        if budget is not None and error is None and self.policy in _HELD_POLICIES:
+            plan = replace(plan, fallback_action=_HOLD_FALLBACK)
             family.met_budget = True
         if plan.host_pool is None:
             plan = plan.with_host_pool(trace)
@@ -862,7 +878,7 @@ class Runtime:
                     ) -> tuple[Plan, dict[str, tuple[int, ...]], BudgetError | None]:
         """The plan of a profile of a graph that met ``budget_bytes`` before and whose compressed sizes
         have since grown past it (``error`` gives the least this profile needs): the plan at that
-        least, carried out within the budget by :data:`_DRIFT_FALLBACK` at pack. The run goes on
+        least, carried out within the budget by :data:`_HOLD_FALLBACK` at pack. The run goes on
         instead of stopping at a budget it met an epoch ago; :meth:`_warn_drift` says so. Returns
         ``error`` with the plan it came with when no plan meets even that least."""
         least = error.minimum_bytes
@@ -882,19 +898,21 @@ class Runtime:
                        planner=MappingProxyType({**plan.planner, "drift": note}))
         return plan, region_keys, None
 
-    def _warn_drift(self, swapped: int) -> None:
-        """Warn once, at the first iteration of a policy in :data:`_DRIFT_POLICIES` that swapped
-        tensors to hold its budget (``swapped`` of them: at pack, or in backward to make room for
-        a rebuilt one) or whose plan was made past its least (:meth:`_past_drift`), that it did and why."""
+    def _warn_held(self, swapped: int, budget_bytes: int | None) -> None:
+        """Warn once, at the first iteration of a policy in :data:`_HELD_POLICIES` that swapped
+        tensors to hold its budget of ``budget_bytes`` (``swapped`` of them: at pack, or in backward
+        to make room for a rebuilt one) or whose plan was made past its least (:meth:`_past_drift`),
+        that it did and why."""
         note = self._plan.planner.get("drift", "")
-        if self._warned_drift or not (swapped or note):
+        if self._warned_held or not (swapped or note):
             return
-        self._warned_drift = True
-        budget = self._budget_bytes
+        self._warned_held = True
+        why = ("larger than those its plan was made for (a longer sequence or a larger batch, which the next iteration's plan "
+               "is made for)" + (" or denser than at its profile (compressed sizes follow the data)" if self.policy in _DRIFT_POLICIES else ""))
         warnings.warn(
             f"policy {self.policy} swapped {swapped} saved tensor{'s' if swapped != 1 else ''} to the host, uncompressed, in this "
-            f"iteration to hold the memory budget of {budget:,d} B: keeping them would have passed it, the activations being "
-            "denser than at the profile its plan was made from (compressed sizes follow the data). The rest stays on the device; "
+            f"iteration to hold the memory budget of {budget_bytes or 0:,d} B: keeping them would have passed it, the activations "
+            f"being {why}. The rest stays on the device; "
             "stats().budget_fallbacks counts the swaps at pack (rt.plan()'s rows name them), stats().budget_evictions those in "
             "backward, made to read a tensor back"
             + (f". {note[0].upper()}{note[1:]}" if note else "")

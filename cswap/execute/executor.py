@@ -62,10 +62,11 @@ from __future__ import annotations
 
 import collections
 import functools
+import math
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -171,6 +172,9 @@ class IterationState:
         # over the micro-batches; and the most packs one micro-batch made.
         self.seen: dict[int, tuple[tuple[int, ...], str]] = {}
         self.packs = 0
+        # The most a pack outgrew its planned bytes by, as a ratio (1.0: none did); a region's
+        # recomputation is taken to grow as much (Executor.make_room_to_recompute).
+        self.growth = 1.0
 
     def see(self, key: int, shape: tuple[int, ...], dtype: str) -> None:
         """Record that ``key`` packed a tensor of ``shape`` and ``dtype`` (:attr:`seen`)."""
@@ -214,11 +218,17 @@ class IterationState:
 
 
 class _RebuiltBytes:
-    """Counts the tensors a region's recomputation saves as resident until they are freed."""
+    """Counts the tensors a region's recomputation saves as resident until they are freed, and
+    makes room for them first where the iteration outgrew its plan (``region_bytes``: per region
+    path, what the plan has it rebuild)."""
 
-    def __init__(self, executor: Executor, it: IterationState) -> None:
+    def __init__(self, executor: Executor, it: IterationState, region_bytes: Mapping[str, int]) -> None:
         self.executor = executor
         self.it = it
+        self.region_bytes = region_bytes
+
+    def recomputing(self, path: str) -> None:
+        self.executor.make_room_to_recompute(self.it, self.region_bytes.get(path, 0))
 
     def rebuilt(self, tensor: torch.Tensor) -> None:
         self.executor.hold_rebuilt(self.it, tensor)
@@ -609,10 +619,23 @@ class Executor:
             self._rebuilt[sid] = _RebuiltRef(storage, self._rebuilt_died, sid, nbytes)
             self.counters.add_resident(nbytes)
 
-    def rebuilt_listener(self, it: IterationState) -> _RebuiltBytes:
+    def rebuilt_listener(self, it: IterationState, region_bytes: Mapping[str, int] | None = None) -> _RebuiltBytes:
         """The :class:`cswap.execute.recompute.RecomputeListener` that counts, in ``it``, what a region's
-        recomputation saves (:meth:`hold_rebuilt`)."""
-        return _RebuiltBytes(self, it)
+        recomputation saves (:meth:`hold_rebuilt`); ``region_bytes``, per region path, what the plan
+        has that region rebuild (:meth:`make_room_to_recompute`)."""
+        return _RebuiltBytes(self, it, region_bytes or {})
+
+    def make_room_to_recompute(self, it: IterationState, planned_bytes: int) -> None:
+        """Before a region rebuilds what its plan put at ``planned_bytes``, in an iteration that
+        outgrew its plan (a longer sequence), move kept tensors to the host while the rebuild, grown
+        as much as the iteration's packs grew, would pass the budget (:meth:`_make_room`).
+
+        An iteration at its planned sizes moves nothing here: its plan made room for every rebuild.
+        """
+        if it.growth <= 1.0 or not planned_bytes or not it.makes_room:
+            return
+        with self._lock:
+            self._make_room(it, math.ceil(planned_bytes * it.growth))
 
     def release_rebuilt(self) -> None:
         """Stop counting the rebuilt storages still alive: the iteration is over, and what holds them
@@ -797,6 +820,9 @@ class Executor:
                 counters.budget_fallbacks += 1
             if decision.outgrown:
                 counters.outgrown_tensors += 1
+                planned = plan.decisions.get(key)
+                if planned is not None and planned.nbytes:
+                    it.growth = max(it.growth, layout.nbytes / planned.nbytes)
             elif plan.decisions and not decision.planned and not plan.knows(key, layout.shape, layout.dtype):
                 # counted whether or not the budget then made it fall back
                 counters.unknown_keys += 1

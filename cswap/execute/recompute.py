@@ -77,7 +77,9 @@ class RecomputeListener(Protocol):
     """Told of every tensor a region's recomputation saves for backward, except the call's own inputs
     (positional and keyword, views of them included), so that new memory can be counted while it lives.
     Parameters and buffers are not filtered out here: the listener knows them. A listener that also
-    has ``rebuilt_in(path, tensor)`` is told through it instead, with the region's path."""
+    has ``rebuilt_in(path, tensor)`` is told through it instead, with the region's path; one that has
+    ``recomputing(path)`` is told when a recomputation of the region at ``path`` begins, before it
+    saves anything (room can be made for it then)."""
 
     def rebuilt(self, tensor: torch.Tensor) -> None: ...
 
@@ -169,6 +171,9 @@ class _RecomputeContext:
         norms = self.region.norms
         self._saved.append([b.detach().clone() for m in norms for b in m.buffers(recurse=False)] if norms else [])
         listener = self.regions.listener
+        recomputing = getattr(listener, "recomputing", None)
+        if recomputing is not None:
+            recomputing(self.call.path)
         watch = _RebuiltWatch(listener, self.call.path) if listener is not None else None
         if watch is not None:
             watch.__enter__()

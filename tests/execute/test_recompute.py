@@ -387,6 +387,37 @@ def test_the_listener_is_told_of_what_a_recomputation_saves_except_the_calls_inp
     assert [ref.expired() for shape, ref in listener.told if shape == (4, 6)] == [True]
 
 
+class _RecomputingToo(_Rebuilt):
+    """A listener that is also told when each recomputation begins: it logs both, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log: list[str] = []
+
+    def recomputing(self, path: str) -> None:
+        self.log.append(f"begins {path}")
+
+    def rebuilt(self, tensor: torch.Tensor) -> None:
+        super().rebuilt(tensor)
+        self.log.append(f"rebuilt {tuple(tensor.shape)}")
+
+
+def test_a_listener_is_told_of_each_recomputation_before_it_saves_anything() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(_TakesItsInputAnyhow(), _TakesItsInputAnyhow().requires_grad_(False))
+    model[1].linear = nn.Linear(6, 6)
+    regions = RecomputeRegions(model)
+    listener = _RecomputingToo()
+    regions.listener = listener
+    regions.enable(["0", "1"])
+    model(torch.randn(4, 8, requires_grad=True)).sum().backward()
+    regions.disable_all()
+    # backward recomputes the second region first; each region's weight and Tanh output after it begins
+    assert listener.log[0] == "begins 1" and listener.log.index("begins 0") == 3, listener.log
+    assert sorted(listener.log[1:3]) == ["rebuilt (4, 6)", "rebuilt (6, 6)"]
+    assert sorted(listener.log[4:]) == ["rebuilt (4, 6)", "rebuilt (8, 6)"]  # the weight, transposed
+
+
 class TiedLanguageModel(nn.Module):
     """Embeddings, a body, and a head whose weight is the embeddings' (as HF language models tie them)."""
 

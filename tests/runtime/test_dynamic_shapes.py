@@ -130,17 +130,23 @@ def test_padded_to_the_longest_at_a_fraction(name: str, policy: str, plain_padde
     assert_bit_equal(_flat(plain_padded[name]), _flat(grads), "gradient")
 
 
-@pytest.mark.parametrize("policy", ["cswap", "swap"])
+@pytest.mark.parametrize(("policy", "fraction"), [("cswap", 0.5), ("swap", 0.5), ("recompute", 0.7)])
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_micro_batches_of_different_lengths_under_one_cap_in_bytes(name: str, policy: str) -> None:
-    """Accumulation 2, each micro-batch padded to its own longest: a budget in bytes is one cap."""
+def test_micro_batches_of_different_lengths_under_one_cap_in_bytes(name: str, policy: str, fraction: float) -> None:
+    """Accumulation 2, each micro-batch padded to its own longest: a budget in bytes (``fraction``
+    of none's peak at the longest length) is one cap. recompute, which has no action of its own to
+    fall back to at pack, holds it too at a length longer than any planned for, before a plan is made
+    for it: it swaps what would pass the cap, and makes room before each region rebuilds."""
     lengths = random_lengths(2 * 12, seed=3)
     steps = [[lengths[2 * i], lengths[2 * i + 1]] for i in range(12)]
     plain, _, _ = lm_run(MODELS[name], steps)
     longest = [[[120] * 4]]  # none's peak at the longest length the data can have
     probe = lm_run(MODELS[name], longest, make=lambda m: cswap.Runtime("none", model=m, device="cpu", memory_budget=1.0))[2]
-    cap = int(probe.stats().budget_bytes * 0.5)
-    grads, seen, _ = lm_run(MODELS[name], steps, make=lambda m: cswap.Runtime(policy, model=m, device="cpu", memory_budget=cap))
+    cap = int(probe.stats().budget_bytes * fraction)
+    grads, seen, rt = lm_run(MODELS[name], steps, make=lambda m: cswap.Runtime(policy, model=m, device="cpu", memory_budget=cap,
+                                                                                disable_kv_cache=True))
+    if policy == "recompute":
+        assert rt.stats().actions["recompute"] > 0
     _check(seen, max_profiles=3)
     assert {budget for _, budget, _ in seen} == {cap}
     assert_bit_equal(_flat(plain), _flat(grads), "gradient")
