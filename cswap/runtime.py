@@ -133,8 +133,8 @@ class _Family:
 #: policy that has nothing of its own to fall back to at pack (:data:`_HELD_POLICIES`). Two things
 #: pass a budget its plan met: a longer sequence than any planned for, whose tensors grow before the
 #: iteration ends and its plan can be made again for them (recompute can no longer choose regions
-#: for a forward already under way: Gemma 2 at 96 tokens under a plan for 40 passed a budget in
-#: bytes by 19%), and, for compress-keep, activations denser than at the profile (a ReLU CNN under
+#: for a forward already under way: without this, Gemma 2 at 96 tokens under a plan for 40 passes a
+#: budget in bytes by 19%), and, for compress-keep, activations denser than at the profile (a ReLU CNN under
 #: SGD needed 1.4% more than its stated least, margin included, by the fourth epoch). Moving such a
 #: tensor to the host uncompressed is the one way left to hold the budget; the rest stays on the device.
 _HOLD_FALLBACK = Action.SWAP
@@ -879,7 +879,7 @@ class Runtime:
         """The plan of a profile of a graph that met ``budget_bytes`` before and whose compressed sizes
         have since grown past it (``error`` gives the least this profile needs): the plan at that
         least, carried out within the budget by :data:`_HOLD_FALLBACK` at pack. The run goes on
-        instead of stopping at a budget it met an epoch ago; :meth:`_warn_drift` says so. Returns
+        instead of stopping at a budget it met an epoch ago; :meth:`_warn_held` says so. Returns
         ``error`` with the plan it came with when no plan meets even that least."""
         least = error.minimum_bytes
         plan, _, again, region_keys = self._planned_within(MemoryBudget(nbytes=least), trace, None, 0, profiled_host_peak,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import logging
 import random
+import warnings
 
 import pytest
 import torch
@@ -143,10 +144,14 @@ def test_micro_batches_of_different_lengths_under_one_cap_in_bytes(name: str, po
     longest = [[[120] * 4]]  # none's peak at the longest length the data can have
     probe = lm_run(MODELS[name], longest, make=lambda m: cswap.Runtime("none", model=m, device="cpu", memory_budget=1.0))[2]
     cap = int(probe.stats().budget_bytes * fraction)
-    grads, seen, rt = lm_run(MODELS[name], steps, make=lambda m: cswap.Runtime(policy, model=m, device="cpu", memory_budget=cap,
-                                                                                disable_kv_cache=True))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        grads, seen, rt = lm_run(MODELS[name], steps, make=lambda m: cswap.Runtime(policy, model=m, device="cpu", memory_budget=cap,
+                                                                                    disable_kv_cache=True))
     if policy == "recompute":
         assert rt.stats().actions["recompute"] > 0
+        held = [str(w.message) for w in caught if "to hold the memory budget" in str(w.message)]
+        assert len(held) == 1 and held[0].startswith("policy recompute swapped") and "longer sequence" in held[0], held
     _check(seen, max_profiles=3)
     assert {budget for _, budget, _ in seen} == {cap}
     assert_bit_equal(_flat(plain), _flat(grads), "gradient")
