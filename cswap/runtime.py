@@ -501,7 +501,12 @@ class Runtime:
             # (the current one's unpack order still drives prefetch).
             reason = f"profiling ({mode}): {forced.value} every tensor"
             plan = replace(plan, decisions={}, default_action=forced, default_reason=reason)
-        if mode == "budget":
+        if mode == "keep-first":
+            smallest = profile_action(self.policy)
+            reason = f"profiling ({mode}): keep each tensor while the budget leaves room, {smallest.value} past it"
+            plan = replace(plan, decisions={}, default_action=Action.KEEP, default_reason=reason, budget_bytes=self._budget_bytes,
+                           fallback_action=smallest)
+        if mode in ("budget", "keep-first"):
             # Under a budget min_bytes binds nothing: the profile stores a small tensor at the
             # policy's smallest footprint like any other, as the planner's replay of it assumes.
             plan = replace(plan, prefetch_bytes=0, raw_unless_smaller=True, min_bytes=0)
@@ -599,8 +604,9 @@ class Runtime:
                 profiler.meta["out_of_memory_retries"] = passive.retries
             self._finish_profile(profiler, tracer, layers)
         if self.policy in _HELD_POLICIES:
-            self._warn_held(executor.counters.budget_fallbacks + executor.counters.budget_evictions - swapped_before,
-                            it.plan.budget_bytes)
+            # what fell back to the host (a keep-first profile falls back on the device: not a swap)
+            swapped = executor.counters.budget_fallbacks + executor.counters.budget_evictions - swapped_before if it.makes_room else 0
+            self._warn_held(swapped, it.plan.budget_bytes)
 
     def _count_profiled(self, start: tuple[dict[str, int], int] | None) -> None:
         """Add what a profiling iteration stored, per action and offloaded bytes, to the profiling
@@ -716,8 +722,10 @@ class Runtime:
 
     def _profile_mode(self) -> str:
         """``passive`` (swap all), ``keep-all``, ``budget`` (each policy's smallest footprint; for a
-        recomputing policy Capuchin's passive mode, :data:`cswap.planner.budgeted.PASSIVE_ACTION`), or
-        ``plan`` (follow the current plan while recording)."""
+        recomputing policy Capuchin's passive mode, :data:`cswap.planner.budgeted.PASSIVE_ACTION`),
+        ``keep-first`` (compress-keep under a budget whose bytes are known: keep each tensor while the
+        budget leaves room, the smallest footprint past it), or ``plan`` (follow the current plan
+        while recording)."""
         if self._options.memory_budget is not None:
             family = self._family
             if (self.policy in _DRIFT_POLICIES and family is not None and family.met_budget and self._plan is family.plan
@@ -728,6 +736,11 @@ class Runtime:
                 # is denser. The plan's slack covers backward: a keep whose lifetime it would pass
                 # is swapped at pack (_HOLD_FALLBACK). The profile measures every tensor either way.
                 return "plan"
+            if self.policy in _DRIFT_POLICIES and self._budget_bytes is not None and not self._profile_keeps_all:
+                # Compressing a tensor the budget has room for saves nothing, and backward then
+                # holds its compressed copy beside what it rebuilds: every float32 tensor of a Llama
+                # coded held 1.05 of none's peak, a budget plain PyTorch meets refused.
+                return "keep-first"
             return "budget"
         if self._options.passive_profile:
             return "passive"
@@ -980,7 +993,7 @@ class Runtime:
             plan, budget_bytes, error = budget_plan(trace, self.policy, budget, time_model, self._backend, self._options.min_bytes,
                                                     self._epoch, self._plan.launches, profiled_peak, host_budget,
                                                     profiled_host_peak, self._host_codec_time_model(host_budget), solving.time_limit_s,
-                                                    solving.rel_gap, carried)
+                                                    solving.rel_gap, carried, trace.meta.get("mode") == "keep-first")
         return plan, budget_bytes, error, region_keys
 
     def _after_planned(self, it: IterationState, unknown: bool, peak_bytes: int, host_peak_bytes: int = 0) -> None:

@@ -63,6 +63,7 @@ __all__ = [
     "host_budget_error",
     "host_codec_model",
     "profile_action",
+    "keep_first_least",
     "profile_peaks",
     "profiled_device_peak",
     "with_profile_leasts",
@@ -379,12 +380,19 @@ def floor_note(trace: Trace, problem: PlanningProblem, policy: str, least_bytes:
 _BY_SMALLEST_CODING = " by the codec that gives it the fewest bytes (raw where none shrinks it)"
 
 
-def _profile_note(planned_least: int, profiled_peak_bytes: int, action: Action) -> str:
-    """Why the least is above what the plans need, where the profiling iteration sets it, or ``""``."""
+def _profile_note(planned_least: int, profiled_peak_bytes: int, action: Action, keeps_first: bool = False) -> str:
+    """Why the least is above what the plans need, where the profiling iteration sets it, or ``""``
+    (``keeps_first``: the profile keeps each tensor while the budget leaves room, and
+    ``profiled_peak_bytes`` is the least budget it holds)."""
     if profiled_peak_bytes <= planned_least:
         return ""
+    coding = _BY_SMALLEST_CODING if action is Action.ZVC_KEEP else ""
+    if keeps_first:
+        return (f"The plans need {human_bytes(planned_least)}, but a run at the budget profiles first, keeping each tensor "
+                f"while the budget leaves room and storing the rest as {action.value}{coding}, and that iteration holds "
+                f"no budget below {human_bytes(profiled_peak_bytes)}.")
     return (f"The plans need {human_bytes(planned_least)}, but a run at the budget profiles first, storing every tensor "
-            f"as {action.value}{_BY_SMALLEST_CODING if action is Action.ZVC_KEEP else ''}, and that iteration reaches {human_bytes(profiled_peak_bytes)}.")
+            f"as {action.value}{coding}, and that iteration reaches {human_bytes(profiled_peak_bytes)}.")
 
 
 def _above_plain(least: int, none_bytes: int, action: Action) -> str:
@@ -429,13 +437,17 @@ def _profile_option(tensor: TensorOptions, action: Action) -> Option | None:
     return min(mine, key=lambda o: (o.prefetch_distance or 0, not o.wait_offload))
 
 
-def profile_peaks(problem: PlanningProblem, action: Action, budget_bytes: int | None, host_budget_bytes: int | None) -> tuple[int, int]:
+def profile_peaks(problem: PlanningProblem, action: Action, budget_bytes: int | None, host_budget_bytes: int | None,
+                  keeps_first: bool = False) -> tuple[int, int]:
     """The device and host peaks of a profiling iteration at these budgets, by the pack's rule
     (:meth:`cswap.planner.plan.Plan.resolve`): in pack order, each tensor is stored with the
     profile's ``action`` when its host copy fits the host bytes held, else kept where the device
     budget leaves room, else stored with ``action`` all the same (the device budget first). A
     compression not yet sized is taken at its raw bytes and a bitmap's more, as the rule does, and
-    a ``host-zvc-swap`` at its raw copy and that room for its compression.
+    a ``host-zvc-swap`` at its raw copy and that room for its compression. ``keeps_first``: a
+    device-side ``action`` (compress-keep's profile under a budget in bytes) keeps each tensor
+    while the device budget leaves room, else stores those it kept with ``action``, saved first
+    first, until it does, else stores this one with ``action``.
 
     Example:
         >>> from cswap.planner.lifetime import lifetimes_from_orders
@@ -455,6 +467,7 @@ def profile_peaks(problem: PlanningProblem, action: Action, budget_bytes: int | 
     compressing = _HostCompressions()
     host_peak = 0
     kept: list[TensorOptions] = []
+    compactable: list[tuple[Option, Option]] = []  # kept raw, and how it is stored compressed
     order = sorted((t for t in problem.tensors if t.lifetime is not None), key=lambda t: t.lifetime.pack)  # type: ignore[union-attr]
     for tensor in order:
         keep = next(o for o in tensor.options if o.action == Action.KEEP.value)
@@ -473,6 +486,17 @@ def profile_peaks(problem: PlanningProblem, action: Action, budget_bytes: int | 
                 choice = moved
             elif budget_bytes is not None and device[pack] + tensor.nbytes > budget_bytes:
                 choice = moved
+        elif moved is not None and keeps_first and budget_bytes is not None:
+            # compress the oldest kept first (Executor._compact_kept): from this pack on they hold
+            # their compressed bytes
+            while compactable and device[pack] + tensor.nbytes > budget_bytes:
+                raw, coded = compactable.pop(0)
+                change = problem.holds(coded) - problem.holds(raw)
+                change[:pack] = 0
+                device += change
+            choice = keep if device[pack] + tensor.nbytes <= budget_bytes else moved
+            if choice is keep:
+                compactable.append((keep, moved))
         elif moved is not None:
             choice = moved
         device += problem.holds(choice)
@@ -565,6 +589,37 @@ def _profile_least_host(problem: PlanningProblem, action: Action, budget_bytes: 
     return high
 
 
+def keep_first_least(problem: PlanningProblem, action: Action, low_bytes: int, high_bytes: int) -> int:
+    """The least budget from ``low_bytes`` up at which a profiling iteration that keeps each tensor
+    while the budget leaves room, and compresses with the device-side ``action`` what it kept past
+    it, holds it (:func:`profile_peaks` with ``keeps_first``; compress-keep's profile under a
+    budget in bytes).
+    At ``high_bytes``, ``none``'s peak, such a profile keeps every tensor and holds it.
+
+    Example:
+        >>> from cswap.planner.lifetime import lifetimes_from_orders
+        >>> from cswap.planner.problem import LinkModel, TensorSpec, build_problem
+        >>> events = lifetimes_from_orders([0, 1], [1, 0])
+        >>> specs = [TensorSpec(key=k, nbytes=1000, lifetime=lt) for k, lt in enumerate(events.lifetimes)]
+        >>> problem = build_problem(specs, events, [0.0, 1.0, 2.0, 3.0], 1.5, LinkModel(1e-6, 1e-6, async_copies=False))
+        >>> keep_first_least(problem, Action.ZVC_KEEP, 0, 2000)
+        2000
+
+    Neither tensor compresses here, so a profile holds both raw: ``none``'s peak.
+    """
+    high = max(high_bytes, low_bytes)
+    if profile_peaks(problem, action, low_bytes, None, keeps_first=True)[0] <= low_bytes:
+        return low_bytes
+    low = low_bytes  # does not hold; ``high`` does
+    while high - low > 1:
+        middle = (low + high) // 2
+        if profile_peaks(problem, action, middle, None, keeps_first=True)[0] <= middle:
+            high = middle
+        else:
+            low = middle
+    return high
+
+
 def profiled_device_peak(problem: PlanningProblem, policy: str, budget_bytes: int, host_budget_bytes: int | None,
                          observed_bytes: int | None) -> int:
     """The device peak of the profiling iteration behind a plan at ``budget_bytes``: the one
@@ -651,6 +706,7 @@ def budget_plan(
     time_limit_s: float = 30.0,
     rel_gap: float = EXACT_REL_GAP,
     carried: BudgetPlan | None = None,
+    profile_keeps_first: bool = False,
 ) -> tuple[Plan, int, BudgetError | None]:
     """The plan of ``policy`` within ``budget`` from a profiling iteration's ``trace``.
 
@@ -686,6 +742,10 @@ def budget_plan(
         carried: the solution of a plan of the same graph at smaller sizes (:attr:`Plan.solution`):
             carried to these sizes without a solve where it holds the budgets
             (:func:`cswap.planner.solve.carry_plan`), else planned anew.
+        profile_keeps_first: the profile kept each tensor while the budget left room and stored
+            the rest at the policy's least footprint (``compress-keep`` under a budget in bytes): a
+            run at another budget profiles otherwise, so where this one is refused the least is
+            where that profile's replay holds (:func:`keep_first_least`), not the peak it measured.
 
     Returns:
         ``(plan, budget_bytes, error)``: ``error`` is the :class:`~cswap.budget.BudgetError` to
@@ -707,6 +767,10 @@ def budget_plan(
     profiled_peak_bytes = profiled_device_peak(problem, policy, budget_bytes, host_budget_bytes, profiled_peak_bytes)
     planned_least = minimum_bytes(problem, policy, time_limit_s)
     alone = max(planned_least, profiled_peak_bytes)
+    if profile_keeps_first and alone > budget_bytes:
+        replayed = keep_first_least(problem, profile_action(policy), planned_least, none_bytes)
+        # a profile that passed this budget is not one this budget holds, whatever its replay says
+        alone = max(planned_least, replayed, budget_bytes + 1 if profiled_peak_bytes > budget_bytes else 0)
     least = alone if host_budget_bytes is None else max(minimum_bytes(problem, policy, time_limit_s, host_budget_bytes=host_budget_bytes),
                                                         profiled_peak_bytes)
     planned = None
@@ -730,7 +794,8 @@ def budget_plan(
         stated = stated_least(least, action)
         device_binds = host_budget_bytes is None or budget_bytes < alone
         floor = floor_note(trace, problem, policy, planned_least) if device_binds else ""
-        profiled = _profile_note(planned_least, profiled_peak_bytes, action) if device_binds else ""
+        profiled = (_profile_note(planned_least, alone if profile_keeps_first else profiled_peak_bytes, action, profile_keeps_first)
+                    if device_binds else "")
         why = " ".join(w for w in (floor, profiled, _drift_note(least, stated), _above_plain(least, none_bytes, action)) if w)
         advice = _advice(problem, policy, least, host_budget_bytes is not None)
         if host_budget_bytes is None:

@@ -318,8 +318,11 @@ def test_a_profile_that_saved_nothing_leaves_a_fractional_budget_to_the_next_ite
 
 def test_a_least_budget_above_plain_pytorch_says_why_and_holds() -> None:
     """Differentiating twice (create_graph=True) keeps the first backward's reads saved: compress-keep's
-    profile then holds compressed copies and their rebuilt tensors beside tensors alive anyway, more
-    than plain PyTorch's references. The error says so, and a run at its least budget holds it."""
+    first profile under a fraction, which compresses every tensor, then holds compressed copies and
+    their rebuilt tensors beside tensors alive anyway, more than plain PyTorch's references. The
+    error says so, and a run at its least budget holds it. Under a budget in bytes the profile keeps
+    what the budget has room for and compresses the oldest past it: its least is plain PyTorch's
+    peak at most (with the drift margin), and a run there holds it too."""
     torch.manual_seed(0)
     data = batches(3, (4, 3, 32, 32), 10)
 
@@ -336,10 +339,18 @@ def test_a_least_budget_above_plain_pytorch_says_why_and_holds() -> None:
         return rt
 
     with pytest.raises(cswap.BudgetError) as raised:
+        double_backward("compress-keep", 0.05)
+    above = raised.value
+    assert "more than plain PyTorch holds here" in str(above) and above.minimum_fraction is not None and above.minimum_fraction > 1.0
+    stats = double_backward("compress-keep", above.minimum_bytes).stats()
+    assert stats.peak_resident_bytes <= stats.budget_bytes == above.minimum_bytes
+    with pytest.raises(cswap.BudgetError) as raised:
         double_backward("compress-keep", 1)
-    assert "more than plain PyTorch holds here" in str(raised.value)
-    stats = double_backward("compress-keep", raised.value.minimum_bytes).stats()
-    assert stats.peak_resident_bytes <= stats.budget_bytes == raised.value.minimum_bytes
+    error = raised.value
+    assert error.none_peak_bytes is not None and error.minimum_bytes <= budgeted.stated_least(error.none_peak_bytes, Action.ZVC_KEEP) < above.minimum_bytes
+    assert "keeping each tensor while the budget leaves room" in str(error)
+    stats = double_backward("compress-keep", error.minimum_bytes).stats()
+    assert stats.peak_resident_bytes <= stats.budget_bytes == error.minimum_bytes
 
 
 @pytest.mark.parametrize("policy", ["compress-keep", "compress-swap", "cswap", "swap", "capuchin", "recompute", "none"])

@@ -186,3 +186,42 @@ def test_a_least_above_nones_peak_points_to_all_of_it() -> None:
     assert "memory_budget=1.0, a fraction, holds instead" in str(error), str(error)
     rt, _ = _train("llama", "compress-keep", 1.0, iterations=2)
     assert rt.resolved_budget is not None and rt.stats().peak_resident_bytes <= rt.resolved_budget.nbytes
+
+
+@functools.cache
+def _none_peak(name: str) -> int:
+    rt, _ = _train(name, "none", 1.0, iterations=1)
+    assert rt.resolved_budget is not None
+    return rt.resolved_budget.nbytes
+
+
+@pytest.mark.parametrize("fraction", [1.0, 0.95, 0.9])
+@pytest.mark.parametrize("name", MODELS)
+def test_compress_keep_in_bytes_keeps_what_fits_and_compresses_the_oldest(name: str, fraction: float) -> None:
+    """Under a budget in bytes, ``compress-keep``'s profile keeps each tensor while the budget has
+    room and compresses the oldest it kept past it, so plain PyTorch's peak, which keeping every
+    tensor holds, is met (the fp32 Llama's profile compressing every tensor held 1.05 of it), and
+    the budgets below it are met or refused with a least that a fresh run then holds. The profile's
+    peak is the planner's replay of it (:func:`cswap.planner.budgeted.profile_peaks`), within 1%."""
+    from cswap.planner.budgeted import NO_CODEC, SPARSITY_MARGIN, problem_from_trace, profile_peaks
+    from cswap.planner.plan import Action
+
+    budget = int(_none_peak(name) * fraction)
+    try:
+        rt, grads = _train(name, "compress-keep", budget, iterations=1)
+    except BudgetError as error:
+        assert fraction < 1.0 and error.minimum_bytes > budget
+        rt, grads = _train(name, "compress-keep", error.minimum_bytes)
+        assert rt.stats().peak_resident_bytes <= error.minimum_bytes
+        assert_bit_equal(_plain(name), grads, what=f"{name} compress-keep gradient at its least budget")
+        return
+    assert rt.trace().meta["mode"] == "keep-first"
+    measured = rt.stats().iteration_peak_resident_bytes
+    assert measured <= budget
+    problem = problem_from_trace(rt.trace(), NO_CODEC, "cpu", min_bytes=0, sparsity_margin=SPARSITY_MARGIN)
+    replayed = profile_peaks(problem, Action.ZVC_KEEP, budget, None, keeps_first=True)[0]
+    assert abs(measured / replayed - 1.0) <= 0.01, f"the profile measured {measured:,d} B, its replay {replayed:,d} B"
+    assert_bit_equal(_plain(name), grads, what=f"{name} compress-keep profile gradient")
+    rt, grads = _train(name, "compress-keep", budget, iterations=3)
+    assert rt.stats().peak_resident_bytes <= budget
+    assert_bit_equal(_plain(name), grads, what=f"{name} compress-keep gradient")
