@@ -2,7 +2,8 @@
 
 Under a budget, a profiling iteration stores every movable tensor with its policy's
 smallest-footprint action (:data:`PROFILE_ACTIONS`), so it stays within any budget the policy can
-meet. From its trace, :func:`budget_plan` builds the planner's problem
+meet; ``compress-keep``'s, under a budget whose bytes are known, keeps each tensor while the budget
+has room and compresses those it kept, oldest first, past it (:func:`keep_first_least`). From its trace, :func:`budget_plan` builds the planner's problem
 (:func:`cswap.planner.problem_from_trace`), resolves a fractional budget against policy ``none``'s
 peak, checks the policy's least budget (:func:`cswap.planner.minimum_bytes`) and turns the
 planner's :class:`~cswap.planner.BudgetPlan` into the executor's :class:`~cswap.planner.plan.Plan`: an
@@ -393,6 +394,20 @@ def _profile_note(planned_least: int, profiled_peak_bytes: int, action: Action, 
                 f"no budget below {human_bytes(profiled_peak_bytes)}.")
     return (f"The plans need {human_bytes(planned_least)}, but a run at the budget profiles first, storing every tensor "
             f"as {action.value}{coding}, and that iteration reaches {human_bytes(profiled_peak_bytes)}.")
+
+
+def _in_bytes_note(problem: PlanningProblem, policy: str, action: Action, planned_least: int, none_bytes: int, stated: int) -> str:
+    """For a fraction refused by a policy whose profile compresses on the device (``compress-keep``):
+    the least budget in bytes, whose profile keeps what fits first (:func:`keep_first_least`), when
+    it is below the ``stated`` least; else ``""``. A fraction's first profile runs before its bytes
+    are known, so it compresses every tensor."""
+    if action.offloads or not action.compresses or FALLBACK_ACTIONS[policy] is not None:
+        return ""
+    in_bytes = stated_least(keep_first_least(problem, action, planned_least, none_bytes), action)
+    if in_bytes >= stated:
+        return ""
+    return (f"Given in bytes, memory_budget={in_bytes} holds ({in_bytes / max(none_bytes, 1):.3f} of none's peak): with its bytes "
+            "known from the start, the profile keeps what the budget has room for and compresses the oldest of those past it.")
 
 
 def _above_plain(least: int, none_bytes: int, action: Action) -> str:
@@ -796,7 +811,8 @@ def budget_plan(
         floor = floor_note(trace, problem, policy, planned_least) if device_binds else ""
         profiled = (_profile_note(planned_least, alone if profile_keeps_first else profiled_peak_bytes, action, profile_keeps_first)
                     if device_binds else "")
-        why = " ".join(w for w in (floor, profiled, _drift_note(least, stated), _above_plain(least, none_bytes, action)) if w)
+        in_bytes = _in_bytes_note(problem, policy, action, planned_least, none_bytes, stated) if budget.relative and device_binds else ""
+        why = " ".join(w for w in (floor, profiled, _drift_note(least, stated), _above_plain(least, none_bytes, action), in_bytes) if w)
         advice = _advice(problem, policy, least, host_budget_bytes is not None)
         if host_budget_bytes is None:
             error = BudgetError(stated, policy, budget_bytes, why, none_peak_bytes=none_bytes or None, advice=advice)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import re
 from dataclasses import replace
 import warnings
 from collections.abc import Callable
@@ -178,7 +179,8 @@ def test_all_of_nones_peak_is_met_by_every_policy(name: str, policy: str) -> Non
 
 def test_a_least_above_nones_peak_points_to_all_of_it() -> None:
     """``compress-keep``'s least on the fp32 Llama is above ``none``'s peak (its compressing profile),
-    and a fraction cannot pass 1: the error names ``memory_budget=1.0``, which the run then meets."""
+    and a fraction cannot pass 1: the error names ``memory_budget=1.0``, which the run then meets, and
+    the least in bytes, whose profile keeps what fits first, below ``none``'s peak: a run there holds it."""
     with pytest.raises(BudgetError) as raised:
         _train("llama", "compress-keep", 0.95, iterations=1)
     error = raised.value
@@ -186,6 +188,14 @@ def test_a_least_above_nones_peak_points_to_all_of_it() -> None:
     assert "memory_budget=1.0, a fraction, holds instead" in str(error), str(error)
     rt, _ = _train("llama", "compress-keep", 1.0, iterations=2)
     assert rt.resolved_budget is not None and rt.stats().peak_resident_bytes <= rt.resolved_budget.nbytes
+    # in bytes, known before the profile, less holds: the error names it, and a run there holds it
+    named = re.search(r"Given in bytes, memory_budget=(\d+) holds", str(error))
+    assert named is not None, str(error)
+    in_bytes = int(named.group(1))
+    assert in_bytes < rt.resolved_budget.nbytes < error.minimum_bytes
+    rt, grads = _train("llama", "compress-keep", in_bytes)
+    assert rt.stats().peak_resident_bytes <= in_bytes
+    assert_bit_equal(_plain("llama"), grads, what="llama compress-keep gradient in bytes")
 
 
 @functools.cache
