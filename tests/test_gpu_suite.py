@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -12,19 +11,14 @@ from types import ModuleType
 import pytest
 from torch import device as torch_device
 
+from tests.scripts import load_benchmark
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "gpu_suite.py"
 
 
 def _suite() -> ModuleType:
-    if "gpu_suite_under_test" in sys.modules:
-        return sys.modules["gpu_suite_under_test"]
-    spec = importlib.util.spec_from_file_location("gpu_suite_under_test", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_suite_under_test"] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("gpu_suite")
 
 
 @pytest.fixture(scope="module")

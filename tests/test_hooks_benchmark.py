@@ -3,25 +3,17 @@ baseline that skipped its copies, or stored a tensor wrongly, would measure noth
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "hooks.py"
+from tests.scripts import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("hooks_benchmark_under_test", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("hooks")
 
 
 def _grads(model: torch.nn.Module, x: torch.Tensor, bench: ModuleType, context: object | None) -> list[torch.Tensor]:

@@ -4,26 +4,18 @@ a fraction (its profile keeps what fits before it compresses)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-pytest.importorskip("transformers")
+from tests.scripts import load_benchmark
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "least_budgets.py"
+pytest.importorskip("transformers")
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("least_budgets_under_test", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("least_budgets")
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])

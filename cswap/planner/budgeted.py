@@ -31,7 +31,7 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
@@ -593,11 +593,19 @@ def _profile_least_host(problem: PlanningProblem, action: Action, budget_bytes: 
     count, and a fresh run's profile reached that peak within the budget."""
     everything = profile_peaks(problem, action, budget_bytes, None)
     device_bound = max(budget_bytes, everything[0])
-    low, high = 0, max(everything[1], 1)  # the profile holds both at ``high``
+
+    def holds(host_budget: int) -> bool:
+        device, host = profile_peaks(problem, action, budget_bytes, host_budget)
+        return device <= device_bound and host <= host_budget
+
+    return _least_holding(0, max(everything[1], 1), holds)  # the profile holds both at the second
+
+
+def _least_holding(low: int, high: int, holds: Callable[[int], bool]) -> int:
+    """The least budget in ``(low, high]`` that ``holds``, by bisection: it fails at ``low`` and holds at ``high``."""
     while high - low > 1:
         middle = (low + high) // 2
-        device, host = profile_peaks(problem, action, budget_bytes, middle)
-        if device <= device_bound and host <= middle:
+        if holds(middle):
             high = middle
         else:
             low = middle
@@ -622,17 +630,10 @@ def keep_first_least(problem: PlanningProblem, action: Action, low_bytes: int, h
 
     Neither tensor compresses here, so a profile holds both raw: ``none``'s peak.
     """
-    high = max(high_bytes, low_bytes)
-    if profile_peaks(problem, action, low_bytes, None, keeps_first=True)[0] <= low_bytes:
-        return low_bytes
-    low = low_bytes  # does not hold; ``high`` does
-    while high - low > 1:
-        middle = (low + high) // 2
-        if profile_peaks(problem, action, middle, None, keeps_first=True)[0] <= middle:
-            high = middle
-        else:
-            low = middle
-    return high
+    def holds(budget_bytes: int) -> bool:
+        return profile_peaks(problem, action, budget_bytes, None, keeps_first=True)[0] <= budget_bytes
+
+    return low_bytes if holds(low_bytes) else _least_holding(low_bytes, max(high_bytes, low_bytes), holds)
 
 
 def profiled_device_peak(problem: PlanningProblem, policy: str, budget_bytes: int, host_budget_bytes: int | None,

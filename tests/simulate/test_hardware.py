@@ -96,14 +96,9 @@ def test_tensor_core_dtypes_have_their_own_efficiency(name: str, bf16_efficiency
 @pytest.mark.parametrize(("anchor", "hardware"), [("torchtitan-h100", "h100-sxm"), ("torchtitan-a100", "a100-pcie4")])
 def test_shipped_efficiency_reproduces_its_published_throughput(anchor: str, hardware: str) -> None:
     """The calibration holds: the simulated Llama 8B iteration runs at the published tokens/s (within 1%)."""
-    import importlib.util
-    import sys
+    from tests.scripts import load_benchmark
 
-    path = hardware_dir().parents[1] / "benchmarks" / "compute_efficiency.py"
-    spec = importlib.util.spec_from_file_location("compute_efficiency_under_test", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
+    module = load_benchmark("compute_efficiency")
     published = module.ANCHORS[anchor]
     assert module.tokens_per_s(published, load_hardware(hardware)) == pytest.approx(published.tokens_per_s, rel=0.01)
 
