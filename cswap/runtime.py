@@ -134,9 +134,10 @@ class _Family:
 #: pass a budget its plan met: a longer sequence than any planned for, whose tensors grow before the
 #: iteration ends and its plan can be made again for them (recompute can no longer choose regions
 #: for a forward already under way: without this, Gemma 2 at 96 tokens under a plan for 40 passes a
-#: budget in bytes by 19%), and, for compress-keep, activations denser than at the profile (a ReLU CNN under
-#: SGD needed 1.4% more than its stated least, margin included, by the fourth epoch). Moving such a
-#: tensor to the host uncompressed is the one way left to hold the budget; the rest stays on the device.
+#: budget in bytes by 19%), and, for compress-keep, activations denser than at the profile (a ReLU
+#: CNN under SGD needed 1.4% more than its stated least, margin included, by the fourth epoch).
+#: Moving such a tensor to the host uncompressed is the one way left to hold the budget; the rest
+#: stays on the device.
 _HOLD_FALLBACK = Action.SWAP
 
 #: The policies with a budget but no fallback of their own (compress-keep, recompute): they fall
