@@ -79,6 +79,13 @@ class SizeMap:
         >>> sizes = SizeMap.learn([((4, 59, 64), (4, 112, 64))])
         >>> sizes.size(59), sizes.size(236), sizes.size(64), sizes.size(7)
         (112, 448, 64, 7)
+
+    Where only a flattened batch of sequences was seen (a loss's logits, when recompute regions
+    cover the rest of the model), the sequence it is made of grows with it:
+
+        >>> sizes = SizeMap.learn([((80, 256), (224, 256))])
+        >>> sizes.size(40), sizes.size(2), sizes.size(256)
+        (112, 2, 256)
     """
 
     grown: Mapping[int, int]
@@ -100,9 +107,11 @@ class SizeMap:
     def size(self, old: int) -> int:
         """What a size ``old`` of a shape the packs did not show becomes: its own growth where one
         was seen; else, where ``old`` is a multiple of a size that grew (a flattened batch of
-        sequences) and was never seen unchanged, that multiple of the new size; else ``old``. A
-        size both grown and seen unchanged grows (a shape inferred too large costs plan quality,
-        never the budget)."""
+        sequences) and was never seen unchanged, that multiple of the new size; else, where a size
+        that grew is ``old`` times a smaller factor (the batch of that flattened batch of
+        sequences) that divides its new size, the new size over that factor; else ``old``. A size
+        both grown and seen unchanged grows (a shape inferred too large costs plan quality, never
+        the budget)."""
         new = self.grown.get(old)
         if new is not None:
             return new
@@ -111,6 +120,12 @@ class SizeMap:
         for base in sorted(self.grown, reverse=True):
             if base > 1 and old % base == 0 and old // base < base:
                 return old // base * self.grown[base]
+        for base in sorted(self.grown, reverse=True):
+            # a factor of a flattened batch of sequences that grew: the sequence (the batch, the
+            # smaller factor, stays)
+            factor = base // old if old > 1 and base % old == 0 else 0
+            if 1 < factor < old and self.grown[base] % factor == 0:
+                return self.grown[base] // factor
         return old
 
 
