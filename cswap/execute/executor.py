@@ -180,6 +180,7 @@ class IterationState:
         # (Executor._compact_kept); keys of entries another view's entry leans on stay raw.
         self.compacts = plan.budget_bytes is not None and fallback is not None and fallback.compresses and not fallback.offloads
         self.owners: set[int] = set()
+        self.kept_in_order: collections.deque[int] = collections.deque()  # keys kept raw, in pack order, while it compacts
 
     def see(self, key: int, shape: tuple[int, ...], dtype: str) -> None:
         """Record that ``key`` packed a tensor of ``shape`` and ``dtype`` (:attr:`seen`)."""
@@ -216,6 +217,7 @@ class IterationState:
         self.packs = max(self.packs, self.next_key)
         self.next_key = 0
         self.stored_by_key = {}
+        self.kept_in_order.clear()
         self.prefetch_cursor = 0
         self.profiler = None
         self._backward_ended = False
@@ -846,6 +848,8 @@ class Executor:
                                         storage=storage)
             if owner is not None:
                 it.owners.add(owner.key)
+            elif it.compacts and decision.action is Action.KEEP and stored.action is Action.KEEP:
+                it.kept_in_order.append(key)  # a fallback no codec shrank stays raw: nothing to try again
             if plan.budget_bytes is not None:
                 self.transfers.wait_for_budget(plan.budget_bytes)
             if profiler is not None:
@@ -876,11 +880,11 @@ class Executor:
         """
         budget = it.plan.budget_bytes
         assert budget is not None
-        counters = self.counters
-        for key in sorted(it.stored_by_key):
-            if counters.resident_bytes + nbytes <= budget:
-                return
-            stored = it.stored_by_key[key]()
+        counters, waiting = self.counters, it.kept_in_order
+        while waiting and counters.resident_bytes + nbytes > budget:
+            key = waiting.popleft()
+            ref = it.stored_by_key.get(key)
+            stored = ref() if ref is not None else None
             if (stored is None or stored.action is not Action.KEEP or stored.unpacked or stored.tensor is None
                     or stored.owner is not None or key in it.owners):
                 continue
