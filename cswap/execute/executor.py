@@ -873,10 +873,11 @@ class Executor:
         the profile's ``zvc-keep`` stores a tensor (one no codec shrinks stays raw).
 
         Those saved first are read last in backward, where the least is held beside them: a
-        profile that keeps what the budget has room for and compresses the oldest past it holds
-        the budgets its plans do, where compressing the newest keeps their rebuilt copies beside
-        the compressed ones at backward's start (on a float32 Llama, 1.0 of ``none``'s peak
-        against 0.93 in :func:`cswap.planner.budgeted.keep_first_least`'s replay).
+        profile that compresses the oldest past the budget holds about the budgets its plans do,
+        where one that compresses each newer tensor instead rebuilds those at backward's start,
+        beside their compressed copies (on the tests' float32 Llama, the replays,
+        :func:`cswap.planner.budgeted.keep_first_least`, hold from 0.93 of ``none``'s peak and
+        only at all of it).
         """
         budget = it.plan.budget_bytes
         assert budget is not None
