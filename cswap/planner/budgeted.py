@@ -3,7 +3,8 @@
 Under a budget, a profiling iteration stores every movable tensor with its policy's
 smallest-footprint action (:data:`PROFILE_ACTIONS`), so it stays within any budget the policy can
 meet; ``compress-keep``'s, under a budget whose bytes are known, keeps each tensor while the budget
-has room and compresses those it kept, oldest first, past it (:func:`keep_first_least`). From its trace, :func:`budget_plan` builds the planner's problem
+has room and compresses those it kept, oldest first, past it (:func:`keep_first_least`). From its
+trace, :func:`budget_plan` builds the planner's problem
 (:func:`cswap.planner.problem_from_trace`), resolves a fractional budget against policy ``none``'s
 peak, checks the policy's least budget (:func:`cswap.planner.minimum_bytes`) and turns the
 planner's :class:`~cswap.planner.BudgetPlan` into the executor's :class:`~cswap.planner.plan.Plan`: an
@@ -390,8 +391,8 @@ def _profile_note(planned_least: int, profiled_peak_bytes: int, action: Action, 
     coding = _BY_SMALLEST_CODING if action is Action.ZVC_KEEP else ""
     if keeps_first:
         return (f"The plans need {human_bytes(planned_least)}, but a run at the budget profiles first, keeping each tensor "
-                f"while the budget leaves room and storing the rest as {action.value}{coding}, and that iteration holds "
-                f"no budget below {human_bytes(profiled_peak_bytes)}.")
+                f"while the budget leaves room and past it storing those it kept, oldest first, as {action.value}{coding}, "
+                f"and that iteration holds no budget below {human_bytes(profiled_peak_bytes)}.")
     return (f"The plans need {human_bytes(planned_least)}, but a run at the budget profiles first, storing every tensor "
             f"as {action.value}{coding}, and that iteration reaches {human_bytes(profiled_peak_bytes)}.")
 
