@@ -45,7 +45,6 @@ Example:
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -282,7 +281,8 @@ def _greedy_plan(problem: PlanningProblem, budget_bytes: int) -> BudgetPlan | No
     kept_peak = int(sum(problem.holds(o) for o in keeps if o is not None).max(initial=0)) if keeps else 0
     to_save = max(kept_peak - int(budget_bytes), 0)
     evictable = sum(c.nbytes for c in candidates)
-    for round_number in itertools.count():
+    round_number = 0
+    while True:
         chosen = plan_capuchin(candidates, min(to_save, evictable))
         choice = []
         for position, keep in enumerate(keeps):
@@ -301,4 +301,4 @@ def _greedy_plan(problem: PlanningProblem, budget_bytes: int) -> BudgetPlan | No
         # candidate, so that a budget above the least it meets is met too.
         overflow = plan.peak_bytes - int(budget_bytes)
         to_save = to_save + overflow if round_number < CAPUCHIN_ROUNDS else max(to_save + overflow, 2 * to_save)
-    raise AssertionError("unreachable")
+        round_number += 1
