@@ -50,7 +50,7 @@ from cswap.options import RECOMPUTING_POLICIES, LaunchLookup, RuntimeOptions, ca
 from cswap.paths import shipped_configs_dir
 from cswap.planner.actions import HOST_ZVC_SWAP, POLICY_ACTIONS, ZVC_KEEP, ZVC_SWAP
 from cswap.planner.advisor import Advisor
-from cswap.planner.budgeted import FALLBACK_ACTIONS, NO_CODEC, PROFILE_ACTIONS, budget_plan, profile_action
+from cswap.planner.budgeted import FALLBACK_ACTIONS, KEEP_FIRST_POLICIES, NO_CODEC, PROFILE_ACTIONS, budget_plan, profile_action
 from cswap.planner.plan import DEFAULT_ACTIONS, POLICY_REASONS, Action, LaunchCache, Plan
 from cswap.planner.regions import fixed_layers_plan, plan_regions
 from cswap.planner.milp import EXACT_REL_GAP, BudgetPlan
@@ -737,10 +737,9 @@ class Runtime:
                 # is denser. The plan's slack covers backward: a keep whose lifetime it would pass
                 # is swapped at pack (_HOLD_FALLBACK). The profile measures every tensor either way.
                 return "plan"
-            if self.policy in _DRIFT_POLICIES and self._budget_bytes is not None and not self._profile_keeps_all:
-                # Compressing a tensor the budget has room for saves nothing, and backward then
-                # holds its compressed copy beside what it rebuilds: every float32 tensor of a Llama
-                # coded held 1.05 of none's peak, a budget plain PyTorch meets refused.
+            if self.policy in KEEP_FIRST_POLICIES and self._budget_bytes is not None and not self._profile_keeps_all:
+                # every float32 tensor of a Llama compressed held 1.05 of none's peak, a budget
+                # plain PyTorch meets refused
                 return "keep-first"
             return "budget"
         if self._options.passive_profile:

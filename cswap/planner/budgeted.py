@@ -56,6 +56,7 @@ __all__ = [
     "DRIFT_MARGIN",
     "FALLBACK_ACTIONS",
     "FLOOR_NAMED",
+    "KEEP_FIRST_POLICIES",
     "NO_CODEC",
     "PASSIVE_ACTION",
     "PROFILE_ACTIONS",
@@ -112,6 +113,15 @@ def profile_action(policy: str, host_budget_bytes: int | None = None) -> Action:
 #: is certain: compressing a dense tensor would hold more, not less).
 FALLBACK_ACTIONS: Mapping[str, Action | None] = MappingProxyType(
     {name: None if policy.fallback_action is None else Action(policy.fallback_action) for name, policy in _UNDER_BUDGET.items()}
+)
+
+#: The policies whose profile, under a budget whose bytes are known, keeps each tensor while the
+#: budget has room and compresses those it kept, oldest first, past it (:func:`keep_first_least`):
+#: those whose smallest footprint is compressed on the device, with nothing else to fall back to
+#: (``compress-keep``). Compressing a tensor the budget has room for saves nothing, and backward
+#: holds its compressed copy beside what it rebuilds.
+KEEP_FIRST_POLICIES: frozenset[str] = frozenset(
+    name for name, action in PROFILE_ACTIONS.items() if action.compresses and not action.offloads and FALLBACK_ACTIONS[name] is None
 )
 
 
@@ -402,7 +412,7 @@ def _in_bytes_note(problem: PlanningProblem, policy: str, action: Action, planne
     the least budget in bytes, whose profile keeps what fits first (:func:`keep_first_least`), when
     it is below the ``stated`` least; else ``""``. A fraction's first profile runs before its bytes
     are known, so it compresses every tensor."""
-    if action.offloads or not action.compresses or FALLBACK_ACTIONS[policy] is not None:
+    if policy not in KEEP_FIRST_POLICIES:
         return ""
     in_bytes = stated_least(keep_first_least(problem, action, planned_least, none_bytes), action)
     if in_bytes >= stated:
@@ -617,8 +627,7 @@ def keep_first_least(problem: PlanningProblem, action: Action, low_bytes: int, h
     """The least budget from ``low_bytes`` up at which a profiling iteration that keeps each tensor
     while the budget leaves room, and compresses with the device-side ``action`` what it kept past
     it, holds it (:func:`profile_peaks` with ``keeps_first``; compress-keep's profile under a
-    budget in bytes).
-    At ``high_bytes``, ``none``'s peak, such a profile keeps every tensor and holds it.
+    budget in bytes). At ``high_bytes``, ``none``'s peak, such a profile keeps every tensor and holds it.
 
     Example:
         >>> from cswap.planner.lifetime import lifetimes_from_orders
