@@ -633,16 +633,17 @@ class Executor:
         return _RebuiltBytes(self, it, region_bytes or {})
 
     def make_room_to_recompute(self, it: IterationState, planned_bytes: int) -> None:
-        """Before a region rebuilds what its plan put at ``planned_bytes``, in an iteration that
-        outgrew its plan (a longer sequence), move kept tensors to the host while the rebuild, grown
-        as much as the iteration's packs grew, would pass the budget (:meth:`_make_room`).
+        """Before a region rebuilds what its plan put at ``planned_bytes``, move kept tensors to the
+        host while the rebuild, grown as much as the iteration's packs grew (a longer sequence than
+        planned), would pass the budget (:meth:`_make_room`).
 
-        An iteration at its planned sizes moves nothing here: its plan made room for every rebuild.
+        A plan that met the budget made room for every rebuild at its sizes, and nothing moves; one
+        made at a least past the budget (``Runtime._past_least``) has its rebuilds make room.
         """
-        if it.growth <= 1.0 or not planned_bytes or not it.makes_room:
+        if not planned_bytes or not it.makes_room:
             return
         with self._lock:
-            self._make_room(it, math.ceil(planned_bytes * it.growth))
+            self._make_room(it, math.ceil(planned_bytes * max(it.growth, 1.0)))
 
     def release_rebuilt(self) -> None:
         """Stop counting the rebuilt storages still alive: the iteration is over, and what holds them
@@ -1139,7 +1140,8 @@ class Executor:
 
     def _make_room(self, it: IterationState, nbytes: int) -> None:
         """Under a budget whose policy moves tensors to the host, move kept ones not yet read back there,
-        those saved first (read last in backward) first, while fetching ``nbytes`` would pass it.
+        those saved first (read last in backward) first, while fetching ``nbytes`` would pass it: a
+        raw keep as a swap, a compressed keep's buffers as they are (read back as a ``zvc-swap``).
 
         The plan keeps a tensor only where its profiled lifetime leaves room; a graph that changed
         since (deeper, another batch) holds its kept tensors longer, and backward must still fetch
@@ -1153,9 +1155,15 @@ class Executor:
             return
         for key in sorted(it.stored_by_key):
             stored = it.stored_by_key[key]()
-            if stored is None or stored.action is not Action.KEEP or stored.unpacked or stored.tensor is None or stored.owner is not None:
+            if stored is None or stored.unpacked or stored.owner is not None:
                 continue
-            if self._evict(stored):
+            if stored.action is Action.KEEP and stored.tensor is not None:
+                moved = self._evict(stored)
+            elif stored.action is Action.ZVC_KEEP and stored.packed is not None and stored.unsized is None:
+                moved = self._evict_compressed(stored)
+            else:
+                continue
+            if moved:
                 counters.budget_evictions += 1
                 if counters.resident_bytes + nbytes <= budget:
                     return
@@ -1177,6 +1185,22 @@ class Executor:
         counters.transferred_bytes += layout.nbytes
         counters.actions[Action.KEEP.value] -= 1
         counters.actions[Action.SWAP.value] += 1
+        return True
+
+    def _evict_compressed(self, stored: Stored) -> bool:
+        """Move the compression a ``zvc-keep`` ``stored`` holds on the device to host memory now (a
+        ``zvc-swap`` from here); whether it moved."""
+        packed = stored.packed
+        assert packed is not None
+        self.transfers.evict_compressed(stored)
+        counters = self.counters
+        counters.add_resident(-stored.held_bytes)
+        stored.held_bytes = 0
+        stored.action = Action.ZVC_SWAP
+        counters.offloaded_bytes += stored.layout.nbytes
+        counters.transferred_bytes += packed.compressed_nbytes
+        counters.actions[Action.ZVC_KEEP.value] -= 1
+        counters.actions[Action.ZVC_SWAP.value] += 1
         return True
 
     def _prefetch_after(self, it: IterationState, key: int) -> None:

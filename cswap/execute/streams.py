@@ -460,8 +460,19 @@ class Transfers:
             return self.arena.tensor(block, torch.uint8, (nbytes,)), block
         return torch.empty(nbytes, dtype=torch.uint8), None
 
-    def _copy_packed_to_host(self, stored: Stored, packed: Packed) -> None:
-        """Copy the buffers of ``packed`` (any codec's) into one host block (on the current stream)."""
+    def evict_compressed(self, stored: Stored) -> None:
+        """Move the compression ``stored`` keeps on the device (``zvc-keep``) to one host block now,
+        the copy waited for: backward needs the room (it is rebuilt from there as a ``zvc-swap``)."""
+        packed = stored.packed
+        assert packed is not None
+        if stored.ready is not None and self.cuda:
+            torch.cuda.current_stream(self.device).wait_event(stored.ready)
+        self._copy_packed_to_host(stored, packed, non_blocking=False)
+        stored.ready = None
+
+    def _copy_packed_to_host(self, stored: Stored, packed: Packed, non_blocking: bool = True) -> None:
+        """Copy the buffers of ``packed`` (any codec's) into one host block (on the current stream;
+        ``non_blocking``: without waiting for the copies, on a GPU)."""
         parts = packed.buffers()
         sizes = [p.numel() * p.element_size() for p in parts]
         starts = [0]
@@ -471,7 +482,7 @@ class Transfers:
         views = []
         for part, start, size in zip(parts, starts, sizes):
             view = host[start : start + size].view(part.dtype)
-            view.copy_(part, non_blocking=self.cuda)
+            view.copy_(part, non_blocking=self.cuda and non_blocking)
             views.append(view)
         stored.packed = replace(packed, **dict(zip(packed.buffer_names, views)))
         self._hold_host(stored, packed.compressed_nbytes)

@@ -604,3 +604,41 @@ def test_room_is_made_for_what_a_rebuild_spans_not_only_its_data(monkeypatch: py
     plain_sliced = plain.tanh()[:, 0]
     (plain_sliced * plain_sliced).sum().backward()
     assert_bit_equal([plain.grad], [x.grad], "gradient")
+
+
+def test_backward_makes_room_by_moving_a_compressed_keep_to_the_host() -> None:
+    """Under a budget whose fallback swaps (compress-keep once a plan met it), a rebuild that would
+    pass the budget first moves the compressed buffers kept on the device, saved first first, to the
+    host: they are read back from there as zvc-swap, bit for bit, and the budget holds."""
+    def chain(x: torch.Tensor) -> torch.Tensor:
+        h = x
+        for scale in (1.0, 1.5, 1.3, 1.2):
+            h = F.relu(h * scale - 0.1)
+        return (h * h).sum()
+
+    x = torch.randn(8192, generator=torch.Generator().manual_seed(3)).requires_grad_()
+    plain = x.detach().clone().requires_grad_()
+    chain(plain).backward()
+
+    def run(budget_bytes: int | None) -> tuple[Executor, torch.Tensor, int]:
+        executor = Executor(torch.device("cpu"), backend="cpu", prefetch_bytes=0)
+        plan = Plan("compress-keep", 0, Action.ZVC_KEEP, budget_bytes=budget_bytes, fallback_action=Action.SWAP)
+        it = executor.begin(plan)
+        leaf = x.detach().clone().requires_grad_()
+        with torch.autograd.graph.saved_tensors_hooks(*executor.hooks(it)):
+            loss = chain(leaf)
+        forward_bytes = executor.counters.resident_bytes
+        loss.backward()
+        executor.end(it)
+        return executor, leaf.grad, forward_bytes
+
+    free, grad, forward_bytes = run(None)
+    assert free.counters.actions["zvc-keep"] == 4 and free.counters.budget_evictions == 0
+    assert_bit_equal([plain.grad], [grad], "gradient")
+    budget = forward_bytes + x.nbytes // 4  # the compressed keeps, and room for a quarter of a rebuild
+    assert free.counters.iteration_peak_resident_bytes > budget
+    held, grad, _ = run(budget)
+    counters = held.counters
+    assert counters.budget_evictions > 0 and counters.actions["zvc-swap"] == counters.budget_evictions, dict(counters.actions)
+    assert counters.iteration_peak_resident_bytes <= budget
+    assert_bit_equal([plain.grad], [grad], "gradient")
