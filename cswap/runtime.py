@@ -54,7 +54,8 @@ from cswap.planner.budgeted import FALLBACK_ACTIONS, KEEP_FIRST_POLICIES, NO_COD
 from cswap.planner.plan import DEFAULT_ACTIONS, POLICY_REASONS, Action, LaunchCache, Plan
 from cswap.planner.regions import fixed_layers_plan, plan_regions
 from cswap.planner.milp import EXACT_REL_GAP, BudgetPlan
-from cswap.planner.solve import PROVING_REL_GAP, PROVING_TIME_LIMIT_S
+from cswap.planner.from_trace import problem_from_trace
+from cswap.planner.solve import PROVING_REL_GAP, PROVING_TIME_LIMIT_S, minimum_bytes
 from cswap.profile.profiler import Profiler
 from cswap.profile.layers import LayersProfile
 from cswap.profile.regions import RegionProfile, RegionTracer
@@ -312,6 +313,7 @@ class Runtime:
         self._warned_unsaved = False
         self._warned_not_recomputed = False
         self._warned_held = False
+        self._met_budget = False  # a plan of this run met the memory budget (_held_past_growth)
         # The configs whose key/value cache each iteration turns off (disable_kv_cache).
         self._cache_configs = cache_configs(opts.model) if opts.disable_kv_cache else ()
         self._graph_changes = 0
@@ -481,13 +483,14 @@ class Runtime:
             self._regions = RecomputeRegions.of(self._options.model)
         return self._regions
 
-    def _region_bytes(self, plan: Plan) -> dict[str, int]:
-        """Per recompute region of ``plan``, the bytes it rebuilds at the sizes ``plan`` was made for."""
+    def _region_bytes(self, plan: Plan, region_keys: dict[str, tuple[int, ...]] | None = None) -> dict[str, int]:
+        """Per recompute region of ``plan``, the bytes it rebuilds at the sizes ``plan`` was made for
+        (``region_keys``: the profiled keys each rebuilds; default: those of the plan in force)."""
         if not plan.recompute_regions:
             return {}
         recomputed = plan.recomputed
-        return {path: sum(recomputed[k].nbytes for k in self._region_keys.get(path, ()) if k in recomputed)
-                for path in plan.recompute_regions}
+        keys = self._region_keys if region_keys is None else region_keys
+        return {path: sum(recomputed[k].nbytes for k in keys.get(path, ()) if k in recomputed) for path in plan.recompute_regions}
 
     def _profiling_plan(self, plan: Plan) -> tuple[Plan, str]:
         """The plan a profiling iteration follows, and its mode (see :meth:`_profile_mode`)."""
@@ -728,14 +731,14 @@ class Runtime:
         budget leaves room, the smallest footprint past it), or ``plan`` (follow the current plan
         while recording)."""
         if self._options.memory_budget is not None:
-            family = self._family
-            if (self.policy in _DRIFT_POLICIES and family is not None and family.met_budget and self._plan is family.plan
-                    and not self._unknown_profile):
-                # The same graph profiled again (a new epoch, or an iteration that passed the budget):
-                # every tensor compressed holds more than its plan, and its backward, which reads
-                # them back beside their compressed copies, has nothing left to move once the data
-                # is denser. The plan's slack covers backward: a keep whose lifetime it would pass
-                # is swapped at pack (_HOLD_FALLBACK). The profile measures every tensor either way.
+            if self.policy in _DRIFT_POLICIES and self._met_budget:
+                # Profiled again once a plan met the budget (a new epoch, an iteration that passed
+                # the budget, a graph never profiled): storing every tensor compressed, or the
+                # newest past the budget, holds more than the plan, and backward, which reads them
+                # back beside their compressed copies, has nothing left to move once the data is
+                # denser or the graph larger. The plan in force holds the budget, swapping at pack
+                # what would pass it (_HOLD_FALLBACK) and in backward what a read needs room for.
+                # The profile measures every tensor either way.
                 return "plan"
             if self.policy in KEEP_FIRST_POLICIES and self._budget_bytes is not None and not self._profile_keeps_all:
                 # every float32 tensor of a Llama compressed held 1.05 of none's peak, a budget
@@ -816,8 +819,9 @@ class Runtime:
         :data:`~cswap.planner.solve.PROVING_TIME_LIMIT_S` per solve and stops at
         :data:`~cswap.planner.solve.PROVING_REL_GAP`: training waits for it.
         ``drifted``: the profile is of a graph whose plan met the budget, at sizes already planned
-        (:meth:`_past_drift`)."""
+        (:meth:`_past_least`)."""
         started = time.perf_counter()
+        budget = self._options.memory_budget
         trace, profile = family.trace, family.regions
         if family.sparsity_drift:
             trace = _drifted(trace, family.sparsity_drift)
@@ -841,18 +845,18 @@ class Runtime:
             budget_bytes, error = None, None
         else:
             holds_drift = drifted and self.policy in _DRIFT_POLICIES
-            if holds_drift:
-                # The profile followed the plan that met the budget, swapping what would have passed
+            if profiled and budget is not None and trace.meta.get("mode") == "plan":
+                # The profile followed a plan that met the budget, swapping what would have passed
                 # it: its peak binds nothing (the first profile's, every tensor compressed, did).
                 profiled_peak = 0
             plan, budget_bytes, error, region_keys = self._planned(trace, profile, profiled_peak, profiled_host_peak, solving,
                                                                    hint, carried)
-            if error is not None and holds_drift and budget_bytes is not None:
-                plan, region_keys, error = self._past_drift(error, budget_bytes, trace, profiled_host_peak, solving)
-        budget = self._options.memory_budget
+            if error is not None and budget_bytes is not None and (holds_drift or self._held_past_growth(error)):
+                plan, region_keys, error = self._past_least(error, budget_bytes, trace, profile, profiled_host_peak, solving,
+                                                            hint, denser=holds_drift)
         if budget is not None and error is None and self.policy in _HELD_POLICIES:
             plan = replace(plan, fallback_action=_HOLD_FALLBACK)
-            family.met_budget = True
+            family.met_budget = self._met_budget = True
         if plan.host_pool is None:
             plan = plan.with_host_pool(trace)
         if self._host_budget_bytes is not None:
@@ -887,36 +891,63 @@ class Runtime:
             self._family = family
             self._planning_s += time.perf_counter() - started
 
-    def _past_drift(self, error: BudgetError, budget_bytes: int, trace: Trace, profiled_host_peak: int, solving: _Solving,
-                    ) -> tuple[Plan, dict[str, tuple[int, ...]], BudgetError | None]:
-        """The plan of a profile of a graph that met ``budget_bytes`` before and whose compressed sizes
-        have since grown past it (``error`` gives the least this profile needs): the plan at that
-        least, carried out within the budget by :data:`_HOLD_FALLBACK` at pack. The run goes on
-        instead of stopping at a budget it met an epoch ago; :meth:`_warn_held` says so. Returns
-        ``error`` with the plan it came with when no plan meets even that least."""
+    def _held_past_growth(self, error: BudgetError) -> bool:
+        """Whether a policy that holds its budget by swapping (:data:`_HELD_POLICIES`) holds it past
+        ``error``, the device budget refused at sizes it was never met at: a plan of this run met the
+        budget before, at other sizes (a longer sequence or a larger batch now), of this graph or
+        another (a batch that takes another path is profiled anew)."""
+        return self.policy in _HELD_POLICIES and error.binding == "device" and self._met_budget
+
+    def _past_least(self, error: BudgetError, budget_bytes: int, trace: Trace, profile: RegionProfile | None,
+                    profiled_host_peak: int, solving: _Solving, regions_hint: tuple[str, ...] | None = None,
+                    denser: bool = False) -> tuple[Plan, dict[str, tuple[int, ...]], BudgetError | None]:
+        """The plan of a graph whose least (``error`` gives it) is past ``budget_bytes``, a budget this
+        run met before: its compressed sizes grew since (``denser``: a profile of a graph whose plan
+        met it) or its tensors did (a longer sequence than any plan that met it). The plan is made at
+        that least and carried out within the budget by :data:`_HOLD_FALLBACK`: at pack, each keep
+        whose lifetime would pass the budget is swapped to the host uncompressed, and backward swaps a
+        kept tensor to read another or to rebuild a region. The run goes on instead of stopping at a
+        budget it met before; :meth:`_warn_held` says so. Returns ``error`` with the plan it came with
+        when no plan meets even that least, or, for larger tensors, where swaps cannot hold the
+        budget (:meth:`_swaps_hold`; denser data at the same sizes passes its least by its drift)."""
         least = error.minimum_bytes
-        plan, _, again, region_keys = self._planned_within(MemoryBudget(nbytes=least), trace, None, 0, profiled_host_peak,
-                                                           solving)
-        if again is not None:
+        plan, _, again, region_keys = self._planned_within(MemoryBudget(nbytes=least), trace, profile, 0, profiled_host_peak,
+                                                           solving, regions_hint)
+        if again is not None or (not denser and not self._swaps_hold(trace, plan, region_keys, budget_bytes)):
             return plan, region_keys, error
-        note = (f"this profile needs {least:,d} B to keep every tensor on the device, {least - budget_bytes:,d} B over the "
-                f"budget of {budget_bytes:,d} B it met before (its activations are denser now): planned at that least, "
-                "each keep whose lifetime would pass the budget is swapped to the host uncompressed")
+        why = ("its activations are denser now" if denser
+               else "its saved tensors are larger than at the sizes it met it at: a longer sequence or a larger batch")
+        note = (f"these saved tensors need {least:,d} B under policy {self.policy}, {least - budget_bytes:,d} B over the "
+                f"budget of {budget_bytes:,d} B it met before ({why}): planned at that least, each keep whose lifetime would "
+                "pass the budget is swapped to the host uncompressed")
         # Each keep's slack is what the resident bytes may run over the plan's and still meet the
         # budget over its lifetime: the plan's at its least, less what the budget lacks.
         over = least - budget_bytes
         decisions = {key: d if d.slack_bytes is None else replace(d, slack_bytes=d.slack_bytes - over)
                      for key, d in plan.decisions.items()}
         plan = replace(plan, decisions=decisions, budget_bytes=budget_bytes, binding=note,
-                       planner=MappingProxyType({**plan.planner, "drift": note}))
+                       planner=MappingProxyType({**plan.planner, "past_least": note}))
         return plan, region_keys, None
+
+    def _swaps_hold(self, trace: Trace, plan: Plan, region_keys: dict[str, tuple[int, ...]], budget_bytes: int) -> bool:
+        """Whether swapping kept tensors can hold ``budget_bytes`` under ``plan``, made at a least past
+        it: what backward reads at once (the least policy ``swap`` holds ``trace`` at; twice that
+        for a policy that keeps tensors compressed, whose compressed copy stays beside the one
+        read), with the largest of the plan's region rebuilds beside it, is within it. A rebuild's
+        tensors are not the executor's to move: a plan that recomputes a whole decoder holds all of
+        its activations at once in backward, whatever is swapped (BART's, at 112 tokens, passed
+        half of ``none``'s peak by 91%)."""
+        problem = problem_from_trace(trace, NO_CODEC, self._backend, min_bytes=0)
+        read = minimum_bytes(problem, "swap", PROVING_TIME_LIMIT_S) * (2 if ZVC_KEEP in POLICY_ACTIONS[self.policy] else 1)
+        rebuilt = max(self._region_bytes(plan, region_keys).values(), default=0)
+        return read + rebuilt <= budget_bytes
 
     def _warn_held(self, swapped: int, budget_bytes: int | None) -> None:
         """Warn once, at the first iteration of a policy in :data:`_HELD_POLICIES` that swapped
         tensors to hold its budget of ``budget_bytes`` (``swapped`` of them: at pack, or in backward
-        to make room for a rebuilt one) or whose plan was made past its least (:meth:`_past_drift`),
+        to make room for a rebuilt one) or whose plan was made past its least (:meth:`_past_least`),
         that it did and why."""
-        note = self._plan.planner.get("drift", "")
+        note = self._plan.planner.get("past_least", "")
         if self._warned_held or not (swapped or note):
             return
         self._warned_held = True

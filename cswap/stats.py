@@ -102,7 +102,7 @@ class RuntimeStats:
             every tensor as the profiling mode says (``rt.trace().meta["mode"]``; under a budget, at
             the policy's smallest footprint: a recomputing policy swaps every one), not as the plan
             does but for ``ac-full`` without a budget, whose profile runs its plan, and for
-            ``compress-keep``'s later profiles of a graph whose plan met its budget, which follow it,
+            ``compress-keep``'s profiles once a plan met its budget, which follow the plan in force,
             and ``compress-keep``'s under a budget in bytes, which keeps what the budget has room
             for and compresses the oldest of those past it.
         profiled_offloaded_bytes: of ``offloaded_bytes``, the profiling iterations' share.

@@ -157,6 +157,58 @@ def test_micro_batches_of_different_lengths_under_one_cap_in_bytes(name: str, po
     assert_bit_equal(_flat(plain), _flat(grads), "gradient")
 
 
+@pytest.mark.parametrize("policy", ["recompute", "compress-keep"])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_a_budget_met_at_short_lengths_holds_past_the_policys_least_at_longer_ones(name: str, policy: str) -> None:
+    """A cap in bytes (half of none's peak at the longest length) that the policy meets on short
+    batches and cannot at the longest: training goes on where the plans met it before. Each longer
+    graph is planned at the policy's least and holds the cap by swapping what would pass it, at
+    pack and in backward (compress-keep's compressed copies too); one warning says so, and the plan
+    says why. Gradients stay bit-identical."""
+    short = [[lengths] for lengths in random_lengths(3, low=20, high=40, seed=5)]
+    steps = [*short, [[120] * 4], [[70, 90, 110, 30]], [[120, 20, 60, 100]]]
+    plain, _, _ = lm_run(MODELS[name], steps)
+    probe = lm_run(MODELS[name], [[[120] * 4]], make=lambda m: cswap.Runtime("none", model=m, device="cpu", memory_budget=1.0))[2]
+    cap = probe.stats().budget_bytes // 2
+    plans = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        grads, seen, rt = lm_run(MODELS[name], steps, make=lambda m: cswap.Runtime(policy, model=m, device="cpu", memory_budget=cap),
+                                 after_step=lambda rt: plans.append(rt.plan()))
+    _check(seen, max_profiles=2)
+    past = [plan.planner["past_least"] for plan in plans if "past_least" in plan.planner]
+    assert past and all(f"over the budget of {cap:,d} B it met before" in note for note in past), past
+    assert "past_least" not in plans[0].planner
+    held = [str(w.message) for w in caught if "to hold the memory budget" in str(w.message)]
+    assert len(held) == 1 and held[0].startswith(f"policy {policy} swapped"), held
+    assert rt.stats().budget_fallbacks + rt.stats().budget_evictions > 0
+    assert_bit_equal(_flat(plain), _flat(grads), "gradient")
+
+
+def bart_decoder() -> nn.Module:
+    """BART as a causal LM (its decoder), whose one recompute region is the whole decoder."""
+    config = transformers.BartConfig(vocab_size=256, d_model=64, decoder_layers=2, encoder_layers=2, decoder_attention_heads=4,
+                                     encoder_attention_heads=4, decoder_ffn_dim=128, encoder_ffn_dim=128, max_position_embeddings=128)
+    return transformers.BartForCausalLM(config)
+
+
+def test_a_budget_no_swap_can_hold_past_the_least_is_refused() -> None:
+    """recompute on BART's decoder rebuilds the whole decoder in backward, which no swap shrinks: at
+    a length whose least is past a cap met at shorter ones, the run stops with the least
+    (:class:`cswap.BudgetError`) instead of planning at it, and no step before passes the cap."""
+    probe = lm_run(bart_decoder, [[[112] * 3]], make=lambda m: cswap.Runtime("none", model=m, device="cpu", memory_budget=1.0))[2]
+    cap = probe.stats().budget_bytes // 2
+    steps = [[[40] * 3], [[40, 30, 20]], [[96, 60, 12]], [[112] * 3]]
+    seen: list[tuple[int, int]] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(cswap.BudgetError) as refused:
+            lm_run(bart_decoder, steps, make=lambda m: cswap.Runtime("recompute", model=m, device="cpu", memory_budget=cap),
+                   after_step=lambda rt: seen.append((rt.stats().iteration_peak_resident_bytes, rt.plan().planner.get("past_least"))))
+    assert refused.value.minimum_bytes > cap == refused.value.budget_bytes
+    assert seen and all(peak <= cap and note is None for peak, note in seen), seen
+
+
 def test_two_buckets_alternating_profile_at_most_twice() -> None:
     steps = [[[96] * 4] if i % 2 == 0 else [[128] * 4] for i in range(20)]
     plain, _, _ = lm_run(gpt2, steps)
