@@ -1160,7 +1160,8 @@ class Executor:
             if stored.action is Action.KEEP and stored.tensor is not None:
                 moved = self._evict(stored)
             elif stored.action is Action.ZVC_KEEP and stored.packed is not None and stored.unsized is None:
-                moved = self._evict_compressed(stored)
+                self._evict_compressed(stored)
+                moved = True
             else:
                 continue
             if moved:
@@ -1187,9 +1188,9 @@ class Executor:
         counters.actions[Action.SWAP.value] += 1
         return True
 
-    def _evict_compressed(self, stored: Stored) -> bool:
+    def _evict_compressed(self, stored: Stored) -> None:
         """Move the compression a ``zvc-keep`` ``stored`` holds on the device to host memory now (a
-        ``zvc-swap`` from here); whether it moved."""
+        ``zvc-swap`` from here)."""
         packed = stored.packed
         assert packed is not None
         self.transfers.evict_compressed(stored)
@@ -1201,7 +1202,6 @@ class Executor:
         counters.transferred_bytes += packed.compressed_nbytes
         counters.actions[Action.ZVC_KEEP.value] -= 1
         counters.actions[Action.ZVC_SWAP.value] += 1
-        return True
 
     def _prefetch_after(self, it: IterationState, key: int) -> None:
         """Fetch the offloaded tensors that follow ``key`` in the profiled unpack order, within the budget."""
