@@ -314,6 +314,7 @@ class Runtime:
         self._warned_not_recomputed = False
         self._warned_held = False
         self._met_budget = False  # a plan of this run met the memory budget (_held_past_growth)
+        self._held_error: BudgetError | None = None  # what the plan in force, past its least, would have raised
         # The configs whose key/value cache each iteration turns off (disable_kv_cache).
         self._cache_configs = cache_configs(opts.model) if opts.disable_kv_cache else ()
         self._graph_changes = 0
@@ -629,12 +630,20 @@ class Runtime:
         """After a planned iteration: if it saved tensors its plan did not know, or passed the budget
         (the policy had no way to move what a changed graph holds longer) or the host budget, plan
         anew from the next iteration's profile, which raises :class:`BudgetError` with the new least
-        budget if the policy cannot hold this graph."""
+        budget if the policy cannot hold this graph. A plan made past its least
+        (:meth:`_past_least`) that passed the budget at its own sizes raises, at this iteration's
+        end, the error it was made instead of."""
         budget = self._budget_bytes
         over = budget is not None and peak_bytes > budget
         host_budget = self._host_budget_bytes if self._options.memory_budget is not None else None
         over_host = host_budget is not None and host_peak_bytes > host_budget
         if not (unknown or over or over_host):
+            return
+        if over and not unknown and self._held_error is not None:
+            # A plan made past its least passed the budget at its own sizes: the swaps that were to
+            # hold it (_swaps_hold's estimate) did not, and the policy cannot hold this graph.
+            with self._lock:
+                self._budget_error, self._held_error = self._held_error, None
             return
         if over:
             warnings.warn(
@@ -822,6 +831,7 @@ class Runtime:
         (:meth:`_past_least`)."""
         started = time.perf_counter()
         budget = self._options.memory_budget
+        held_error = None
         trace, profile = family.trace, family.regions
         if family.sparsity_drift:
             trace = _drifted(trace, family.sparsity_drift)
@@ -852,8 +862,10 @@ class Runtime:
             plan, budget_bytes, error, region_keys = self._planned(trace, profile, profiled_peak, profiled_host_peak, solving,
                                                                    hint, carried)
             if error is not None and budget_bytes is not None and (holds_drift or self._held_past_growth(error)):
+                refused = error
                 plan, region_keys, error = self._past_least(error, budget_bytes, trace, profile, profiled_host_peak, solving,
                                                             hint, denser=holds_drift)
+                held_error = refused if error is None and not holds_drift else None
         if budget is not None and error is None and self.policy in _HELD_POLICIES:
             plan = replace(plan, fallback_action=_HOLD_FALLBACK)
             family.met_budget = self._met_budget = True
@@ -878,6 +890,7 @@ class Runtime:
             if budget is not None:
                 self._budget_bytes = budget_bytes
                 self._budget_error = error
+                self._held_error = held_error
             self._trace = family.trace
             self._plan = plan
             self._region_keys = region_keys

@@ -209,6 +209,26 @@ def test_a_budget_no_swap_can_hold_past_the_least_is_refused() -> None:
     assert seen and all(peak <= cap and note is None for peak, note in seen), seen
 
 
+def test_a_plan_past_its_least_whose_swaps_miss_stops_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Should the estimate that swaps hold a plan made past its least be wrong (forced here, on BART's
+    whole-decoder rebuild), the first step at that plan's own sizes that passes the cap raises the
+    BudgetError the plan was made instead of, rather than pass the cap at every step."""
+    monkeypatch.setattr(cswap.Runtime, "_swaps_hold", lambda self, *args: True)
+    probe = lm_run(bart_decoder, [[[112] * 3]], make=lambda m: cswap.Runtime("none", model=m, device="cpu", memory_budget=1.0))[2]
+    cap = probe.stats().budget_bytes // 2
+    steps = [[[40, 30, 20]], [[96, 60, 12]], [[96, 50, 40]], [[96, 90, 12]], [[96, 60, 30]]]
+    seen: list[tuple[int, str | None]] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(cswap.BudgetError) as refused:
+            lm_run(bart_decoder, steps, make=lambda m: cswap.Runtime("recompute", model=m, device="cpu", memory_budget=cap),
+                   after_step=lambda rt: seen.append((rt.stats().iteration_peak_resident_bytes, rt.plan().planner.get("past_least"))))
+    assert refused.value.minimum_bytes > cap == refused.value.budget_bytes
+    # the first step at 96 tokens grew past the 40-token plan and was held; the next, planned past
+    # the least at 96, passed the cap and raised
+    assert len(seen) == 2 and seen[-1][1] is not None and all(peak <= cap for peak, _ in seen), seen
+
+
 def test_two_buckets_alternating_profile_at_most_twice() -> None:
     steps = [[[96] * 4] if i % 2 == 0 else [[128] * 4] for i in range(20)]
     plain, _, _ = lm_run(gpt2, steps)
