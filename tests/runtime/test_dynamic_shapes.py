@@ -192,20 +192,27 @@ def bart_decoder() -> nn.Module:
     return transformers.BartForCausalLM(config)
 
 
-def test_a_budget_no_swap_can_hold_past_the_least_is_refused() -> None:
-    """recompute on BART's decoder rebuilds the whole decoder in backward, which no swap shrinks: at
-    a length whose least is past a cap met at shorter ones, the run stops with the least
-    (:class:`cswap.BudgetError`) instead of planning at it, and no step before passes the cap."""
+def _bart_refused(steps: list[list[list[int]]]) -> tuple[cswap.BudgetError, int, list[tuple[int, str | None]]]:
+    """Run ``steps`` on BART's decoder under recompute within half of none's peak at 112 tokens,
+    until it raises BudgetError; returns the error, the cap, and per step done its peak and the
+    plan's ``past_least`` note."""
     probe = lm_run(bart_decoder, [[[112] * 3]], make=lambda m: cswap.Runtime("none", model=m, device="cpu", memory_budget=1.0))[2]
     cap = probe.stats().budget_bytes // 2
-    steps = [[[40] * 3], [[40, 30, 20]], [[96, 60, 12]], [[112] * 3]]
-    seen: list[tuple[int, int]] = []
+    seen: list[tuple[int, str | None]] = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with pytest.raises(cswap.BudgetError) as refused:
             lm_run(bart_decoder, steps, make=lambda m: cswap.Runtime("recompute", model=m, device="cpu", memory_budget=cap),
                    after_step=lambda rt: seen.append((rt.stats().iteration_peak_resident_bytes, rt.plan().planner.get("past_least"))))
     assert refused.value.minimum_bytes > cap == refused.value.budget_bytes
+    return refused.value, cap, seen
+
+
+def test_a_budget_no_swap_can_hold_past_the_least_is_refused() -> None:
+    """recompute on BART's decoder rebuilds the whole decoder in backward, which no swap shrinks: at
+    a length whose least is past a cap met at shorter ones, the run stops with the least
+    (:class:`cswap.BudgetError`) instead of planning at it, and no step before passes the cap."""
+    _, cap, seen = _bart_refused([[[40] * 3], [[40, 30, 20]], [[96, 60, 12]], [[112] * 3]])
     assert seen and all(peak <= cap and note is None for peak, note in seen), seen
 
 
@@ -214,16 +221,7 @@ def test_a_plan_past_its_least_whose_swaps_miss_stops_the_run(monkeypatch: pytes
     whole-decoder rebuild), the first step at that plan's own sizes that passes the cap raises the
     BudgetError the plan was made instead of, rather than pass the cap at every step."""
     monkeypatch.setattr(cswap.Runtime, "_swaps_hold", lambda self, *args: True)
-    probe = lm_run(bart_decoder, [[[112] * 3]], make=lambda m: cswap.Runtime("none", model=m, device="cpu", memory_budget=1.0))[2]
-    cap = probe.stats().budget_bytes // 2
-    steps = [[[40, 30, 20]], [[96, 60, 12]], [[96, 50, 40]], [[96, 90, 12]], [[96, 60, 30]]]
-    seen: list[tuple[int, str | None]] = []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with pytest.raises(cswap.BudgetError) as refused:
-            lm_run(bart_decoder, steps, make=lambda m: cswap.Runtime("recompute", model=m, device="cpu", memory_budget=cap),
-                   after_step=lambda rt: seen.append((rt.stats().iteration_peak_resident_bytes, rt.plan().planner.get("past_least"))))
-    assert refused.value.minimum_bytes > cap == refused.value.budget_bytes
+    _, cap, seen = _bart_refused([[[40, 30, 20]], [[96, 60, 12]], [[96, 50, 40]], [[96, 90, 12]], [[96, 60, 30]]])
     # the first step at 96 tokens grew past the 40-token plan and was held; the next, planned past
     # the least at 96, passed the cap and raised
     assert len(seen) == 2 and seen[-1][1] is not None and all(peak <= cap for peak, _ in seen), seen
