@@ -908,8 +908,11 @@ class Runtime:
         """Whether a policy that holds its budget by swapping (:data:`_HELD_POLICIES`) holds it past
         ``error``, the device budget refused at sizes it was never met at: a plan of this run met the
         budget before, at other sizes (a longer sequence or a larger batch now), of this graph or
-        another (a batch that takes another path is profiled anew)."""
-        return self.policy in _HELD_POLICIES and error.binding == "device" and self._met_budget
+        another (a batch that takes another path is profiled anew). Not under a host budget: what
+        the plan lacks would be swapped past it at every step (a Llama's by 1.7x), where a step that
+        outgrew its plan passes it once."""
+        return (self.policy in _HELD_POLICIES and error.binding == "device" and self._met_budget
+                and self._host_budget_bytes is None)
 
     def _past_least(self, error: BudgetError, budget_bytes: int, trace: Trace, profile: RegionProfile | None,
                     profiled_host_peak: int, solving: _Solving, regions_hint: tuple[str, ...] | None = None,

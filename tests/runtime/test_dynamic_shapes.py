@@ -185,6 +185,25 @@ def test_a_budget_met_at_short_lengths_holds_past_the_policys_least_at_longer_on
     assert_bit_equal(_flat(plain), _flat(grads), "gradient")
 
 
+def test_under_a_host_budget_a_budget_past_the_least_is_refused() -> None:
+    """With a host budget too, what a plan past its least lacks would be swapped past the host budget
+    at every step: the run stops with the least instead (:class:`cswap.BudgetError`), as a policy
+    that never met its budget does, and no step before passes the device cap."""
+    short = [[lengths] for lengths in random_lengths(3, low=20, high=40, seed=5)]
+    steps = [*short, [[120] * 4], [[70, 90, 110, 30]], [[120, 20, 60, 100]], [[80, 70, 60, 50]]]
+    probe = lm_run(gpt2, [[[120] * 4]], make=lambda m: cswap.Runtime("none", model=m, device="cpu", memory_budget=1.0))[2]
+    none_peak = probe.stats().budget_bytes
+    seen: list[tuple[int, str | None]] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(cswap.BudgetError) as refused:
+            lm_run(gpt2, steps, make=lambda m: cswap.Runtime("recompute", model=m, device="cpu", memory_budget=none_peak // 2,
+                                                              host_memory_budget=none_peak // 5),
+                   after_step=lambda rt: seen.append((rt.stats().iteration_peak_resident_bytes, rt.plan().planner.get("past_least"))))
+    assert refused.value.minimum_bytes > none_peak // 2
+    assert seen and all(peak <= none_peak // 2 and note is None for peak, note in seen), seen
+
+
 def bart_decoder() -> nn.Module:
     """BART as a causal LM (its decoder), whose one recompute region is the whole decoder."""
     config = transformers.BartConfig(vocab_size=256, d_model=64, decoder_layers=2, encoder_layers=2, decoder_attention_heads=4,
