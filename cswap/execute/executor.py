@@ -1177,15 +1177,9 @@ class Executor:
         except torch.OutOfMemoryError:  # a strided view needs a gathered copy: no room for it
             return False
         self.transfers.copy_to_host(stored, flat, non_blocking=False)
-        stored.tensor, stored.action = None, Action.SWAP
-        counters = self.counters
-        counters.add_resident(-stored.held_bytes)
-        stored.held_bytes = 0
-        counters.kept_bytes -= layout.nbytes
-        counters.offloaded_bytes += layout.nbytes
-        counters.transferred_bytes += layout.nbytes
-        counters.actions[Action.KEEP.value] -= 1
-        counters.actions[Action.SWAP.value] += 1
+        stored.tensor = None
+        self.counters.kept_bytes -= layout.nbytes
+        self._count_moved_out(stored, Action.SWAP, layout.nbytes)
         return True
 
     def _evict_compressed(self, stored: Stored) -> None:
@@ -1194,14 +1188,19 @@ class Executor:
         packed = stored.packed
         assert packed is not None
         self.transfers.evict_compressed(stored)
+        self._count_moved_out(stored, Action.ZVC_SWAP, packed.compressed_nbytes)
+
+    def _count_moved_out(self, stored: Stored, action: Action, transferred_bytes: int) -> None:
+        """Count a kept ``stored`` (raw or compressed) that backward moved to the host, as ``action``
+        from now on, having copied ``transferred_bytes``."""
         counters = self.counters
         counters.add_resident(-stored.held_bytes)
         stored.held_bytes = 0
-        stored.action = Action.ZVC_SWAP
         counters.offloaded_bytes += stored.layout.nbytes
-        counters.transferred_bytes += packed.compressed_nbytes
-        counters.actions[Action.ZVC_KEEP.value] -= 1
-        counters.actions[Action.ZVC_SWAP.value] += 1
+        counters.transferred_bytes += transferred_bytes
+        counters.actions[stored.action.value] -= 1
+        counters.actions[action.value] += 1
+        stored.action = action
 
     def _prefetch_after(self, it: IterationState, key: int) -> None:
         """Fetch the offloaded tensors that follow ``key`` in the profiled unpack order, within the budget."""
