@@ -789,11 +789,12 @@ class Runtime:
         profiled = self._executor.snapshot()
         profiled_peak: int | None = profiled.iteration_peak_resident_bytes
         profiled_host_peak = profiled.iteration_peak_host_bytes
-        if (budget is not None and budget.relative and self._plan.budget_bytes is None and self._host_budget_bytes is not None
-                and not self._profile_keeps_all):
+        if (budget is not None and budget.relative and self._plan.budget_bytes is None and not self._profile_keeps_all
+                and (self._host_budget_bytes is not None or self.policy in KEEP_FIRST_POLICIES)):
             # The first profile under a fraction of none's peak ran before it was known, keeping what
-            # the host budget had no room for: its peaks are not those of a profile at the budget.
-            # The planner replays the device's; the host budget holds from the plan made from it on.
+            # the host budget had no room for (compress-keep's compressing every tensor, where a
+            # known budget keeps first): its peaks are not those of a profile at the budget. The
+            # planner replays the device's; the host budget holds from the plan made from it on.
             profiled_peak, profiled_host_peak = None, 0
         profile = None
         if tracer is not None:

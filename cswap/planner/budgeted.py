@@ -407,20 +407,6 @@ def _profile_note(planned_least: int, profiled_peak_bytes: int, action: Action, 
             f"as {action.value}{coding}, and that iteration reaches {human_bytes(profiled_peak_bytes)}.")
 
 
-def _in_bytes_note(problem: PlanningProblem, policy: str, action: Action, planned_least: int, none_bytes: int, stated: int) -> str:
-    """For a fraction refused by a policy whose profile compresses on the device (``compress-keep``):
-    the least budget in bytes, whose profile keeps what fits first (:func:`keep_first_least`), when
-    it is below the ``stated`` least; else ``""``. A fraction's first profile runs before its bytes
-    are known, so it compresses every tensor."""
-    if policy not in KEEP_FIRST_POLICIES:
-        return ""
-    in_bytes = stated_least(keep_first_least(problem, action, planned_least, none_bytes), action)
-    if in_bytes >= stated:
-        return ""
-    return (f"Given in bytes, memory_budget={in_bytes} holds ({in_bytes / max(none_bytes, 1):.3f} of none's peak): with its bytes "
-            "known from the start, the profile keeps what the budget has room for and compresses the oldest of those past it.")
-
-
 def _above_plain(least: int, none_bytes: int, action: Action) -> str:
     """Why a least budget is above what plain PyTorch holds, or ``""`` when it is not."""
     if least <= none_bytes:
@@ -647,11 +633,13 @@ def keep_first_least(problem: PlanningProblem, action: Action, low_bytes: int, h
 
 
 def profiled_device_peak(problem: PlanningProblem, policy: str, budget_bytes: int, host_budget_bytes: int | None,
-                         observed_bytes: int | None) -> int:
+                         observed_bytes: int | None, keeps_first: bool = False) -> int:
     """The device peak of the profiling iteration behind a plan at ``budget_bytes``: the one
     observed, or for ``None`` (the first profile under a fraction of ``none``'s peak ran before the
-    budget was known, keeping what the host budget had no room for) :func:`profile_peaks`' replay
-    of the profile a known budget would have run, storing every tensor at the least device footprint.
+    budget was known: keeping what the host budget had no room for, or, for ``compress-keep``,
+    compressing every tensor) :func:`profile_peaks`' replay of the profile a known budget would
+    have run, storing every tensor at the least device footprint (``keeps_first``: keeping each
+    while the budget leaves room, :data:`KEEP_FIRST_POLICIES`).
 
     Example:
         >>> from cswap.planner.lifetime import lifetimes_from_orders
@@ -664,7 +652,7 @@ def profiled_device_peak(problem: PlanningProblem, policy: str, budget_bytes: in
     """
     if observed_bytes is not None:
         return observed_bytes
-    return profile_peaks(problem, profile_action(policy, host_budget_bytes), budget_bytes, None)[0]
+    return profile_peaks(problem, profile_action(policy, host_budget_bytes), budget_bytes, None, keeps_first=keeps_first)[0]
 
 
 def with_profile_leasts(error: BudgetError, problem: PlanningProblem, action: Action) -> BudgetError:
@@ -752,8 +740,9 @@ def budget_plan(
             the budget profiles first, so the least budget is at least this (``compress-keep``'s
             profile keeps compressed tensors beside their rebuilt ones in backward, which a plan
             may avoid). ``None``: the profile ran before the budget was known (a fraction of
-            ``none``'s peak) under a host budget, and its peak is replayed
-            (:func:`profiled_device_peak`).
+            ``none``'s peak) under a host budget, or for ``compress-keep``, and the peak of the
+            profile a known budget runs is replayed (:func:`profiled_device_peak`; for
+            ``compress-keep`` the one that keeps first, as ``profile_keeps_first``).
         host_budget_bytes: the host memory budget (``None``: none): the plan's host copies stay
             within it at every event too, or the error names the budget that binds.
         profiled_host_peak_bytes: the host bytes the profiling iteration itself held (0: it ran
@@ -790,7 +779,9 @@ def budget_plan(
                                  fallback_action=fallback, d2h_gbps=trace.d2h_gbps, h2d_gbps=trace.h2d_gbps)
     unpacked = sorted((r for r in trace.tensors if r.unpack_order is not None), key=lambda r: r.unpack_order)
     unpack_order = tuple(r.key for r in unpacked)
-    profiled_peak_bytes = profiled_device_peak(problem, policy, budget_bytes, host_budget_bytes, profiled_peak_bytes)
+    # a profile that ran before the budget was known is replayed as the one a known budget runs
+    profile_keeps_first = profile_keeps_first or (profiled_peak_bytes is None and policy in KEEP_FIRST_POLICIES)
+    profiled_peak_bytes = profiled_device_peak(problem, policy, budget_bytes, host_budget_bytes, profiled_peak_bytes, profile_keeps_first)
     planned_least = minimum_bytes(problem, policy, time_limit_s)
     alone = max(planned_least, profiled_peak_bytes)
     if profile_keeps_first and alone > budget_bytes:
@@ -822,8 +813,7 @@ def budget_plan(
         floor = floor_note(trace, problem, policy, planned_least) if device_binds else ""
         profiled = (_profile_note(planned_least, alone if profile_keeps_first else profiled_peak_bytes, action, profile_keeps_first)
                     if device_binds else "")
-        in_bytes = _in_bytes_note(problem, policy, action, planned_least, none_bytes, stated) if budget.relative and device_binds else ""
-        why = " ".join(w for w in (floor, profiled, _drift_note(least, stated), _above_plain(least, none_bytes, action), in_bytes) if w)
+        why = " ".join(w for w in (floor, profiled, _drift_note(least, stated), _above_plain(least, none_bytes, action)) if w)
         advice = _advice(problem, policy, least, host_budget_bytes is not None)
         if host_budget_bytes is None:
             error = BudgetError(stated, policy, budget_bytes, why, none_peak_bytes=none_bytes or None, advice=advice)
