@@ -255,14 +255,14 @@ def _pad_to_longest(features: list[dict[str, torch.Tensor]]) -> dict[str, torch.
     return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
 
 
-def _train_padded(tmp_path: Path, callback: CswapCallback | None) -> tuple[list[torch.Tensor], Any]:
+def _train_padded(tmp_path: Path, callback: CswapCallback | None, bf16: bool = False) -> tuple[list[torch.Tensor], Any]:
     config = transformers.GPT2Config(vocab_size=GPT2_VOCAB, n_positions=128, n_embd=32, n_layer=2, n_head=2)
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(config)
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path / "out"), per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=8,
         learning_rate=1e-3, use_cpu=True, report_to=[], save_strategy="no", seed=0, data_seed=0, disable_tqdm=True,
-        dataloader_num_workers=0, logging_steps=1,
+        dataloader_num_workers=0, logging_steps=1, bf16=bf16,
     )
     trainer = transformers.Trainer(model=model, args=args, train_dataset=_Lengths(), data_collator=_pad_to_longest,
                                    callbacks=[callback] if callback else None)
@@ -284,3 +284,20 @@ def test_a_collator_padding_to_the_longest_profiles_once_per_graph(tmp_path: Pat
     logged = [entry for entry in trainer.state.log_history if "cswap/profiled_iterations" in entry]
     assert logged and logged[-1]["cswap/profiled_iterations"] == stats.profiled_iterations
     assert logged[-1]["cswap/unprofiled_plans"] == stats.unprofiled_plans
+
+
+@pytest.mark.parametrize("policy", ["cswap", "compress-swap"])
+def test_bf16_mixed_precision_under_dynamic_padding_ends_with_the_same_weights(tmp_path: Path, policy: str) -> None:
+    """``bf16=True``, the Trainer's mixed precision (autocast; float32 weights), with each micro-batch
+    padded to its longest and accumulation 2, at 0.4 of ``none``'s peak: the saved activations are
+    autocast's bfloat16 beside float32, the budget holds at every step, and the weights are those of
+    the same Trainer without cswap, bit for bit."""
+    plain, _ = _train_padded(tmp_path / "plain", None, bf16=True)
+    callback = CswapCallback(policy, memory_budget=0.4)
+    weights, _ = _train_padded(tmp_path / policy, callback, bf16=True)
+    _assert_same_weights(plain, weights, f"{policy} under bf16 mixed precision")
+    stats = callback.runtime.stats()
+    assert stats.budget_bytes is not None and stats.peak_resident_bytes <= stats.budget_bytes, stats
+    assert {"bfloat16", "float32"} <= {t.dtype for t in callback.runtime.trace().tensors}
+    moved = stats.actions["zvc-swap"] if policy == "compress-swap" else stats.actions["swap"]
+    assert moved > 0, stats.actions
