@@ -43,7 +43,7 @@ from torch.utils.checkpoint import CheckpointError
 from cswap.budget import BudgetError, MemoryBudget, ResolvedBudget, format_bytes, warn_if_over_device
 from cswap.codecs.api import default_backend
 from cswap.device import bandwidth, fingerprint, resolve_device
-from cswap.execute.executor import Counters, Executor, IterationState
+from cswap.execute.executor import Counters, Executor, IterationState, RegionRebuild
 from cswap.execute.passive import SwapOnOutOfMemory
 from cswap.execute.recompute import RecomputeRegions
 from cswap.options import RECOMPUTING_POLICIES, LaunchLookup, RuntimeOptions, cache_configs, file_defaults, load_options
@@ -484,14 +484,20 @@ class Runtime:
             self._regions = RecomputeRegions.of(self._options.model)
         return self._regions
 
-    def _region_bytes(self, plan: Plan, region_keys: dict[str, tuple[int, ...]] | None = None) -> dict[str, int]:
-        """Per recompute region of ``plan``, the bytes it rebuilds at the sizes ``plan`` was made for
-        (``region_keys``: the profiled keys each rebuilds; default: those of the plan in force)."""
+    def _region_rebuilds(self, plan: Plan, region_keys: dict[str, tuple[int, ...]] | None = None) -> dict[str, RegionRebuild]:
+        """Per recompute region of ``plan``, the shape and bytes of each tensor it rebuilds at the
+        sizes ``plan`` was made for (``region_keys``: the profiled keys each rebuilds; default:
+        those of the plan in force)."""
         if not plan.recompute_regions:
             return {}
         recomputed = plan.recomputed
         keys = self._region_keys if region_keys is None else region_keys
-        return {path: sum(recomputed[k].nbytes for k in keys.get(path, ()) if k in recomputed) for path in plan.recompute_regions}
+        return {path: tuple((recomputed[k].shape, recomputed[k].nbytes) for k in keys.get(path, ()) if k in recomputed)
+                for path in plan.recompute_regions}
+
+    def _region_bytes(self, plan: Plan, region_keys: dict[str, tuple[int, ...]] | None = None) -> dict[str, int]:
+        """Per recompute region of ``plan``, the bytes it rebuilds at the sizes ``plan`` was made for."""
+        return {path: sum(nbytes for _, nbytes in rebuild) for path, rebuild in self._region_rebuilds(plan, region_keys).items()}
 
     def _profiling_plan(self, plan: Plan) -> tuple[Plan, str]:
         """The plan a profiling iteration follows, and its mode (see :meth:`_profile_mode`)."""
@@ -556,7 +562,7 @@ class Runtime:
             it.on_backward_end.append(tracer.stop)
         if profiler is None and regions is not None:
             regions.enable(plan.recompute_regions)
-            regions.listener = executor.rebuilt_listener(it, self._region_bytes(plan))
+            regions.listener = executor.rebuilt_listener(it, self._region_rebuilds(plan))
         if layers is not None:
             assert regions is not None
             regions.enable(layers.enabled)

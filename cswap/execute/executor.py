@@ -79,8 +79,9 @@ from cswap.execute.stored import Counters, Handle, Stored
 from cswap.execute.streams import Transfers, torch_threads_kept
 from cswap.planner.plan import DTYPE_NAMES, Action, Decision, Plan, host_reserve_bytes, serves_shape
 from cswap.profile.profiler import Profiler
+from cswap.profile.shapes import SizeMap, merged
 
-__all__ = ["Counters", "Executor", "IterationState"]
+__all__ = ["Counters", "Executor", "IterationState", "RegionRebuild"]
 
 _BITS_BY_ITEMSIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
@@ -172,9 +173,11 @@ class IterationState:
         # over the micro-batches; and the most packs one micro-batch made.
         self.seen: dict[int, tuple[tuple[int, ...], str]] = {}
         self.packs = 0
-        # The most a pack outgrew its planned bytes by, as a ratio (1.0: none did); a region's
-        # recomputation is taken to grow as much (Executor.make_room_to_recompute).
+        # The most a pack outgrew its planned bytes by, as a ratio (1.0: none did), and per planned
+        # shape that grew the largest it became: a region's recomputation grows as its sizes do
+        # (Executor.make_room_to_recompute).
         self.growth = 1.0
+        self.outgrown: dict[tuple[int, ...], tuple[int, ...]] = {}
         # A plan whose fallback keeps on the device, compressed (compress-keep's keep-first profile),
         # compresses what it kept, oldest first, before a tensor would pass the budget
         # (Executor._compact_kept); keys of entries another view's entry leans on stay raw.
@@ -224,18 +227,42 @@ class IterationState:
         return True
 
 
+#: Per tensor a recompute region rebuilds, its shape and bytes at the sizes the plan was made for.
+RegionRebuild = tuple[tuple[tuple[int, ...], int], ...]
+
+
+def _grown_rebuild_bytes(rebuild: RegionRebuild, growth: float, outgrown: Mapping[tuple[int, ...], tuple[int, ...]]) -> int:
+    """What ``rebuild`` holds at the sizes the packs grew to: each tensor's shape mapped as the
+    packs' shapes grew (:class:`~cswap.profile.shapes.SizeMap`: an attention's scores grow with the
+    square of the sequence, which the packs outside the region grow with), and no less than the
+    planned bytes grown as much as the packs' most (``growth``).
+
+    Example:
+        >>> scores = (((2, 4, 96, 96), 147456),)
+        >>> _grown_rebuild_bytes(scores, 112 / 96, {(2, 96, 64): (2, 112, 64)})
+        200704
+    """
+    planned = sum(nbytes for _, nbytes in rebuild)
+    grown = math.ceil(planned * max(growth, 1.0))
+    if not outgrown:
+        return grown
+    sizes = SizeMap.learn(outgrown.items())
+    mapped = sum(math.ceil(nbytes * math.prod(sizes.size(s) for s in shape) / max(math.prod(shape), 1)) for shape, nbytes in rebuild)
+    return max(grown, mapped)
+
+
 class _RebuiltBytes:
     """Counts the tensors a region's recomputation saves as resident until they are freed, and
-    makes room for them first where the iteration outgrew its plan (``region_bytes``: per region
-    path, what the plan has it rebuild)."""
+    makes room for them first where the iteration outgrew its plan (``region_rebuilds``: per region
+    path, the shape and bytes of each tensor the plan has it rebuild)."""
 
-    def __init__(self, executor: Executor, it: IterationState, region_bytes: Mapping[str, int]) -> None:
+    def __init__(self, executor: Executor, it: IterationState, region_rebuilds: Mapping[str, RegionRebuild]) -> None:
         self.executor = executor
         self.it = it
-        self.region_bytes = region_bytes
+        self.region_rebuilds = region_rebuilds
 
     def recomputing(self, path: str) -> None:
-        self.executor.make_room_to_recompute(self.it, self.region_bytes.get(path, 0))
+        self.executor.make_room_to_recompute(self.it, self.region_rebuilds.get(path, ()))
 
     def rebuilt(self, tensor: torch.Tensor) -> None:
         self.executor.hold_rebuilt(self.it, tensor)
@@ -626,24 +653,24 @@ class Executor:
             self._rebuilt[sid] = _RebuiltRef(storage, self._rebuilt_died, sid, nbytes)
             self.counters.add_resident(nbytes)
 
-    def rebuilt_listener(self, it: IterationState, region_bytes: Mapping[str, int] | None = None) -> _RebuiltBytes:
+    def rebuilt_listener(self, it: IterationState, region_rebuilds: Mapping[str, RegionRebuild] | None = None) -> _RebuiltBytes:
         """The :class:`cswap.execute.recompute.RecomputeListener` that counts, in ``it``, what a region's
-        recomputation saves (:meth:`hold_rebuilt`); ``region_bytes``, per region path, what the plan
-        has that region rebuild (:meth:`make_room_to_recompute`)."""
-        return _RebuiltBytes(self, it, region_bytes or {})
+        recomputation saves (:meth:`hold_rebuilt`); ``region_rebuilds``, per region path, the shape
+        and bytes of each tensor the plan has that region rebuild (:meth:`make_room_to_recompute`)."""
+        return _RebuiltBytes(self, it, region_rebuilds or {})
 
-    def make_room_to_recompute(self, it: IterationState, planned_bytes: int) -> None:
-        """Before a region rebuilds what its plan put at ``planned_bytes``, move kept tensors to the
-        host while the rebuild, grown as much as the iteration's packs grew (a longer sequence than
-        planned), would pass the budget (:meth:`_make_room`).
+    def make_room_to_recompute(self, it: IterationState, rebuild: RegionRebuild) -> None:
+        """Before a region rebuilds the tensors of ``rebuild`` (their shapes and bytes as planned),
+        move kept tensors to the host while the rebuild, at the sizes the iteration's packs grew to
+        (a longer sequence than planned), would pass the budget (:meth:`_make_room`).
 
         A plan that met the budget made room for every rebuild at its sizes, and nothing moves; one
         made at a least past the budget (``Runtime._past_least``) has its rebuilds make room.
         """
-        if not planned_bytes or not it.makes_room:
+        if not rebuild or not it.makes_room:
             return
         with self._lock:
-            self._make_room(it, math.ceil(planned_bytes * max(it.growth, 1.0)))
+            self._make_room(it, _grown_rebuild_bytes(rebuild, it.growth, it.outgrown))
 
     def release_rebuilt(self) -> None:
         """Stop counting the rebuilt storages still alive: the iteration is over, and what holds them
@@ -833,6 +860,8 @@ class Executor:
                 planned = plan.decisions.get(key)
                 if planned is not None and planned.nbytes:
                     it.growth = max(it.growth, layout.nbytes / planned.nbytes)
+                    if len(planned.shape) == len(layout.shape):
+                        it.outgrown[planned.shape] = merged(it.outgrown.get(planned.shape, layout.shape), layout.shape)
             elif plan.decisions and not decision.planned and not plan.knows(key, layout.shape, layout.dtype):
                 # counted whether or not the budget then made it fall back
                 counters.unknown_keys += 1

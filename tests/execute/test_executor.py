@@ -6,6 +6,7 @@ min_bytes, parameters and buffers, runtimes in threads, nesting and failed itera
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -18,7 +19,7 @@ import cswap
 from cswap.codecs import zvc_compressed_nbytes
 from cswap.execute.executor import Executor
 from cswap.planner.actions import RUNTIME_POLICIES
-from cswap.planner.plan import Action, Plan
+from cswap.planner.plan import Action, Decision, Plan
 from tests.runtime.helpers import assert_bit_equal, one_thread_below_1mib
 
 MOVING_POLICIES = ("swap", "compress-swap", "cswap", "compress-keep")
@@ -642,3 +643,36 @@ def test_backward_makes_room_by_moving_a_compressed_keep_to_the_host() -> None:
     assert counters.budget_evictions > 0 and counters.actions["zvc-swap"] == counters.budget_evictions, dict(counters.actions)
     assert counters.iteration_peak_resident_bytes <= budget
     assert_bit_equal([plain.grad], [grad], "gradient")
+
+
+@pytest.mark.parametrize("grown_length", [12, 16])
+def test_a_rebuild_past_its_planned_sizes_makes_room_for_its_grown_scores(grown_length: int) -> None:
+    """A step at a longer sequence than planned: before a region rebuilds, kept tensors move to the
+    host until the rebuild fits at the sizes the packs grew to. An attention's scores, rebuilt
+    inside the region and never packed outside it, grow with the square of the sequence, past the
+    growth of any pack (a BERT's passed the budget by 1.5% at 112 tokens, planned at 96, when the
+    rebuild was taken to grow as much as the packs)."""
+    planned_length, width = 8, 16
+    planned = (2, planned_length, width)
+    plan_nbytes = 2 * planned_length * width * 4
+    decisions = {k: Decision(key=k, shape=planned, dtype="float32", nbytes=plan_nbytes, sparsity=0.0, action=Action.KEEP,
+                             reason="fits", planned=True) for k in range(4)}
+    scores = (2, 4, planned_length, planned_length)
+    rebuild = ((scores, 4 * math.prod(scores)),)
+    grown_scores_bytes = 4 * 2 * 4 * grown_length * grown_length
+    kept_bytes = 4 * 2 * grown_length * width * 4
+    budget = kept_bytes + grown_scores_bytes - 1  # one kept tensor must move for the grown scores
+    executor = Executor(torch.device("cpu"), backend="cpu", prefetch_bytes=0)
+    plan = Plan("recompute", 0, Action.KEEP, decisions=decisions, budget_bytes=budget, fallback_action=Action.SWAP)
+    it = executor.begin(plan)
+    pack, unpack = executor.hooks(it)
+    handles = [pack(torch.randn(2, grown_length, width)) for _ in range(4)]
+    assert executor.counters.resident_bytes == kept_bytes and it.growth == grown_length / planned_length
+    linear = math.ceil(rebuild[0][1] * it.growth)
+    assert executor.counters.resident_bytes + linear <= budget < executor.counters.resident_bytes + grown_scores_bytes
+    executor.make_room_to_recompute(it, rebuild)
+    assert executor.counters.resident_bytes + grown_scores_bytes <= budget
+    assert executor.counters.budget_evictions >= 1
+    for handle in handles:
+        unpack(handle)
+    executor.end(it)
