@@ -31,7 +31,7 @@ import math
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -613,7 +613,7 @@ class Runtime:
             profiler.meta["micro_batches"] = it.micro_batches
             if passive is not None and passive.retries:
                 profiler.meta["out_of_memory_retries"] = passive.retries
-            self._finish_profile(profiler, tracer, layers)
+            self._finish_profile(profiler, tracer, layers, it.seen)
         if self.policy in _HELD_POLICIES:
             # what fell back to the host (a keep-first profile falls back on the device: not a swap)
             swapped = executor.counters.budget_fallbacks + executor.counters.budget_evictions - swapped_before if it.makes_room else 0
@@ -777,7 +777,11 @@ class Runtime:
         cached = torch.cuda.memory_reserved(self._device) - torch.cuda.memory_allocated(self._device)
         return free + cached < need
 
-    def _finish_profile(self, profiler: Profiler, tracer: RegionTracer | None, layers: LayersProfile | None = None) -> None:
+    def _finish_profile(self, profiler: Profiler, tracer: RegionTracer | None, layers: LayersProfile | None = None,
+                        later: Mapping[int, tuple[tuple[int, ...], str]] | None = None) -> None:
+        """Plan from the profile just taken. ``later``: per key, the largest shape and the dtype the
+        iteration's later micro-batches packed (:attr:`IterationState.seen`), which the profile did
+        not record: where they are of the profiled graph and larger, the plan is made for them."""
         d2h, h2d = self._bandwidth()
         trace = profiler.trace(d2h, h2d, self._device_dict())
         budget = self._options.memory_budget
@@ -813,6 +817,13 @@ class Runtime:
         known = self._families.get(structure)
         self._missed_unknown = self._graph_profile and self._unknown_profile and known is not None
         self._profile_not_before = 0
+        later_shapes = _later_shapes(trace, later or {})
+        if later_shapes:
+            # Gradient accumulation over micro-batches of different lengths: the profile recorded the
+            # first, and a later one at a longer sequence would otherwise pass a plan made for it
+            # (BERT under recompute, 40 then 96 tokens: the next 112-token step passed half of
+            # none's peak by 75%) and resolve a fraction against the shorter one.
+            shapes = tuple(later_shapes.get(r.key, shape) for r, shape in zip(trace.tensors, shapes))
         if known is not None:  # profiled again (a new epoch): its plan stays made for the largest sizes seen
             shapes = tuple(merged(a, b) for a, b in zip(known.shapes, shapes))
         # The graph whose plan met the budget, at no larger sizes: what changed is the data.
@@ -1245,6 +1256,29 @@ class Runtime:
                 profiled_offloaded_bytes=self._profiled_offloaded_bytes,
                 history=(*self._history, self._epoch_stats(counters)),
             )
+
+
+def _later_shapes(trace: Trace, later: Mapping[int, tuple[tuple[int, ...], str]]) -> dict[int, tuple[int, ...]]:
+    """Per key of ``trace`` (a profile of an iteration's first micro-batch) that its later
+    micro-batches packed larger, the size to plan for (:func:`~cswap.profile.shapes.grown_shapes`);
+    nothing when they packed another graph (another dtype or rank at a key, or more packs), which
+    the next iteration tells apart as it would any other.
+
+    Example:
+        >>> from cswap.profile.trace import TensorRecord
+        >>> record = TensorRecord(key=0, shape=(2, 40, 8), dtype="float32", nbytes=2560)
+        >>> trace = Trace(tensors=(record,))
+        >>> _later_shapes(trace, {0: ((2, 96, 8), "float32")})
+        {0: (2, 96, 8)}
+        >>> _later_shapes(trace, {0: ((2, 96), "float32")})
+        {}
+    """
+    records = {r.key: r for r in trace.tensors}
+    for key, (shape, dtype) in later.items():
+        record = records.get(key)
+        if record is None or record.dtype != dtype or len(record.shape) != len(shape):
+            return {}
+    return grown_shapes(trace, {key: shape for key, (shape, _) in later.items()}) if later else {}
 
 
 def _sparsity_drift(before: Trace, now: Trace) -> dict[int, float]:

@@ -131,7 +131,8 @@ class IterationState:
     backward, ... inside one ``rt.iteration()``). Each is a repetition of the first: its packs are
     numbered from 0 again, so one plan, made from the first micro-batch's profile, serves them all,
     and a profiling iteration records the first only (the profile a budget resolves against is one
-    micro-batch's, which is what plain PyTorch holds at once).
+    micro-batch's, which is what plain PyTorch holds at once), with :attr:`seen` the later ones'
+    shapes, for which the runtime plans where they are larger.
 
     Args:
         plan: the plan that decides every pack (:meth:`Plan.resolve`).

@@ -157,6 +157,27 @@ def test_micro_batches_of_different_lengths_under_one_cap_in_bytes(name: str, po
     assert_bit_equal(_flat(plain), _flat(grads), "gradient")
 
 
+@pytest.mark.parametrize("policy", ["swap", "compress-swap", "cswap", "recompute"])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_a_profile_plans_for_its_longest_micro_batch(name: str, policy: str) -> None:
+    """Accumulation 2 whose profiled step's second micro-batch is the longer (40 then 96 tokens):
+    the plan is made for 96 and 0.5 of none's peak resolves against it, to the very bytes of a run
+    whose first micro-batch was the 96-token one; later steps at 96 follow that plan without
+    outgrowing it or planning again, within the budget, with plain PyTorch's gradients."""
+    rows = 4
+    steps = [[[40] * rows, [96] * rows], [[96] * rows, [30] * rows], [[64] * rows, [96] * rows]]
+    def make(model: nn.Module) -> cswap.Runtime:
+        return cswap.Runtime(policy, model=model, device="cpu", memory_budget=0.5, disable_kv_cache=True)
+    plain = lm_run(MODELS[name], steps)[0]
+    grads, seen, rt = lm_run(MODELS[name], steps, make=make)
+    longest_first = lm_run(MODELS[name], [list(reversed(steps[0]))], make=make)[1]
+    assert seen[0][1] == longest_first[0][1], "the fraction did not resolve against the longest micro-batch's peak"
+    stats = rt.stats()
+    assert (stats.profiled_iterations, stats.unprofiled_plans, stats.outgrown_tensors) == (1, 0, 0), stats
+    _check(seen, max_profiles=1)
+    assert_bit_equal(_flat(plain), _flat(grads), "gradient")
+
+
 @pytest.mark.parametrize("policy", ["recompute", "compress-keep"])
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_a_budget_met_at_short_lengths_holds_past_the_policys_least_at_longer_ones(name: str, policy: str) -> None:
