@@ -74,6 +74,8 @@ class SizeMap:
     Attributes:
         grown: per profiled size that grew, its new size (the largest seen, where several were).
         still: sizes seen unchanged somewhere (a hidden width that happens to equal the old length).
+        sequences: sizes that grew behind a leading size that did not (``[batch, sequence, ...]``):
+            a sequence as it is, never a flattened batch of sequences.
 
     Example:
         >>> sizes = SizeMap.learn([((4, 59, 64), (4, 112, 64))])
@@ -86,30 +88,43 @@ class SizeMap:
         >>> sizes = SizeMap.learn([((80, 256), (224, 256))])
         >>> sizes.size(40), sizes.size(2), sizes.size(256)
         (112, 2, 256)
+
+    A size seen growing behind a batch that did not is a sequence, not a flattened batch of them:
+    its divisors and those of its batch's multiples stay (attention scores' batch x heads, a
+    head's width):
+
+        >>> sizes = SizeMap.learn([((3, 96, 128), (3, 120, 128)), ((288, 128), (360, 128))])
+        >>> sizes.size(12), sizes.size(32), sizes.size(96)
+        (12, 32, 120)
     """
 
     grown: Mapping[int, int]
     still: frozenset[int]
+    sequences: frozenset[int] = frozenset()
 
     @classmethod
     def learn(cls, pairs: Iterable[tuple[tuple[int, ...], tuple[int, ...]]]) -> SizeMap:
         """From ``(profiled shape, new shape)`` pairs of one rank."""
         grown: dict[int, int] = {}
         still: set[int] = set()
+        sequences: set[int] = set()
         for old, new in pairs:
             for a, b in zip(old, new):
                 if b > a:
                     grown[a] = max(grown.get(a, b), b)
                 elif b == a:
                     still.add(a)
-        return cls(grown, frozenset(still))
+            if len(old) > 1 and old[0] == new[0]:
+                sequences.update(a for a, b in zip(old[1:], new[1:]) if b > a)
+        return cls(grown, frozenset(still), frozenset(sequences))
 
     def size(self, old: int) -> int:
         """What a size ``old`` of a shape the packs did not show becomes: its own growth where one
         was seen; else, where ``old`` is a multiple of a size that grew (a flattened batch of
         sequences) and was never seen unchanged, that multiple of the new size; else, where a size
-        that grew is ``old`` times a smaller factor (the batch of that flattened batch of
-        sequences) that divides its new size, the new size over that factor; else ``old``. A size
+        that grew, and is neither a sequence seen behind a batch that did not (:attr:`sequences`)
+        nor a batch of one, is ``old`` times a smaller factor (the batch of that flattened batch of sequences) that divides its
+        new size, the new size over that factor; else ``old``. A size
         both grown and seen unchanged grows (a shape inferred too large costs plan quality, never
         the budget)."""
         new = self.grown.get(old)
@@ -122,7 +137,12 @@ class SizeMap:
                 return old // base * self.grown[base]
         for base in sorted(self.grown, reverse=True):
             # a factor of a flattened batch of sequences that grew: the sequence (the batch, the
-            # smaller factor, stays)
+            # smaller factor, stays). Not of a sequence seen as one, or a batch of one, whose
+            # divisors are other sizes: BERT's [batch x heads, sequence, sequence] scores at 3 x 4
+            # and 96 tokens took 12 for 8 sequences of 12, its head width 32 in [3 x 96, ...] for 9
+            # of 32, and none's peak at 120 tokens for 11% more than it is.
+            if any(base % seq == 0 and base // seq < seq for seq in self.sequences):
+                continue
             factor = base // old if old > 1 and base % old == 0 else 0
             if 1 < factor < old and self.grown[base] % factor == 0:
                 return self.grown[base] // factor
