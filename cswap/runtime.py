@@ -820,9 +820,9 @@ class Runtime:
         later_shapes = _later_shapes(trace, later or {})
         if later_shapes:
             # Gradient accumulation over micro-batches of different lengths: the profile recorded the
-            # first, and a later one at a longer sequence would otherwise pass a plan made for it
-            # (BERT under recompute, 40 then 96 tokens: the next 112-token step passed half of
-            # none's peak by 75%) and resolve a fraction against the shorter one.
+            # first; planned for it, a fraction resolves against the shorter one and the next step
+            # outgrows the plan (BERT under recompute at 0.5, 40 then 96 tokens: the 112-token step
+            # after passed the cap then in force, half of none's peak at 40 tokens, by 75%).
             shapes = tuple(later_shapes.get(r.key, shape) for r, shape in zip(trace.tensors, shapes))
         if known is not None:  # profiled again (a new epoch): its plan stays made for the largest sizes seen
             shapes = tuple(merged(a, b) for a, b in zip(known.shapes, shapes))
@@ -1266,7 +1266,7 @@ def _later_shapes(trace: Trace, later: Mapping[int, tuple[tuple[int, ...], str]]
 
     Example:
         >>> from cswap.profile.trace import TensorRecord
-        >>> record = TensorRecord(key=0, shape=(2, 40, 8), dtype="float32", nbytes=2560)
+        >>> record = TensorRecord(key=0, shape=(2, 40, 8), dtype="float32", nbytes=2560, sparsity=0.0)
         >>> trace = Trace(tensors=(record,))
         >>> _later_shapes(trace, {0: ((2, 96, 8), "float32")})
         {0: (2, 96, 8)}

@@ -123,10 +123,10 @@ class SizeMap:
         was seen; else, where ``old`` is a multiple of a size that grew (a flattened batch of
         sequences) and was never seen unchanged, that multiple of the new size; else, where a size
         that grew, and is neither a sequence seen behind a batch that did not (:attr:`sequences`)
-        nor a batch of one, is ``old`` times a smaller factor (the batch of that flattened batch of sequences) that divides its
-        new size, the new size over that factor; else ``old``. A size
-        both grown and seen unchanged grows (a shape inferred too large costs plan quality, never
-        the budget)."""
+        nor a batch of one, is ``old`` times a smaller factor (the batch of that flattened batch of
+        sequences) that divides its new size, the new size over that factor; else ``old``. A size
+        both grown and seen unchanged grows (a shape inferred too large costs plan quality, and
+        raises a fraction's bytes with ``none``'s peak; it never passes a budget)."""
         new = self.grown.get(old)
         if new is not None:
             return new
