@@ -67,6 +67,8 @@ def runtime_options(policy: str | None, memory_budget: int | str | float | None,
     Example:
         >>> runtime_options("swap", None, {"min_bytes": 0})
         {'min_bytes': 0, 'policy': 'swap'}
+        >>> runtime_options("recompute", None, {"disable_kv_cache": True})
+        {'disable_kv_cache': True, 'policy': 'recompute'}
         >>> runtime_options("swop", None, {})
         Traceback (most recent call last):
         ...
@@ -75,7 +77,11 @@ def runtime_options(policy: str | None, memory_budget: int | str | float | None,
     kwargs = dict(options)
     if policy is not None:
         kwargs["policy"] = policy
-    kwargs["policy"] = load_options(**kwargs).policy
+    checked = dict(kwargs)
+    if checked.get("disable_kv_cache") is True:
+        # checked against the model the runtime is made for, which the callback is not given yet
+        checked["disable_kv_cache"] = False
+    kwargs["policy"] = load_options(**checked).policy
     if memory_budget is not None:
         parse_budget(memory_budget)
         if "memory_budget" not in inspect.signature(Runtime).parameters:

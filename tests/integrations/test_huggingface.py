@@ -156,6 +156,15 @@ def test_bad_options_fail_when_the_callback_is_made() -> None:
         CswapCallback("swap", memory_budget="-3GiB")
 
 
+def test_disable_kv_cache_waits_for_the_model_and_a_bad_value_fails_at_once() -> None:
+    """The callback is made before the Trainer hands it the model, whose configs
+    ``disable_kv_cache=True`` turns the cache off in: it is taken then and checked against the
+    model when the runtime is made; a value that is not a bool fails when the callback is made."""
+    assert CswapCallback("recompute", disable_kv_cache=True)._kwargs["disable_kv_cache"] is True
+    with pytest.raises(ValueError, match="disable_kv_cache='yes': must be true or false"):
+        CswapCallback("recompute", disable_kv_cache="yes")
+
+
 def test_a_memory_budget_reaches_the_runtime_that_takes_one() -> None:
     if "memory_budget" in inspect.signature(cswap.Runtime).parameters:
         assert CswapCallback("swap", memory_budget="1GiB")._kwargs["memory_budget"] == "1GiB"
