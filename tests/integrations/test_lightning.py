@@ -127,3 +127,84 @@ def test_bad_options_fail_when_the_callback_is_made() -> None:
         CswapCallback("swop")
     with pytest.raises(RuntimeError, match="made when fitting begins"):
         _ = CswapCallback("swap").runtime
+
+
+transformers = pytest.importorskip("transformers")
+
+#: Per batch, the lengths of its 3 sequences; accumulation 2: the first step's second micro-batch is
+#: its longest, and no later one is longer.
+PADDED_LENGTHS = [(40, 25, 33), (96, 60, 12), (96, 9, 50), (64, 64, 7), (30, 5, 9), (96, 80, 79)]
+
+
+class PaddedLM(pl.LightningModule):
+    """GPT-2 from its config class (small sizes, the library's defaults otherwise) on batches padded
+    to their longest sequence, with an attention mask and labels ignored on the padding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        config = transformers.GPT2Config(vocab_size=256, n_positions=128, n_embd=64, n_layer=2, n_head=2)
+        self.model = transformers.GPT2LMHeadModel(config)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        ids, mask = batch
+        return self.model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+
+def _padded_loader() -> torch.utils.data.DataLoader:
+    def collate(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        longest = max(len(r) for r in rows)
+        ids, mask = torch.zeros(len(rows), longest, dtype=torch.long), torch.zeros(len(rows), longest, dtype=torch.long)
+        for i, row in enumerate(rows):
+            ids[i, :len(row)], mask[i, :len(row)] = row, 1
+        return ids, mask
+
+    g = torch.Generator().manual_seed(5)
+    rows = [torch.randint(1, 256, (n,), generator=g) for lengths in PADDED_LENGTHS for n in lengths]
+    return torch.utils.data.DataLoader(rows, batch_size=3, shuffle=False, collate_fn=collate)
+
+
+class _StepPeaks(pl.Callback):
+    """Each optimizer step's peak and the budget in force, read after the iteration closed."""
+
+    def __init__(self, callback: CswapCallback) -> None:
+        self.callback = callback
+        self.seen: list[tuple[int, int | None]] = []
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        stats = self.callback.runtime.stats()
+        self.seen.append((stats.iteration_peak_resident_bytes, stats.budget_bytes))
+
+
+def _fit_padded(tmp_path: Path, callback: CswapCallback | None) -> tuple[list[torch.Tensor], list[tuple[int, int | None]]]:
+    pl.seed_everything(0, verbose=False)
+    module = PaddedLM()
+    peaks = _StepPeaks(callback) if callback is not None else None
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=1, max_epochs=1, deterministic=True, accumulate_grad_batches=2, precision="bf16-mixed",
+        enable_checkpointing=False, logger=False, enable_progress_bar=False, enable_model_summary=False,
+        default_root_dir=str(tmp_path), callbacks=[callback, peaks] if callback is not None else None,
+    )
+    trainer.fit(module, _padded_loader())
+    return [p.detach().clone() for p in module.parameters()], peaks.seen if peaks is not None else []
+
+
+@pytest.mark.parametrize("policy", ["cswap", "recompute"])
+def test_a_transformer_padded_per_batch_under_bf16_mixed_precision(tmp_path: Path, policy: str) -> None:
+    """``precision="bf16-mixed"`` (autocast over float32 weights), each batch padded to its longest,
+    ``accumulate_grad_batches=2``, at 0.5 of ``none``'s peak: the first step's longer micro-batch is
+    planned for from its profile (one profile, no step outgrows the plan or plans again), every
+    step is within the budget, and the weights are those of the run without the callback.
+    ``disable_kv_cache=True`` is taken when the callback is made, before it has the model."""
+    plain, _ = _fit_padded(tmp_path / "plain", None)
+    callback = CswapCallback(policy, memory_budget=0.5, log_stats=False, disable_kv_cache=True)
+    weights, seen = _fit_padded(tmp_path / policy, callback)
+    _assert_same_weights(plain, weights, f"{policy} under bf16-mixed with padded batches")
+    stats = callback.runtime.stats()
+    assert (stats.iterations, stats.profiled_iterations, stats.unprofiled_plans, stats.outgrown_tensors) == (3, 1, 0, 0), stats
+    assert len(seen) == 3 and all(budget is not None and peak <= budget for peak, budget in seen), seen
+    assert {"bfloat16", "float32"} <= {t.dtype for t in callback.runtime.trace().tensors}
+    if policy == "recompute":  # the callback's disable_kv_cache=True let GPT-2's blocks be recomputed
+        assert stats.actions["recompute"] > 0, stats.actions
