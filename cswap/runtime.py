@@ -777,8 +777,8 @@ class Runtime:
         cached = torch.cuda.memory_reserved(self._device) - torch.cuda.memory_allocated(self._device)
         return free + cached < need
 
-    def _finish_profile(self, profiler: Profiler, tracer: RegionTracer | None, layers: LayersProfile | None = None,
-                        later: Mapping[int, tuple[tuple[int, ...], str]] | None = None) -> None:
+    def _finish_profile(self, profiler: Profiler, tracer: RegionTracer | None, layers: LayersProfile | None,
+                        later: Mapping[int, tuple[tuple[int, ...], str]]) -> None:
         """Plan from the profile just taken. ``later``: per key, the largest shape and the dtype the
         iteration's later micro-batches packed (:attr:`IterationState.seen`), which the profile did
         not record: where they are of the profiled graph and larger, the plan is made for them."""
@@ -817,7 +817,7 @@ class Runtime:
         known = self._families.get(structure)
         self._missed_unknown = self._graph_profile and self._unknown_profile and known is not None
         self._profile_not_before = 0
-        later_shapes = _later_shapes(trace, later or {})
+        later_shapes = _later_shapes(trace, later)
         if later_shapes:
             # Gradient accumulation over micro-batches of different lengths: the profile recorded the
             # first; planned for it, a fraction resolves against the shorter one and the next step
@@ -1273,12 +1273,10 @@ def _later_shapes(trace: Trace, later: Mapping[int, tuple[tuple[int, ...], str]]
         >>> _later_shapes(trace, {0: ((2, 96), "float32")})
         {}
     """
-    records = {r.key: r for r in trace.tensors}
-    for key, (shape, dtype) in later.items():
-        record = records.get(key)
-        if record is None or record.dtype != dtype or len(record.shape) != len(shape):
-            return {}
-    return grown_shapes(trace, {key: shape for key, (shape, _) in later.items()}) if later else {}
+    structure = structure_of(trace)
+    if not later or any(key >= len(structure) or structure[key] != (dtype, len(shape)) for key, (shape, dtype) in later.items()):
+        return {}
+    return grown_shapes(trace, {key: shape for key, (shape, _) in later.items()})
 
 
 def _sparsity_drift(before: Trace, now: Trace) -> dict[int, float]:
