@@ -388,8 +388,22 @@ def budgets_error(problem: PlanningProblem, policy: str, budget_bytes: int, host
                        binding=binding)
 
 
+def _partners(shared: tuple[tuple[int, int, np.ndarray], ...]) -> dict[int, list[tuple[int, np.ndarray]]]:
+    """Per keep column of a shared storage: the other keep column and the pair's credit."""
+    partners: dict[int, list[tuple[int, np.ndarray]]] = {}
+    for a, b, credit in shared:
+        partners.setdefault(a, []).append((b, credit))
+        partners.setdefault(b, []).append((a, credit))
+    return partners
+
+
 def _greedy(arrays: _Arrays, budget_bytes: int, host_budget_bytes: int | None = None) -> np.ndarray | None:
+    """Capuchin-style: each tensor at its cheapest option, then, while the peak passes the budget,
+    the move freeing most bytes at the peak per second added; then back to cheaper options where the
+    budget still holds. The plan it returns holds the budget in exact bytes, shared storages' credits
+    included."""
     cost, held, owner = arrays.cost, arrays.held, arrays.owner
+    partners = _partners(arrays.shared)
     chosen = np.zeros(arrays.tensor_count, dtype=np.int64)
     for t in range(arrays.tensor_count):
         mine = np.flatnonzero(owner == t)
@@ -399,49 +413,67 @@ def _greedy(arrays: _Arrays, budget_bytes: int, host_budget_bytes: int | None = 
         host_level = host[chosen].sum(axis=0)
         if host_level.max(initial=0) > host_budget_bytes:
             return None  # the cheapest options already pass the host budget: left to the solver
-    level = held[chosen].sum(axis=0)
+    # Each kept tensor of a shared storage counted on its own first ("alone"): moving either frees
+    # its bytes there, where in exact bytes neither frees the storage until both have moved. The
+    # exact level then finishes, where a view outliving its owner holds more than it alone does.
+    levels = {False: held[chosen].sum(axis=0), True: _level(held, arrays.shared, chosen)}
+
+    def moved(t: int, v: int, exact: bool) -> np.ndarray:
+        line = levels[exact] - held[chosen[t]] + held[v]
+        if exact:  # the credits of the shared storages the move parts or joins
+            for column, sign in ((chosen[t], -1), (v, 1)):
+                for partner, credit in partners.get(column, ()):
+                    if chosen[owner[partner]] == partner:
+                        line = line + sign * credit
+        return line
+
+    def take(t: int, v: int) -> None:
+        levels[False], levels[True] = moved(t, v, False), moved(t, v, True)
+        chosen[t] = v
 
     def overflow(line: np.ndarray) -> int:
         return int(np.maximum(line - budget_bytes, 0).sum())
 
-    while level.max(initial=0) > budget_bytes:
-        peak = int(np.argmax(level))
-        current = chosen[owner]
-        freed = held[current, peak] - held[:, peak]
-        added = cost - cost[current]
-        movable = np.flatnonzero(freed > 0)
-        if movable.size == 0:
-            return None
-        score = freed[movable] / np.maximum(added[movable], 1e-12)
-        before = overflow(level)
-        moved = False
-        for v in movable[np.argsort(-score, kind="stable")]:
-            t = owner[v]
-            line = level - held[chosen[t]] + held[v]
-            if overflow(line) < before:
-                if host_level is not None:
-                    host_line = host_level - host[chosen[t]] + host[v]
-                    if host_line.max(initial=0) > host_budget_bytes:  # type: ignore[operator]
-                        continue  # it would pass the host budget: the next best move
-                    host_level = host_line
-                chosen[t], level, moved = v, line, True
-                break
-        if not moved:
-            return None
+    for exact in (False, True):
+        while levels[exact].max(initial=0) > budget_bytes:
+            level = levels[exact]
+            peak = int(np.argmax(level))
+            current = chosen[owner]
+            freed = held[current, peak] - held[:, peak]
+            if exact:
+                credit_at_peak = np.zeros(len(cost), dtype=np.int64)
+                for column, pairs in partners.items():
+                    credit_at_peak[column] = sum(int(credit[peak]) for partner, credit in pairs if chosen[owner[partner]] == partner)
+                freed = freed + credit_at_peak[current] - credit_at_peak
+            added = cost - cost[current]
+            movable = np.flatnonzero(freed > 0)
+            score = freed[movable] / np.maximum(added[movable], 1e-12)
+            before = overflow(level)
+            for v in movable[np.argsort(-score, kind="stable")]:
+                t = owner[v]
+                if overflow(moved(t, v, exact)) < before:
+                    if host_level is not None:
+                        host_line = host_level - host[chosen[t]] + host[v]
+                        if host_line.max(initial=0) > host_budget_bytes:  # type: ignore[operator]
+                            continue  # it would pass the host budget: the next best move
+                        host_level = host_line
+                    take(t, v)
+                    break
+            else:
+                return None
     # undo what the budget no longer needs: cheaper options first where they still fit
     for t in np.argsort(-cost[chosen], kind="stable"):
         mine = np.flatnonzero(owner == t)
         for v in mine[np.argsort(cost[mine], kind="stable")]:
             if cost[v] >= cost[chosen[t]]:
                 break
-            line = level - held[chosen[t]] + held[v]
-            if line.max(initial=0) <= budget_bytes:
+            if moved(t, v, True).max(initial=0) <= budget_bytes:
                 if host_level is not None:
                     host_line = host_level - host[chosen[t]] + host[v]
                     if host_line.max(initial=0) > host_budget_bytes:  # type: ignore[operator]
                         continue
                     host_level = host_line
-                chosen[t], level = v, line
+                take(t, v)
                 break
     return chosen
 

@@ -370,7 +370,8 @@ def plan_tied(
     started = time.perf_counter()
     program = tie_layers(problem, policy, repeats, edge_layers, blocks)
     found, optimal = _fitting(program, budget_bytes, time_limit_s, rel_gap)
-    arrays = _Arrays(program.choices, program.owner, program.cost_s, program.held_bytes, len(program.units))  # type: ignore[arg-type]
+    arrays = _Arrays(program.choices, program.owner, program.cost_s, program.held_bytes, len(program.units),  # type: ignore[arg-type]
+                     shared=program.shared)
     fallback = _greedy(arrays, budget_bytes) if greedy or found is None else None
     if found is None and fallback is None:
         return None
