@@ -145,9 +145,14 @@ class PaddedLM(pl.LightningModule):
         config = transformers.GPT2Config(vocab_size=256, n_positions=128, n_embd=64, n_layer=2, n_head=2)
         self.model = transformers.GPT2LMHeadModel(config)
 
+        self.validation_losses: list[torch.Tensor] = []
+
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         ids, mask = batch
         return self.model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        self.validation_losses.append(self.training_step(batch, batch_idx).detach().clone())
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self.parameters(), lr=1e-3)
@@ -178,17 +183,22 @@ class _StepPeaks(pl.Callback):
         self.seen.append((stats.iteration_peak_resident_bytes, stats.budget_bytes))
 
 
-def _fit_padded(tmp_path: Path, callback: CswapCallback | None) -> tuple[list[torch.Tensor], list[tuple[int, int | None]]]:
+def _fit_padded(tmp_path: Path, callback: CswapCallback | None, validate: bool = False,
+                ) -> tuple[list[torch.Tensor], list[tuple[int, int | None]]]:
+    """The weights after one epoch (and with ``validate``, every validation loss after them) and
+    each step's peak and budget; ``validate`` checks one batch after every training batch, so
+    between the two micro-batches of each step too."""
     pl.seed_everything(0, verbose=False)
     module = PaddedLM()
     peaks = _StepPeaks(callback) if callback is not None else None
+    validation = dict(val_check_interval=1, limit_val_batches=1, num_sanity_val_steps=0) if validate else {}
     trainer = pl.Trainer(
         accelerator="cpu", devices=1, max_epochs=1, deterministic=True, accumulate_grad_batches=2, precision="bf16-mixed",
         enable_checkpointing=False, logger=False, enable_progress_bar=False, enable_model_summary=False,
-        default_root_dir=str(tmp_path), callbacks=[callback, peaks] if callback is not None else None,
+        default_root_dir=str(tmp_path), callbacks=[callback, peaks] if callback is not None else None, **validation,
     )
-    trainer.fit(module, _padded_loader())
-    return [p.detach().clone() for p in module.parameters()], peaks.seen if peaks is not None else []
+    trainer.fit(module, _padded_loader(), _padded_loader() if validate else None)
+    return [p.detach().clone() for p in module.parameters()] + module.validation_losses, peaks.seen if peaks is not None else []
 
 
 @pytest.mark.parametrize("policy", ["cswap", "recompute"])
@@ -207,4 +217,23 @@ def test_a_transformer_padded_per_batch_under_bf16_mixed_precision(tmp_path: Pat
     assert len(seen) == 3 and all(budget is not None and peak <= budget for peak, budget in seen), seen
     assert {"bfloat16", "float32"} <= {t.dtype for t in callback.runtime.trace().tensors}
     if policy == "recompute":  # the callback's disable_kv_cache=True let GPT-2's blocks be recomputed
+        assert stats.actions["recompute"] > 0, stats.actions
+
+
+@pytest.mark.parametrize("policy", ["cswap", "recompute"])
+def test_validation_between_the_micro_batches_of_a_step(tmp_path: Path, policy: str) -> None:
+    """``val_check_interval=1`` with ``accumulate_grad_batches=2`` validates after every training
+    batch, so inside each step's open iteration, between its two micro-batches: an eval-mode
+    forward without grad through the model whose blocks the runtime recomputes. The weights and
+    every validation loss are those of the run without the callback, and the runtime sees the
+    steps it sees without validation: one profile, nothing outgrown, each within the budget."""
+    plain, _ = _fit_padded(tmp_path / "plain", None, validate=True)
+    assert len(plain) == len(list(PaddedLM().parameters())) + len(PADDED_LENGTHS), "a validation after every batch"
+    callback = CswapCallback(policy, memory_budget=0.5, log_stats=False, disable_kv_cache=True)
+    got, seen = _fit_padded(tmp_path / policy, callback, validate=True)
+    _assert_same_weights(plain, got, f"{policy} with validation between micro-batches")
+    stats = callback.runtime.stats()
+    assert (stats.iterations, stats.profiled_iterations, stats.unprofiled_plans, stats.outgrown_tensors) == (3, 1, 0, 0), stats
+    assert len(seen) == 3 and all(budget is not None and peak <= budget for peak, budget in seen), seen
+    if policy == "recompute":
         assert stats.actions["recompute"] > 0, stats.actions
