@@ -55,10 +55,12 @@ def random_lengths(steps: int, batch: int = 4, low: int = 20, high: int = 120, s
     return [[rng.randint(low, high) for _ in range(batch)] for _ in range(steps)]
 
 
-def lm_run(build, steps: list[list[list[int]]], runtime: cswap.Runtime | None = None, make=None, after_step=None):
+def lm_run(build, steps: list[list[list[int]]], runtime: cswap.Runtime | None = None, make=None, after_step=None,
+           autocast: torch.dtype | None = None):
     """Train a causal LM, one list of micro-batches (each a list of lengths) per step; returns every
     step's gradients and, with a runtime, per step its peak, the budget in force and the profiles so
-    far. ``after_step(rt)`` runs after each step."""
+    far. ``after_step(rt)`` runs after each step; ``autocast``: the forward runs under CPU autocast
+    to that dtype."""
     torch.manual_seed(0)
     model = build()
     model.train()
@@ -72,7 +74,8 @@ def lm_run(build, steps: list[list[list[int]]], runtime: cswap.Runtime | None = 
             with ctx:
                 for j, lengths in enumerate(micro_batches):
                     ids, mask = padded_batch(lengths, seed=100 * i + j)
-                    loss = model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss
+                    with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+                        loss = model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss
                     (loss / len(micro_batches)).backward()
         grads.append([p.grad.detach().clone() for p in model.parameters() if p.grad is not None])
         optimizer.step()
