@@ -427,8 +427,9 @@ def _greedy(arrays: _Arrays, budget_bytes: int, host_budget_bytes: int | None = 
                         line = line + sign * credit
         return line
 
-    def take(t: int, v: int) -> None:
-        levels[False], levels[True] = moved(t, v, False), moved(t, v, True)
+    def take(t: int, v: int, line: np.ndarray, exact: bool) -> None:
+        # ``line`` is moved(t, v, exact), already computed to accept the move
+        levels[not exact], levels[exact] = moved(t, v, not exact), line
         chosen[t] = v
 
     def overflow(line: np.ndarray) -> int:
@@ -451,13 +452,14 @@ def _greedy(arrays: _Arrays, budget_bytes: int, host_budget_bytes: int | None = 
             before = overflow(level)
             for v in movable[np.argsort(-score, kind="stable")]:
                 t = owner[v]
-                if overflow(moved(t, v, exact)) < before:
+                line = moved(t, v, exact)
+                if overflow(line) < before:
                     if host_level is not None:
                         host_line = host_level - host[chosen[t]] + host[v]
                         if host_line.max(initial=0) > host_budget_bytes:  # type: ignore[operator]
                             continue  # it would pass the host budget: the next best move
                         host_level = host_line
-                    take(t, v)
+                    take(t, v, line, exact)
                     break
             else:
                 return None
@@ -467,13 +469,14 @@ def _greedy(arrays: _Arrays, budget_bytes: int, host_budget_bytes: int | None = 
         for v in mine[np.argsort(cost[mine], kind="stable")]:
             if cost[v] >= cost[chosen[t]]:
                 break
-            if moved(t, v, True).max(initial=0) <= budget_bytes:
+            line = moved(t, v, True)
+            if line.max(initial=0) <= budget_bytes:
                 if host_level is not None:
                     host_line = host_level - host[chosen[t]] + host[v]
                     if host_line.max(initial=0) > host_budget_bytes:  # type: ignore[operator]
                         continue
                     host_level = host_line
-                take(t, v)
+                take(t, v, line, True)
                 break
     return chosen
 
