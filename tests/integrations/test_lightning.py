@@ -201,39 +201,28 @@ def _fit_padded(tmp_path: Path, callback: CswapCallback | None, validate: bool =
     return [p.detach().clone() for p in module.parameters()] + module.validation_losses, peaks.seen if peaks is not None else []
 
 
+@pytest.mark.parametrize("validate", [False, True], ids=["train", "validating-between-micro-batches"])
 @pytest.mark.parametrize("policy", ["cswap", "recompute"])
-def test_a_transformer_padded_per_batch_under_bf16_mixed_precision(tmp_path: Path, policy: str) -> None:
+def test_a_transformer_padded_per_batch_under_bf16_mixed_precision(tmp_path: Path, policy: str, validate: bool) -> None:
     """``precision="bf16-mixed"`` (autocast over float32 weights), each batch padded to its longest,
     ``accumulate_grad_batches=2``, at 0.5 of ``none``'s peak: the first step's longer micro-batch is
     planned for from its profile (one profile, no step outgrows the plan or plans again), every
     step is within the budget, and the weights are those of the run without the callback.
-    ``disable_kv_cache=True`` is taken when the callback is made, before it has the model."""
-    plain, _ = _fit_padded(tmp_path / "plain", None)
+    ``disable_kv_cache=True`` is taken when the callback is made, before it has the model.
+
+    ``validate``: ``val_check_interval=1`` validates after every training batch, so inside each
+    step's open iteration, between its two micro-batches: an eval-mode forward without grad through
+    the model whose blocks the runtime recomputes. Every validation loss is that of the run without
+    the callback too, and the runtime sees the steps it sees without validation."""
+    plain, _ = _fit_padded(tmp_path / "plain", None, validate)
+    if validate:
+        assert len(plain) == len(list(PaddedLM().parameters())) + len(PADDED_LENGTHS), "a validation after every batch"
     callback = CswapCallback(policy, memory_budget=0.5, log_stats=False, disable_kv_cache=True)
-    weights, seen = _fit_padded(tmp_path / policy, callback)
-    _assert_same_weights(plain, weights, f"{policy} under bf16-mixed with padded batches")
+    weights, seen = _fit_padded(tmp_path / policy, callback, validate)
+    _assert_same_weights(plain, weights, f"{policy} under bf16-mixed with padded batches" + (", validating" if validate else ""))
     stats = callback.runtime.stats()
     assert (stats.iterations, stats.profiled_iterations, stats.unprofiled_plans, stats.outgrown_tensors) == (3, 1, 0, 0), stats
     assert len(seen) == 3 and all(budget is not None and peak <= budget for peak, budget in seen), seen
     assert {"bfloat16", "float32"} <= {t.dtype for t in callback.runtime.trace().tensors}
     if policy == "recompute":  # the callback's disable_kv_cache=True let GPT-2's blocks be recomputed
-        assert stats.actions["recompute"] > 0, stats.actions
-
-
-@pytest.mark.parametrize("policy", ["cswap", "recompute"])
-def test_validation_between_the_micro_batches_of_a_step(tmp_path: Path, policy: str) -> None:
-    """``val_check_interval=1`` with ``accumulate_grad_batches=2`` validates after every training
-    batch, so inside each step's open iteration, between its two micro-batches: an eval-mode
-    forward without grad through the model whose blocks the runtime recomputes. The weights and
-    every validation loss are those of the run without the callback, and the runtime sees the
-    steps it sees without validation: one profile, nothing outgrown, each within the budget."""
-    plain, _ = _fit_padded(tmp_path / "plain", None, validate=True)
-    assert len(plain) == len(list(PaddedLM().parameters())) + len(PADDED_LENGTHS), "a validation after every batch"
-    callback = CswapCallback(policy, memory_budget=0.5, log_stats=False, disable_kv_cache=True)
-    got, seen = _fit_padded(tmp_path / policy, callback, validate=True)
-    _assert_same_weights(plain, got, f"{policy} with validation between micro-batches")
-    stats = callback.runtime.stats()
-    assert (stats.iterations, stats.profiled_iterations, stats.unprofiled_plans, stats.outgrown_tensors) == (3, 1, 0, 0), stats
-    assert len(seen) == 3 and all(budget is not None and peak <= budget for peak, budget in seen), seen
-    if policy == "recompute":
         assert stats.actions["recompute"] > 0, stats.actions
