@@ -812,6 +812,8 @@ class Runtime:
             profile = tracer.profile().excluding(regions.ineligible)  # with those torch refused before
             trace = profile.with_recompute_seconds(trace)
             regions.mark_ineligible(profile.ineligible)
+            if profile.draws_host_random:
+                regions.replay_host_random(profile.regions)
         structure = structure_of(trace)
         shapes = tuple(r.shape for r in trace.tensors)
         known = self._families.get(structure)

@@ -1,7 +1,8 @@
 """Small models built as their authors ship them, for the tests that must hold on code nobody here wrote.
 
 The Hugging Face models come from their config classes with the defaults (the key/value cache on,
-dropout on) and only the sizes made small. ``densenet`` and ``vit`` follow torchvision's
+dropout on, Wav2Vec2's SpecAugment masks drawn with NumPy's global generator) and only the sizes
+made small. ``densenet`` and ``vit`` follow torchvision's
 ``DenseNet`` (each dense layer takes the block's list of features, appended to after the call) and
 ``VisionTransformer`` (``nn.MultiheadAttention`` called as ``attention(x, x, x)``) line for line in
 what matters here; torchvision itself has no CPU build on the package index this project installs
@@ -42,6 +43,29 @@ def llama() -> tuple[nn.Module, Callable[[nn.Module], Step]]:
     config = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
     return transformers.LlamaForCausalLM(config), _causal_lm_step
+
+
+def wav2vec2() -> tuple[nn.Module, Callable[[nn.Module], Step]]:
+    """Wav2Vec2 fine-tuned for CTC as Hugging Face's speech-recognition example does: the
+    convolutional feature encoder frozen, SpecAugment on (its masks come from ``np.random``)."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Wav2Vec2Config(vocab_size=12, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                         intermediate_size=64, conv_dim=(32,) * 7, num_conv_pos_embeddings=16)
+    model = transformers.Wav2Vec2ForCTC(config)
+    model.freeze_feature_encoder()
+
+    def make_step(model: nn.Module) -> Step:
+        g = torch.Generator().manual_seed(5)
+        audio, labels = torch.randn(2, 8000, generator=g), torch.randint(1, 12, (2, 6), generator=g)
+
+        def step() -> torch.Tensor:
+            loss = model(input_values=audio, labels=labels).loss
+            loss.backward()
+            return loss
+
+        return step
+
+    return model, make_step
 
 
 def _causal_lm_step(model: nn.Module) -> Step:
@@ -173,5 +197,5 @@ def compiled_cnn() -> tuple[nn.Module, Callable[[nn.Module], Step]]:
 
 #: name -> builder, for parametrized tests
 ZOO: dict[str, Callable[[], tuple[nn.Module, Callable[[nn.Module], Step]]]] = {
-    "gpt2": gpt2, "llama": llama, "t5": t5, "densenet": densenet, "vit": vit, "compiled-cnn": compiled_cnn,
+    "gpt2": gpt2, "llama": llama, "t5": t5, "wav2vec2": wav2vec2, "densenet": densenet, "vit": vit, "compiled-cnn": compiled_cnn,
 }

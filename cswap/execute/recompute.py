@@ -4,7 +4,10 @@ Built on PyTorch's own non-reentrant checkpointing in its composable per-module 
 (``torch.distributed._composable.checkpoint``): hooks on the module, so the model's code, its
 structure and its parameter names stay as they are, and keyword arguments (attention masks) work.
 The RNG state is stashed at the region's entry and restored for the recomputation, so dropout
-draws the same mask and gradients are bit-identical.
+draws the same mask and gradients are bit-identical. Torch stashes its own generators; Python's and
+NumPy's global ones, which some models draw from in forward (the SpecAugment masks of Wav2Vec2,
+HuBERT and WavLM come from ``np.random``), are stashed here for the regions of a model seen drawing
+from them, and put back for the recomputation of each call that drew.
 
 Granularity: one region is one ``nn.Module`` call. That is the smallest unit torch checkpoints
 cleanly in an eager model the user did not write: a module is the only boundary that exists
@@ -47,7 +50,7 @@ from torch.distributed._composable import checkpoint
 from torch.utils._pytree import tree_leaves
 
 from cswap.profile.regions import MODIFIES_INPUT, REENTRANT, call_refusal, nested_pair
-from cswap.profile.rerun import mutable_kind
+from cswap.profile.rerun import HostRandomState, mutable_kind
 
 __all__ = ["ModifiedInputError", "RecomputeListener", "RecomputeRegions", "running_stat_modules"]
 
@@ -62,10 +65,12 @@ def running_stat_modules(module: nn.Module) -> list[nn.Module]:
 
 @dataclass
 class _Call:
-    """The tensor inputs of one enabled call and their versions when it began."""
+    """The tensor inputs of one enabled call and their versions when it began, and the host
+    generators' states then, while its forward may have drawn from them (``None``: it did not)."""
 
     path: str
     inputs: list[tuple[str, torch.Tensor, int]]
+    host_random: HostRandomState | None = None
 
 
 class ModifiedInputError(RuntimeError):
@@ -158,6 +163,7 @@ class _RecomputeContext:
         self.regions = regions
         self._saved: list[list[torch.Tensor]] = []
         self._watches: list[_RebuiltWatch | None] = []
+        self._host_before: list[HostRandomState | None] = []
 
     def __enter__(self) -> None:
         self.counts[self.call.path] += 1
@@ -168,6 +174,10 @@ class _RecomputeContext:
                     f"(version {version} -> {tensor._version}), so recomputing it would give other values; "
                     "stop recomputing this region or stop modifying the tensor in place"
                 )
+        drawn = self.call.host_random
+        self._host_before.append(HostRandomState.now() if drawn is not None else None)
+        if drawn is not None:  # the same numbers again; backward's own draws then go on as they were
+            drawn.restore()
         norms = self.region.norms
         self._saved.append([b.detach().clone() for m in norms for b in m.buffers(recurse=False)] if norms else [])
         listener = self.regions.listener
@@ -185,6 +195,9 @@ class _RecomputeContext:
         if watch is not None:
             watch.__exit__()
             self.region.watches.remove(watch)
+        before = self._host_before.pop()
+        if before is not None:
+            before.restore()
         saved = self._saved.pop()
         if not saved:  # no running statistics in the region: nothing to put back
             return
@@ -201,6 +214,8 @@ class _Region:
     norms: list[nn.Module]
     pending: _Call | None = None
     calls: list[_Call] = field(default_factory=list)
+    # per call whose forward runs checkpointed: its args, and the call (told whether it drew from the host generators)
+    open: list[tuple[tuple[Any, ...], _Call]] = field(default_factory=list)
     watches: list[_RebuiltWatch] = field(default_factory=list)
     attached: bool = False  # its hooks are on the module (they cannot be removed)
     # while guarding, per open call: its args, and its positional inputs' versions (None: left out)
@@ -241,6 +256,7 @@ class RecomputeRegions:
         self._guarding = False
         self._refused: dict[str, str] = {}  # calls the guard left out, per path: why
         self._modified: dict[str, str] = {}  # calls that modified a positional input in place
+        self._host_random: set[str] = set()  # regions whose calls draw from Python's or NumPy's generator
         #: Told of each tensor a recomputation saves (set per iteration).
         self.listener: RecomputeListener | None = None
         for path, module in model.named_modules():
@@ -316,12 +332,25 @@ class RecomputeRegions:
             # never checks them; positional ones are saved tensors that torch version-checks itself,
             # and holding them here would keep resident what an outer hook may have swapped out.
             inputs = [(f"keyword argument {k!r}", v, v._version) for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
-            region.pending = _Call(region.path, inputs)
+            # Python's and NumPy's generators are read only where the call may draw from them (a
+            # region named to replay them, or any while guarding: ac-full's profile), at the cost of
+            # two reads of their states per call.
+            watched = self._preserve_rng_state and (self._guarding or region.path in self._host_random)
+            call = _Call(region.path, inputs, HostRandomState.now() if watched else None)
+            region.pending = call
+            if watched:
+                region.open.append((args, call))
 
         return hook
 
     def _after_call(self, region: _Region) -> Any:
         def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+            if region.open and region.open[-1][0] is args:
+                call = region.open.pop()[1]
+                if call.host_random is not None and call.host_random.same_as(HostRandomState.now()):
+                    call.host_random = None  # nothing drawn: the recomputation need not put the states back
+                else:
+                    self._host_random.add(region.path)
             guarded = region.guarded
             if not guarded or guarded[-1][0] is not args:
                 return
@@ -363,7 +392,9 @@ class RecomputeRegions:
         is, not checkpointed, and a call that modified a positional input in place raises
         :class:`ModifiedInputError` when it returns (its recomputation would read the modified
         values, which no check outside the hooks catches): a profile that runs with regions enabled
-        before any profile said which are safe. :meth:`take_refusals` says which and why.
+        before any profile said which are safe. :meth:`take_refusals` says which and why. A call
+        that draws from Python's or NumPy's global generator is recomputed with their states put
+        back, and so is every later call of its region (:meth:`replay_host_random`).
 
         >>> class Cached(torch.nn.Module):
         ...     def __init__(self): super().__init__(); self.linear = torch.nn.Linear(2, 2)
@@ -401,6 +432,29 @@ class RecomputeRegions:
         """The paths :meth:`enable` refuses, and why."""
         return MappingProxyType(self._ineligible)
 
+    def replay_host_random(self, paths: Iterable[str]) -> None:
+        """Recompute each call of these regions that drew from Python's or NumPy's global random
+        generator with their states as its forward found them (and put back after), as torch does
+        with its own. Each call of these regions reads the states when it begins and ends (tens of
+        microseconds): the runtime names them all where a profile saw the model draw
+        (:attr:`cswap.profile.regions.RegionProfile.draws_host_random`). A region is added by itself
+        when a guarded call of it draws (:meth:`guard`).
+
+        >>> import numpy as np
+        >>> class Masked(torch.nn.Module):
+        ...     def forward(self, x): return torch.tanh(x * torch.from_numpy(np.random.rand(*x.shape) > 0.5))
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), Masked())
+        >>> regions = RecomputeRegions(model); regions.replay_host_random(["1"]); regions.enable(["1"])
+        >>> model(torch.randn(2, 4)).sum().backward(); regions.draws_host_random
+        ('1',)
+        """
+        self._host_random.update(paths)
+
+    @property
+    def draws_host_random(self) -> tuple[str, ...]:
+        """The regions recomputed with Python's and NumPy's generators put back, in module order."""
+        return tuple(p for p in self._regions if p in self._host_random)
+
     def enable(self, paths: Iterable[str]) -> None:
         """Recompute exactly ``paths`` from the next forward on (every other region is disabled).
 
@@ -414,6 +468,7 @@ class RecomputeRegions:
             # and enabled. Only a call a failed forward left half made is dropped, as disable_all does.
             for path in chosen:
                 self._regions[path].pending = None
+                self._regions[path].open.clear()
             return
         unknown = [p for p in chosen if p not in self._regions]
         if unknown:
@@ -442,6 +497,7 @@ class RecomputeRegions:
             if region.attached:
                 checkpoint.state(region.module).enable_hook = False
                 region.pending = None
+                region.open.clear()
 
     def take_recomputations(self) -> dict[str, int]:
         """Per region path, how many of its calls were recomputed since the last call; resets the counts.

@@ -39,7 +39,7 @@ from torch.distributed._composable import checkpoint
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from cswap.profile.profiler import Clock
-from cswap.profile.rerun import compiled_paths, mutable_kind
+from cswap.profile.rerun import HostRandomState, compiled_paths, mutable_kind
 from cswap.profile.shapes import SizeMap, merged
 from cswap.profile.trace import Trace
 
@@ -269,6 +269,12 @@ class RegionProfile:
         layers: the model's repeated layers (:func:`repeated_layers`), whether or not they ran.
         compiled: the paths whose module runs as a ``torch.compile`` graph
             (:func:`cswap.profile.rerun.compiled_paths`): the modules under them are never recorded.
+        draws_host_random: the forward and backward drew from Python's or NumPy's global random
+            generator, which torch's checkpoint does not put back for a recomputation: the regions
+            that recompute then put their states back
+            (:meth:`cswap.execute.recompute.RecomputeRegions.replay_host_random`). Which module drew
+            is not told apart: reading the states around every call would cost each tens of
+            microseconds, and inflate the forward times measured for recomputing.
     """
 
     saves: tuple[SavedRecord, ...]
@@ -276,6 +282,7 @@ class RegionProfile:
     regions: Mapping[str, RegionFacts]
     layers: tuple[str, ...] = ()
     compiled: tuple[str, ...] = ()
+    draws_host_random: bool = False
 
     @property
     def candidates(self) -> tuple[str, ...]:
@@ -330,7 +337,7 @@ class RegionProfile:
             ratio = max((new.storage_bytes / max(old.storage_bytes, 1) for new, old in zip(inputs, call.inputs)), default=1.0)
             calls.append(replace(call, inputs=tuple(inputs), forward_s=call.forward_s * ratio))
         reasons = {path: facts.ineligible for path, facts in self.regions.items()}
-        return _with_facts(tuple(saves), tuple(calls), reasons, self.layers, self.compiled)
+        return _with_facts(tuple(saves), tuple(calls), reasons, self.layers, self.compiled, self.draws_host_random)
 
     def _enabled(self, enabled: Iterable[str]) -> set[str]:
         """``enabled`` as a set, checked: regions that ran, none inside another."""
@@ -445,11 +452,14 @@ class RegionTracer:
         self._stopped = False
         self._compiled = compiled_paths(model)
         self._layers = repeated_layers(model)
+        self._host_random: HostRandomState | None = None  # as the forward found them
+        self._drew_host_random = False
 
     def __enter__(self) -> RegionTracer:
         for path, module in self.model.named_modules():
             self._handles.append(module.register_forward_pre_hook(self._enter(path), with_kwargs=True))
             self._handles.append(module.register_forward_hook(self._leave, always_call=True))
+        self._host_random = HostRandomState.now()
         self.clock.start()
         return self
 
@@ -458,6 +468,8 @@ class RegionTracer:
 
     def stop(self) -> None:
         """Stop recording: later module calls and packs (another micro-batch's) are not this profile's."""
+        if not self._stopped and self._host_random is not None:
+            self._drew_host_random = not self._host_random.same_as(HostRandomState.now())
         self._stopped = True
         for handle in self._handles:
             handle.remove()
@@ -544,7 +556,7 @@ class RegionTracer:
         for call in calls:
             by_path.setdefault(call.path, []).append(call)
         reasons = {path: self._ineligible(path, mine) for path, mine in by_path.items()}
-        return _with_facts(saves, calls, reasons, self._layers, self._compiled)
+        return _with_facts(saves, calls, reasons, self._layers, self._compiled, self._drew_host_random)
 
     def _ineligible(self, path: str, mine: list[CallRecord]) -> str | None:
         """Why the module at ``path``, called as ``mine``, cannot be recomputed, or ``None``."""
@@ -591,7 +603,7 @@ def call_refusal(mutable_input: str | None, repeated_input: bool, reentrant: boo
 
 
 def _with_facts(saves: tuple[SavedRecord, ...], calls: tuple[CallRecord, ...], reasons: Mapping[str, str | None],
-                layers: tuple[str, ...], compiled: tuple[str, ...] = ()) -> RegionProfile:
+                layers: tuple[str, ...], compiled: tuple[str, ...] = (), draws_host_random: bool = False) -> RegionProfile:
     """The :class:`RegionProfile` of ``saves`` and ``calls``, each region's facts worked out from
     them, with ``reasons`` (per path: why it cannot be recomputed, or ``None``)."""
     partial = RegionProfile(saves, calls, MappingProxyType({c.path: None for c in calls}))  # type: ignore[dict-item]
@@ -614,7 +626,7 @@ def _with_facts(saves: tuple[SavedRecord, ...], calls: tuple[CallRecord, ...], r
             calls=len(mine),
             ineligible=reason,
         )
-    return RegionProfile(saves, calls, MappingProxyType(regions), layers, compiled)
+    return RegionProfile(saves, calls, MappingProxyType(regions), layers, compiled, draws_host_random)
 
 
 def profile_regions(model: nn.Module, step: Callable[[], Any], *, clock: Stamps | None = None) -> RegionProfile:

@@ -4,7 +4,10 @@ Torch's checkpoint replays a module's forward from the inputs it held: tensors i
 version-checks, everything else by reference. A call is unsafe to replay when an input it holds by
 reference can change before backward (a list the caller appends to, a key/value cache), and a
 module is out of reach when it runs inside a ``torch.compile`` graph. :mod:`cswap.profile.regions`
-marks such regions ineligible with these facts.
+marks such regions ineligible with these facts. A call that draws from Python's or NumPy's global
+random generator (the SpecAugment masks of Wav2Vec2, HuBERT and WavLM come from ``np.random``)
+replays as it ran only with their states put back (:class:`HostRandomState`): torch's checkpoint
+restores torch's generators alone.
 
 Example:
     >>> import torch
@@ -16,13 +19,16 @@ from __future__ import annotations
 
 import enum
 import functools
+import random
 import types
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["compiled_paths", "mutable_kind"]
+__all__ = ["HostRandomState", "compiled_paths", "mutable_kind"]
 
 # A tensor is the checkpoint's own business (saved, version-checked); these others cannot change.
 _IMMUTABLE = (torch.Tensor, type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size, torch.layout,
@@ -61,3 +67,39 @@ def compiled_paths(model: nn.Module) -> tuple[str, ...]:
         elif getattr(module, "_compiled_call_impl", None) is not None:
             found.append(path)
     return tuple(found)
+
+
+@dataclass(frozen=True, eq=False)
+class HostRandomState:
+    """The states of Python's and NumPy's global random generators, which torch's checkpoint does not stash.
+
+    Attributes:
+        python: ``random.getstate()``.
+        numpy: ``np.random.get_state()``.
+
+    >>> before = HostRandomState.now()
+    >>> first = np.random.rand()
+    >>> before.same_as(HostRandomState.now())
+    False
+    >>> before.restore(); np.random.rand() == first and before.same_as(before)
+    True
+    """
+
+    python: tuple[Any, ...]
+    numpy: tuple[Any, ...]
+
+    @classmethod
+    def now(cls) -> HostRandomState:
+        """The states as they stand."""
+        return cls(random.getstate(), np.random.get_state())
+
+    def same_as(self, other: HostRandomState) -> bool:
+        """Whether nothing was drawn between ``self`` and ``other``."""
+        # NumPy's legacy state: (name, key array, position, has_gauss, cached_gaussian)
+        mine, theirs = self.numpy, other.numpy
+        return mine[2:] == theirs[2:] and self.python == other.python and bool(np.array_equal(mine[1], theirs[1]))
+
+    def restore(self) -> None:
+        """Set both generators back to these states."""
+        random.setstate(self.python)
+        np.random.set_state(self.numpy)

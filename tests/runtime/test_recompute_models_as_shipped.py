@@ -1,16 +1,20 @@
 """Recomputing policies on models as their authors ship them: Hugging Face GPT-2, Llama and T5 with
-their default configs (the key/value cache on) and padding masks, a torchvision-style DenseNet and
-ViT, and a CNN under ``torch.compile``. Every run completes with gradients bit-identical to plain
-PyTorch; the regions that cannot be recomputed safely are never enabled, and say why."""
+their default configs (the key/value cache on) and padding masks, Wav2Vec2 with SpecAugment, a
+torchvision-style DenseNet and ViT, and a CNN under ``torch.compile``. Every run completes with
+gradients bit-identical to plain PyTorch; the regions that cannot be recomputed safely are never
+enabled, and say why."""
 
 from __future__ import annotations
 
+import random
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
 import cswap
+from cswap.execute.recompute import RecomputeRegions
 from cswap.profile.regions import profile_regions
 from tests.runtime.helpers import assert_bit_equal
 from tests.zoo import ZOO
@@ -30,6 +34,8 @@ def _train(name: str, runtime: dict | None) -> tuple[list[list[torch.Tensor]], c
     for i in range(STEPS):
         with torch.random.fork_rng():
             torch.manual_seed(100 + i)
+            np.random.seed(100 + i)  # Wav2Vec2's SpecAugment draws from NumPy's, as a user's data pipeline would seed it
+            random.seed(100 + i)
             if rt is None:
                 step()
             else:
@@ -94,6 +100,39 @@ def test_no_region_inside_a_compiled_graph_is_a_candidate() -> None:
     for path, facts in profile.regions.items():
         if path.startswith("_orig_mod"):
             assert "torch.compile graph" in (facts.ineligible or "")
+
+
+@pytest.mark.parametrize("region", ["wav2vec2", "", "wav2vec2.encoder.layers.0"])
+def test_a_region_drawing_spec_augment_masks_recomputes_the_same_masks(region: str) -> None:
+    """Wav2Vec2 draws its SpecAugment masks from NumPy's global generator in its base model's
+    forward, which torch's checkpoint does not put back: recomputed, that region drew other masks
+    and gave other gradients, silently. The profile sees the model draw, and the regions put the
+    generators' states back for each recomputed call that drew, and after it."""
+
+    def run(recompute: bool) -> tuple[list[torch.Tensor], tuple[object, ...]]:
+        torch.manual_seed(0)
+        model, make_step = ZOO["wav2vec2"]()
+        model.train()
+        step = make_step(model)
+        if recompute:
+            np.random.seed(1)  # the profile's step draws too
+            profile = profile_regions(model, step)
+            assert profile.draws_host_random
+            model.zero_grad()
+            regions = RecomputeRegions.of(model)
+            regions.replay_host_random(profile.regions)
+            regions.enable([region])
+        torch.manual_seed(2)
+        np.random.seed(2)
+        random.seed(2)
+        step()
+        assert not recompute or regions.take_recomputations() == {region: 1}
+        return [p.grad.clone() for p in model.parameters() if p.grad is not None], (np.random.rand(), random.random())
+
+    plain_grads, plain_next = run(False)
+    grads, next_draws = run(True)
+    assert_bit_equal(plain_grads, grads, "gradient")
+    assert next_draws == plain_next, "the generators go on as plain PyTorch leaves them"
 
 
 @pytest.mark.parametrize(("name", "layer"), [("gpt2", "transformer.h.0"), ("llama", "model.layers.0"), ("t5", "decoder.block.0")])

@@ -1,5 +1,6 @@
 """The runtime's fifth action: policies ``recompute`` and ``capuchin``, and ``cswap`` with recompute
-under a budget, on a CNN with dropout and batch norm and on HF GPT-2 and BERT with dropout.
+under a budget, on a CNN with dropout and batch norm, on HF GPT-2 and BERT with dropout, and on
+layers that draw from Python's and NumPy's global random generators.
 
 Every case trains next to plain PyTorch and compares every iteration's gradients and the final
 ``state_dict`` (batch-norm statistics included) byte for byte; the plan's numbering of the packs
@@ -8,9 +9,11 @@ with regions enabled is checked against the packs a real run makes.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -289,3 +292,50 @@ def test_a_region_choice_the_budget_cannot_hold_gives_way_to_the_least_footprint
     assert rt.plan().recompute_regions == least.plan().recompute_regions != ()
     assert rt.stats().peak_resident_bytes <= rt.stats().budget_bytes == budget
     assert_bit_equal([g for it in plain for g in it], [g for it in grads for g in it], "gradient")
+
+
+class HostDrawingBlock(nn.Module):
+    """Masks its features with NumPy's global generator, as SpecAugment does, and halves its update
+    now and then by Python's, as a LayerDrop by ``random.random()`` does: draws torch's checkpoint
+    does not put back for a recomputation."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        keep = torch.from_numpy(np.random.rand(x.shape[-1]) > 0.2).to(x.dtype)
+        return x + self.down(torch.tanh(self.up(x * keep))) * (1.0 if random.random() > 0.3 else 0.5)
+
+
+def _host_drawing_model() -> nn.Module:
+    return nn.Sequential(nn.Linear(8, 32), *(HostDrawingBlock(32) for _ in range(3)), nn.Linear(32, 10))
+
+
+HOST_DRAWING_BATCHES = batches(3, (16, 8), 10)
+
+
+@pytest.mark.parametrize(("policy", "fraction", "link"), [*CASES, ("ac-full", None, {}), ("ac-full", 0.5, {})],
+                         ids=[f"{p}-{f}" for p, f, _ in [*CASES, ("ac-full", None, {}), ("ac-full", 0.5, {})]])
+def test_layers_drawing_from_the_host_generators_recompute_the_same_draws(policy: str, fraction: float | None,
+                                                                          link: dict[str, Any]) -> None:
+    """Every recomputed block draws again what its forward drew, from the generators' states as the
+    forward found them (seen in the profile, or by ``ac-full``'s guarded profile), and both
+    generators go on after each iteration as plain PyTorch leaves them."""
+
+    def run(runtime: Callable[[nn.Module], Any] | None) -> tuple[list[list[torch.Tensor]], Any, tuple[float, float]]:
+        np.random.seed(0)
+        random.seed(0)
+        grads, rt = train(_host_drawing_model, HOST_DRAWING_BATCHES, 2, runtime)
+        return grads, rt, (np.random.rand(), random.random())
+
+    plain, _, plain_next = run(None)
+    options = dict(link, **({"memory_budget": fraction} if fraction is not None else {}))
+    try:
+        grads, rt, next_draws = run(runtime_for(policy, **options))
+    except cswap.BudgetError as error:
+        grads, rt, next_draws = run(runtime_for(policy, **{**options, "memory_budget": error.minimum_bytes}))
+    assert rt.stats().actions["recompute"] > 0 and rt.plan().recompute_regions
+    assert_bit_equal([g for it in plain for g in it], [g for it in grads for g in it], "gradient")
+    assert next_draws == plain_next
+
