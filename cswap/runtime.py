@@ -484,20 +484,39 @@ class Runtime:
             self._regions = RecomputeRegions.of(self._options.model)
         return self._regions
 
-    def _region_rebuilds(self, plan: Plan, region_keys: dict[str, tuple[int, ...]] | None = None) -> dict[str, RegionRebuild]:
-        """Per recompute region of ``plan``, the shape and bytes of each tensor it rebuilds at the
-        sizes ``plan`` was made for (``region_keys``: the profiled keys each rebuilds; default:
-        those of the plan in force)."""
+    def _region_rebuilds(self, plan: Plan, region_keys: dict[str, tuple[int, ...]] | None = None,
+                         profile: RegionProfile | None = None) -> dict[str, RegionRebuild]:
+        """Per recompute region of ``plan``, the shape and bytes of each storage it rebuilds at the
+        sizes ``plan`` was made for (``region_keys``: the profiled keys each rebuilds, and
+        ``profile``: the region profile they are keys of; default: those of the plan in force).
+
+        A storage saved twice in a region (a ``tanh``'s output, which the ``Linear`` after it saves
+        too) is rebuilt once, as the planner counts it: counted per save, recomputations made room
+        they did not need, swapping kept tensors out in backward."""
         if not plan.recompute_regions:
             return {}
         recomputed = plan.recomputed
         keys = self._region_keys if region_keys is None else region_keys
-        return {path: tuple((recomputed[k].shape, recomputed[k].nbytes) for k in keys.get(path, ()) if k in recomputed)
-                for path in plan.recompute_regions}
+        if profile is None and self._family is not None:
+            profile = self._family.regions
+        storage_of: dict[int, object] = {s.key: s.storage for s in profile.saves} if profile is not None else {}
+        rebuilds: dict[str, RegionRebuild] = {}
+        for path in plan.recompute_regions:
+            largest: dict[object, tuple[tuple[int, ...], int]] = {}  # per storage, its largest save
+            for key in keys.get(path, ()):
+                decision = recomputed.get(key)
+                if decision is None:
+                    continue
+                storage = storage_of.get(key, ("key", key))
+                if storage not in largest or decision.nbytes > largest[storage][1]:
+                    largest[storage] = (decision.shape, decision.nbytes)
+            rebuilds[path] = tuple(largest.values())
+        return rebuilds
 
-    def _region_bytes(self, plan: Plan, region_keys: dict[str, tuple[int, ...]] | None = None) -> dict[str, int]:
+    def _region_bytes(self, plan: Plan, region_keys: dict[str, tuple[int, ...]] | None = None,
+                      profile: RegionProfile | None = None) -> dict[str, int]:
         """Per recompute region of ``plan``, the bytes it rebuilds at the sizes ``plan`` was made for."""
-        return {path: sum(nbytes for _, nbytes in rebuild) for path, rebuild in self._region_rebuilds(plan, region_keys).items()}
+        return {path: sum(nbytes for _, nbytes in rebuild) for path, rebuild in self._region_rebuilds(plan, region_keys, profile).items()}
 
     def _profiling_plan(self, plan: Plan) -> tuple[Plan, str]:
         """The plan a profiling iteration follows, and its mode (see :meth:`_profile_mode`)."""
@@ -949,7 +968,7 @@ class Runtime:
         least = error.minimum_bytes
         plan, _, again, region_keys = self._planned_within(MemoryBudget(nbytes=least), trace, profile, 0, profiled_host_peak,
                                                            solving, regions_hint)
-        if again is not None or (not denser and not self._swaps_hold(trace, plan, region_keys, budget_bytes)):
+        if again is not None or (not denser and not self._swaps_hold(trace, plan, region_keys, budget_bytes, profile)):
             return plan, region_keys, error
         why = ("its activations are denser now" if denser
                else "its saved tensors are larger than at the sizes it met it at: a longer sequence or a larger batch")
@@ -965,7 +984,8 @@ class Runtime:
                        planner=MappingProxyType({**plan.planner, "past_least": note}))
         return plan, region_keys, None
 
-    def _swaps_hold(self, trace: Trace, plan: Plan, region_keys: dict[str, tuple[int, ...]], budget_bytes: int) -> bool:
+    def _swaps_hold(self, trace: Trace, plan: Plan, region_keys: dict[str, tuple[int, ...]], budget_bytes: int,
+                    profile: RegionProfile | None) -> bool:
         """Whether swapping kept tensors can hold ``budget_bytes`` under ``plan``, made at a least past
         it: what backward reads at once (the least policy ``swap`` holds ``trace`` at; twice that
         for a policy that keeps tensors compressed, whose compressed copy stays beside the one
@@ -975,7 +995,7 @@ class Runtime:
         half of ``none``'s peak by 91%)."""
         problem = problem_from_trace(trace, NO_CODEC, self._backend, min_bytes=0)
         read = minimum_bytes(problem, "swap", PROVING_TIME_LIMIT_S) * (2 if ZVC_KEEP in POLICY_ACTIONS[self.policy] else 1)
-        rebuilt = max(self._region_bytes(plan, region_keys).values(), default=0)
+        rebuilt = max(self._region_bytes(plan, region_keys, profile).values(), default=0)
         return read + rebuilt <= budget_bytes
 
     def _warn_held(self, swapped: int, budget_bytes: int | None) -> None:

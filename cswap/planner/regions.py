@@ -602,6 +602,10 @@ def _rekeyed(plan: Plan, profile: RegionProfile, regions: tuple[str, ...], freed
     decisions: dict[int, Decision] = {}
     expected: dict[int, int] = {}
     ordinal_of: dict[int, int] = {}
+    # The region inputs no kept tensor covers, by storage: the plan's budget left room for them
+    # beside its own tensors (_Planning.extra_bytes), and from their packs on they are resident.
+    uncovered: dict[int, int] = {}
+    uncovered_bytes = 0
     for ordinal, pack in enumerate(profile.sequence(regions)):
         source = pack.key
         if source is not None:
@@ -610,6 +614,9 @@ def _rekeyed(plan: Plan, profile: RegionProfile, regions: tuple[str, ...], freed
             inp = next(i for i in profile.calls[pack.call].inputs if i.name == pack.input and not i.keyword)  # type: ignore[index]
             shape_facts = dict(key=ordinal, shape=inp.shape, dtype=inp.dtype, nbytes=_compact_bytes(inp.shape, inp.dtype), module=f"{pack.region or 'model'} (input)")
             source = _covering(sharers, inp)
+            if source is None and inp.movable and inp.storage not in uncovered:
+                uncovered[inp.storage] = inp.storage_bytes
+                uncovered_bytes += inp.storage_bytes
             if source is not None and source in plan.decisions:
                 decision = replace(plan.decisions[source], **shape_facts,
                                    reason=f"input {pack.input} of recompute region {pack.region!r}, as key {source}: {plan.decisions[source].reason}")
@@ -621,7 +628,7 @@ def _rekeyed(plan: Plan, profile: RegionProfile, regions: tuple[str, ...], freed
             ordinal_of.setdefault(source, ordinal)
             # a region input's pack comes later than its source's: the bytes expected there are not its own
             if pack.key is not None and source in plan.expected_bytes:
-                expected[ordinal] = plan.expected_bytes[source]
+                expected[ordinal] = plan.expected_bytes[source] + uncovered_bytes
     region_keys: dict[str, tuple[int, ...]] = {}
     recomputed: dict[int, Decision] = {}
     for path in regions:

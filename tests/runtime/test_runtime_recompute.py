@@ -339,3 +339,41 @@ def test_layers_drawing_from_the_host_generators_recompute_the_same_draws(policy
     assert_bit_equal([g for it in plain for g in it], [g for it in grads for g in it], "gradient")
     assert next_draws == plain_next
 
+
+class _ResidualBlock(nn.Module):
+    """A residual MLP block whose input is saved only inside it (by the product with a feature mask)."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        keep = (torch.rand(x.shape[-1]) > 0.2).to(x.dtype)
+        return x + self.down(torch.tanh(self.up(x * keep)))
+
+
+@pytest.mark.parametrize(("policy", "budget", "link"), [("recompute", "least", {}), ("capuchin", 0.5, CRAWLING_LINK),
+                                                        ("cswap", 0.5, {**CRAWLING_LINK, "time_model": CRAWLING_CODEC})])
+def test_a_recomputing_plan_holds_its_budget_without_a_swap_it_did_not_plan(policy: str, budget: float | str,
+                                                                           link: dict[str, Any]) -> None:
+    """The plan leaves room beside its tensors for the regions' inputs it holds for their
+    recomputation, and each region rebuilds a storage saved twice in it (``tanh``'s output, which the
+    ``Linear`` after it saves too) once: counted at run time as the planner counts them, a run swaps
+    nothing at pack nor in backward that its plan did not, down to the least a ``BudgetError``
+    states. Counted otherwise, the keeps after the regions' inputs fell back to swaps there (+4 KiB
+    over the plan), and every recomputation swapped kept tensors out, synchronously, to make room
+    for bytes it never held."""
+
+    def build() -> nn.Module:
+        return nn.Sequential(nn.Linear(8, 32), *(_ResidualBlock(32) for _ in range(3)), nn.Linear(32, 10))
+
+    data = batches(3, (16, 8), 10)
+    if budget == "least":
+        with pytest.raises(cswap.BudgetError) as raised:
+            train(build, data, 1, runtime_for(policy, memory_budget=1, **link))
+        budget = raised.value.minimum_bytes
+    _, rt = train(build, data, 2, runtime_for(policy, memory_budget=budget, **link))
+    stats = rt.stats()
+    assert rt.plan().recompute_regions and stats.actions["recompute"] > 0
+    assert (stats.budget_fallbacks, stats.budget_evictions) == (0, 0)
+    assert stats.budget_bytes is not None and stats.peak_resident_bytes <= stats.budget_bytes
