@@ -6,8 +6,10 @@ once per stamp, so a leaf module's call lasts exactly one tick.
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -15,6 +17,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from cswap.execute.recompute import RecomputeRegions
 from cswap.profile.regions import RegionProfile, nested_pair, profile_regions
+from cswap.profile.shapes import SizeMap
 
 B = 3
 F32 = 4
@@ -223,6 +226,31 @@ def test_an_in_place_module_is_ineligible() -> None:
     regions.mark_ineligible(profile.ineligible)
     with pytest.raises(ValueError, match=r"cannot be recomputed.*in place"):
         regions.enable(["1"])
+
+
+class _NoisyFeatures(nn.Module):
+    """Masks features with NumPy's global generator or Python's, as SpecAugment and LayerDrop do."""
+
+    def __init__(self, source: str) -> None:
+        super().__init__()
+        self.source = source
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.source == "numpy":
+            return x * torch.from_numpy(np.random.rand(x.shape[-1]) > 0.5).to(x.dtype)
+        return x * (0.5 if random.random() < 0.5 else 1.0)
+
+
+@pytest.mark.parametrize("source", ["numpy", "python", "torch only"])
+def test_the_profile_tells_whether_the_model_drew_from_the_host_generators(source: str) -> None:
+    """Only a model seen drawing from them has its regions read the host generators' states (tens
+    of microseconds a call): one that draws from torch's alone costs nothing more."""
+    layers: list[nn.Module] = [nn.Linear(4, 8), nn.Tanh()]
+    if source != "torch only":
+        layers.insert(1, _NoisyFeatures(source))
+    profile = profile_of(nn.Sequential(*layers, nn.Dropout(0.5), nn.Linear(8, 2)), MLP_X)
+    assert profile.draws_host_random is (source != "torch only")
+    assert profile.scaled({}, SizeMap.learn([])).draws_host_random is profile.draws_host_random
 
 
 def test_profiling_refuses_enabled_regions() -> None:
