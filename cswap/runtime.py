@@ -499,7 +499,7 @@ class Runtime:
         keys = self._region_keys if region_keys is None else region_keys
         if profile is None and self._family is not None:
             profile = self._family.regions
-        storage_of: dict[int, object] = {s.key: s.storage for s in profile.saves} if profile is not None else {}
+        saves = profile.saves if profile is not None else ()  # by key
         rebuilds: dict[str, RegionRebuild] = {}
         for path in plan.recompute_regions:
             largest: dict[object, tuple[tuple[int, ...], int]] = {}  # per storage, its largest save
@@ -507,7 +507,7 @@ class Runtime:
                 decision = recomputed.get(key)
                 if decision is None:
                     continue
-                storage = storage_of.get(key, ("key", key))
+                storage = saves[key].storage if key < len(saves) else ("key", key)
                 if storage not in largest or decision.nbytes > largest[storage][1]:
                     largest[storage] = (decision.shape, decision.nbytes)
             rebuilds[path] = tuple(largest.values())
