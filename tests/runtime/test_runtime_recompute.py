@@ -9,6 +9,7 @@ with regions enabled is checked against the packs a real run makes.
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable
 from typing import Any
@@ -294,29 +295,36 @@ def test_a_region_choice_the_budget_cannot_hold_gives_way_to_the_least_footprint
     assert_bit_equal([g for it in plain for g in it], [g for it in grads for g in it], "gradient")
 
 
-class HostDrawingBlock(nn.Module):
-    """Masks its features with NumPy's global generator, as SpecAugment does, and halves its update
-    now and then by Python's, as a LayerDrop by ``random.random()`` does: draws torch's checkpoint
-    does not put back for a recomputation."""
+class ResidualBlock(nn.Module):
+    """A residual MLP block whose input is saved only inside it, by the product with a feature mask.
 
-    def __init__(self, width: int) -> None:
+    The mask comes from torch's generator, or with ``host`` from NumPy's, as SpecAugment draws it,
+    and the update is then halved now and then by Python's, as a LayerDrop by ``random.random()``
+    does: draws torch's checkpoint does not put back for a recomputation."""
+
+    def __init__(self, width: int, host: bool = False) -> None:
         super().__init__()
         self.up, self.down = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
+        self.host = host
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.host:
+            keep = (torch.rand(x.shape[-1]) > 0.2).to(x.dtype)
+            return x + self.down(torch.tanh(self.up(x * keep)))
         keep = torch.from_numpy(np.random.rand(x.shape[-1]) > 0.2).to(x.dtype)
         return x + self.down(torch.tanh(self.up(x * keep))) * (1.0 if random.random() > 0.3 else 0.5)
 
 
-def _host_drawing_model() -> nn.Module:
-    return nn.Sequential(nn.Linear(8, 32), *(HostDrawingBlock(32) for _ in range(3)), nn.Linear(32, 10))
+def _residual_mlp(host: bool = False) -> nn.Module:
+    return nn.Sequential(nn.Linear(8, 32), *(ResidualBlock(32, host) for _ in range(3)), nn.Linear(32, 10))
 
 
-HOST_DRAWING_BATCHES = batches(3, (16, 8), 10)
+RESIDUAL_BATCHES = batches(3, (16, 8), 10)
+#: CASES and ac-full's, whose profile runs its layers recomputed (guarded) or traced
+ALL_RECOMPUTING_CASES = [*CASES, ("ac-full", None, {}), ("ac-full", 0.5, {})]
 
 
-@pytest.mark.parametrize(("policy", "fraction", "link"), [*CASES, ("ac-full", None, {}), ("ac-full", 0.5, {})],
-                         ids=[f"{p}-{f}" for p, f, _ in [*CASES, ("ac-full", None, {}), ("ac-full", 0.5, {})]])
+@pytest.mark.parametrize(("policy", "fraction", "link"), ALL_RECOMPUTING_CASES, ids=[f"{p}-{f}" for p, f, _ in ALL_RECOMPUTING_CASES])
 def test_layers_drawing_from_the_host_generators_recompute_the_same_draws(policy: str, fraction: float | None,
                                                                           link: dict[str, Any]) -> None:
     """Every recomputed block draws again what its forward drew, from the generators' states as the
@@ -326,7 +334,7 @@ def test_layers_drawing_from_the_host_generators_recompute_the_same_draws(policy
     def run(runtime: Callable[[nn.Module], Any] | None) -> tuple[list[list[torch.Tensor]], Any, tuple[float, float]]:
         np.random.seed(0)
         random.seed(0)
-        grads, rt = train(_host_drawing_model, HOST_DRAWING_BATCHES, 2, runtime)
+        grads, rt = train(functools.partial(_residual_mlp, host=True), RESIDUAL_BATCHES, 2, runtime)
         return grads, rt, (np.random.rand(), random.random())
 
     plain, _, plain_next = run(None)
@@ -338,18 +346,6 @@ def test_layers_drawing_from_the_host_generators_recompute_the_same_draws(policy
     assert rt.stats().actions["recompute"] > 0 and rt.plan().recompute_regions
     assert_bit_equal([g for it in plain for g in it], [g for it in grads for g in it], "gradient")
     assert next_draws == plain_next
-
-
-class _ResidualBlock(nn.Module):
-    """A residual MLP block whose input is saved only inside it (by the product with a feature mask)."""
-
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        self.up, self.down = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        keep = (torch.rand(x.shape[-1]) > 0.2).to(x.dtype)
-        return x + self.down(torch.tanh(self.up(x * keep)))
 
 
 @pytest.mark.parametrize(("policy", "budget", "link"), [("recompute", "least", {}), ("capuchin", 0.5, CRAWLING_LINK),
@@ -364,15 +360,11 @@ def test_a_recomputing_plan_holds_its_budget_without_a_swap_it_did_not_plan(poli
     over the plan), and every recomputation swapped kept tensors out, synchronously, to make room
     for bytes it never held."""
 
-    def build() -> nn.Module:
-        return nn.Sequential(nn.Linear(8, 32), *(_ResidualBlock(32) for _ in range(3)), nn.Linear(32, 10))
-
-    data = batches(3, (16, 8), 10)
     if budget == "least":
         with pytest.raises(cswap.BudgetError) as raised:
-            train(build, data, 1, runtime_for(policy, memory_budget=1, **link))
+            train(_residual_mlp, RESIDUAL_BATCHES, 1, runtime_for(policy, memory_budget=1, **link))
         budget = raised.value.minimum_bytes
-    _, rt = train(build, data, 2, runtime_for(policy, memory_budget=budget, **link))
+    _, rt = train(_residual_mlp, RESIDUAL_BATCHES, 2, runtime_for(policy, memory_budget=budget, **link))
     stats = rt.stats()
     assert rt.plan().recompute_regions and stats.actions["recompute"] > 0
     assert (stats.budget_fallbacks, stats.budget_evictions) == (0, 0)
