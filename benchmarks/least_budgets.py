@@ -7,9 +7,10 @@ with the library's defaults, two layers, hidden 256, vocabulary 2048), in bf16 a
 ``--fraction`` of ``none``'s peak given as a fraction (its first profile runs before the budget's
 bytes are known) and one at the same budget in bytes (known from the start); each that refuses
 states its least budget, and a fresh run at the least in bytes trains three iterations, which
-must stay within it with gradients bit-identical to plain PyTorch. ``compress-keep`` is where the
-two differ: under a fraction its first profile compresses every tensor; in bytes it keeps what
-fits and compresses the oldest it kept past it.
+must stay within it with gradients bit-identical to plain PyTorch. ``compress-keep``'s profile
+keeps what fits and compresses the oldest it kept past it: in bytes against the budget, under a
+fraction (whose bytes it does not know yet) against the fraction of the most the saved tensors
+have held so far.
 
 Output: one JSON line per model, dtype and policy: ``none``'s measured peak in bytes, the least
 fraction stated under a fraction and under bytes (``null``: the budget was met), and for the

@@ -534,8 +534,11 @@ class Runtime:
         if mode == "keep-first":
             smallest = profile_action(self.policy)
             reason = f"profiling ({mode}): keep each tensor while the budget leaves room, {smallest.value} past it"
+            budget = self._options.memory_budget
+            # a fraction not resolved yet holds against the none's peak the profile has seen so far
+            provisional = budget if self._budget_bytes is None else None
             plan = replace(plan, decisions={}, default_action=Action.KEEP, default_reason=reason, budget_bytes=self._budget_bytes,
-                           fallback_action=smallest)
+                           fallback_action=smallest, provisional_budget=provisional)
         if mode in ("budget", "keep-first"):
             # Under a budget min_bytes binds nothing: the profile stores a small tensor at the
             # policy's smallest footprint like any other, as the planner's replay of it assumes.
@@ -761,9 +764,9 @@ class Runtime:
     def _profile_mode(self) -> str:
         """``passive`` (swap all), ``keep-all``, ``budget`` (each policy's smallest footprint; for a
         recomputing policy Capuchin's passive mode, :data:`cswap.planner.budgeted.PASSIVE_ACTION`),
-        ``keep-first`` (compress-keep under a budget whose bytes are known: keep each tensor while the
-        budget leaves room, the smallest footprint past it), or ``plan`` (follow the current plan
-        while recording)."""
+        ``keep-first`` (compress-keep under a budget in bytes, or a fraction not resolved yet, held
+        against the ``none`` peak seen so far: keep each tensor while the budget leaves room, the
+        smallest footprint past it), or ``plan`` (follow the current plan while recording)."""
         if self._options.memory_budget is not None:
             if self.policy in _DRIFT_POLICIES and self._met_budget:
                 # Profiled again once a plan met the budget (a new epoch, an iteration that passed
@@ -774,9 +777,11 @@ class Runtime:
                 # what would pass it (_HOLD_FALLBACK) and in backward what a read needs room for.
                 # The profile measures every tensor either way.
                 return "plan"
-            if self.policy in KEEP_FIRST_POLICIES and self._budget_bytes is not None and not self._profile_keeps_all:
+            if self.policy in KEEP_FIRST_POLICIES and not self._profile_keeps_all and (
+                    self._budget_bytes is not None or self._plan.budget_bytes is None):
                 # every float32 tensor of a Llama compressed held 1.05 of none's peak, a budget
-                # plain PyTorch meets refused
+                # plain PyTorch meets refused; before a fraction's bytes are known, compressing
+                # every tensor passed 0.8 of none's peak by 10% (bf16 Llama with adapters)
                 return "keep-first"
             return "budget"
         if self._options.passive_profile:
@@ -821,9 +826,10 @@ class Runtime:
         if (budget is not None and budget.relative and self._plan.budget_bytes is None and not self._profile_keeps_all
                 and (self._host_budget_bytes is not None or self.policy in KEEP_FIRST_POLICIES)):
             # The first profile under a fraction of none's peak ran before it was known, keeping what
-            # the host budget had no room for (compress-keep's compressing every tensor, where a
-            # known budget keeps first): its peaks are not those of a profile at the budget. The
-            # planner replays the device's; the host budget holds from the plan made from it on.
+            # the host budget had no room for (compress-keep's keeping first within the fraction of
+            # the none's peak seen so far, at most the bytes it resolves to): its peaks are not those
+            # of a profile at the budget. The planner replays the device's; the host budget holds
+            # from the plan made from it on.
             profiled_peak, profiled_host_peak = None, 0
         profile = None
         if tracer is not None:
@@ -896,7 +902,7 @@ class Runtime:
             holds_drift = drifted and self.policy in _DRIFT_POLICIES
             if profiled and budget is not None and trace.meta.get("mode") == "plan":
                 # The profile followed a plan that met the budget, swapping what would have passed
-                # it: its peak binds nothing (the first profile's, every tensor compressed, did).
+                # it: its peak binds nothing (the first profile's, keeping first, did).
                 profiled_peak = 0
             plan, budget_bytes, error, region_keys = self._planned(trace, profile, profiled_peak, profiled_host_peak, solving,
                                                                    hint, carried)

@@ -144,6 +144,11 @@ class IterationState:
         micro_batches: micro-batches begun so far (a forward after a finished backward begins one).
         on_backward_end: called once, when the first micro-batch's backward has finished (the
             profiling iteration's recorders stop there).
+        budget_bytes: the device budget in force (:attr:`Plan.budget_bytes`; under a
+            :attr:`Plan.provisional_budget`, its fraction of :attr:`plain_peak_bytes`, raised at
+            each pack).
+        plain_peak_bytes: under a provisional budget, the most bytes the iteration's saved tensors
+            have held at once so far, as plain PyTorch holds them (none's peak, once all are packed).
     """
 
     def __init__(self, plan: Plan, profiler: Profiler | None, protected: frozenset[int], prefetch_window_bytes: int = 0) -> None:
@@ -182,7 +187,10 @@ class IterationState:
         # A plan whose fallback keeps on the device, compressed (compress-keep's keep-first profile),
         # compresses what it kept, oldest first, before a tensor would pass the budget
         # (Executor._compact_kept); keys of entries another view's entry leans on stay raw.
-        self.compacts = plan.budget_bytes is not None and fallback is not None and fallback.compresses and not fallback.offloads
+        self.budget_bytes = plan.budget_bytes
+        self.plain_peak_bytes = 0
+        budgeted = plan.budget_bytes is not None or plan.provisional_budget is not None
+        self.compacts = budgeted and fallback is not None and fallback.compresses and not fallback.offloads
         self.owners: set[int] = set()
         self.kept_in_order: collections.deque[int] = collections.deque()  # keys kept raw, in pack order, while it compacts
 
@@ -294,11 +302,13 @@ class Executor:
         # stride and dtype); a dead entry's key is dropped when its release is drained (no
         # callback per entry).
         self._dedupe: dict[tuple[Any, ...], weakref.ref[Stored]] = {}
-        # storage id -> the kept entry counting that storage's bytes
         # storage id -> the kept entry counting that storage's bytes (a plain dict of weak references,
         # read once per planned keep: dead ones are swept when an iteration begins)
         self._kept_storages: dict[int, weakref.ref[Stored]] = {}
-        self._released: collections.deque[tuple[int, ArenaBlock | PoolSlot | None, int, int, Any, int]] = collections.deque()
+        self._released: collections.deque[tuple[int, ArenaBlock | PoolSlot | None, int, int, Any, int, int]] = collections.deque()
+        # Under a provisional budget, the bytes plain PyTorch would hold for the entries alive
+        # (Stored.plain_bytes), which the budget is a fraction of (IterationState.budget_bytes).
+        self._plain_bytes = 0
         # A rebuilt tensor handed to backward counts until its storage dies; the storage's weak
         # reference posts itself to _dead_storages then (no scan of what is still alive).
         self._handed_out: dict[weakref.ref[torch.UntypedStorage], tuple[int, int]] = {}  # -> (bytes, key)
@@ -735,7 +745,7 @@ class Executor:
         freed: list[int] = []
         released, dedupe, free = self._released, self._dedupe, self.arena.free
         while released:
-            key, block, held, prefetched, dedupe_key, host = released.popleft()
+            key, block, held, prefetched, dedupe_key, host, plain = released.popleft()
             if block is not None:
                 free(block)
             if dedupe_key is not None:
@@ -746,6 +756,7 @@ class Executor:
                 counters.resident_bytes -= held
                 self._prefetched_bytes -= prefetched
             counters.host_bytes -= host
+            self._plain_bytes -= plain
             if profiler is not None:
                 freed.append(key)
         dead = self._dead_storages
@@ -850,10 +861,15 @@ class Executor:
             owner = kept() if kept is not None else None
             if owner is not None and (owner.action is not Action.KEEP or owner.tensor is None or owner.held_bytes < layout.nbytes):
                 owner = None  # evicted since, or it counts a smaller view of the storage than this one
-            if it.compacts and owner is None and counters.resident_bytes + layout.nbytes > plan.budget_bytes:  # type: ignore[operator]
+            provisional = plan.provisional_budget
+            if provisional is not None and owner is None:
+                # plain PyTorch would hold this tensor beside those alive
+                it.plain_peak_bytes = max(it.plain_peak_bytes, self._plain_bytes + layout.nbytes)
+                it.budget_bytes = provisional.resolve(it.plain_peak_bytes)
+            if it.compacts and owner is None and counters.resident_bytes + layout.nbytes > it.budget_bytes:  # type: ignore[operator]
                 self._compact_kept(it, layout.nbytes)
             decision = plan.resolve(key, layout.shape, layout.dtype, layout.nbytes, resident_bytes=counters.resident_bytes,
-                                    shares_kept=owner is not None)
+                                    shares_kept=owner is not None, budget_bytes=it.budget_bytes)
             if decision.budget_fallback:
                 counters.budget_fallbacks += 1
             if decision.outgrown:
@@ -877,12 +893,15 @@ class Executor:
                 decision = self._smallest_coding(plan, decision, layout, tensor, coded)
             stored, zeros = self._store(key, tensor.detach(), layout, decision, count_zeros=profiler is not None, owner=owner,
                                         storage=storage)
+            if provisional is not None and owner is None:
+                stored.plain_bytes = layout.nbytes
+                self._plain_bytes += layout.nbytes
             if owner is not None:
                 it.owners.add(owner.key)
             elif it.compacts and decision.action is Action.KEEP and stored.action is Action.KEEP:
                 it.kept_in_order.append(key)  # a fallback no codec shrank stays raw: nothing to try again
-            if plan.budget_bytes is not None:
-                self.transfers.wait_for_budget(plan.budget_bytes)
+            if it.budget_bytes is not None:
+                self.transfers.wait_for_budget(it.budget_bytes)
             if profiler is not None:
                 encoding_facts = value_range(tensor.detach())  # what the encoding needs to predict its size
             stored.dedupe_key = dedupe_key
@@ -910,7 +929,7 @@ class Executor:
         :func:`cswap.planner.budgeted.keep_first_least`, hold from 0.93 of ``none``'s peak and
         only at all of it).
         """
-        budget = it.plan.budget_bytes
+        budget = it.budget_bytes
         assert budget is not None
         counters, waiting = self.counters, it.kept_in_order
         while waiting and counters.resident_bytes + nbytes > budget:

@@ -16,7 +16,7 @@ Example:
     >>> entry.held_bytes = 16
     >>> del entry
     >>> released.popleft()
-    (7, None, 16, 0, None, 0)
+    (7, None, 16, 0, None, 0, 0)
 """
 
 from __future__ import annotations
@@ -140,6 +140,7 @@ class Stored:
         "compressing",
         "host_nbytes",
         "host_reserved",
+        "plain_bytes",
         "_sink",
         "__weakref__",
     )
@@ -175,12 +176,14 @@ class Stored:
         self.compressing: Any = None  # host-zvc-swap: the worker's future, until collected
         self.host_nbytes = 0  # host bytes it holds (a host copy or compressed buffers)
         self.host_reserved = 0  # of those, set aside for a host compression not collected yet
+        # what plain PyTorch would hold for it, counted under a provisional budget (IterationState.budget_bytes)
+        self.plain_bytes = 0
         self._sink = sink
 
     def __del__(self) -> None:
         try:
             self._sink.append((self.key, self.block, self.held_bytes + self.prefetched_bytes, self.prefetched_bytes, self.dedupe_key,
-                               self.host_nbytes))
+                               self.host_nbytes, self.plain_bytes))
         except Exception:  # interpreter shutdown
             pass
 

@@ -637,7 +637,8 @@ def profiled_device_peak(problem: PlanningProblem, policy: str, budget_bytes: in
     """The device peak of the profiling iteration behind a plan at ``budget_bytes``: the one
     observed, or for ``None`` (the first profile under a fraction of ``none``'s peak ran before the
     budget was known: keeping what the host budget had no room for, or, for ``compress-keep``,
-    compressing every tensor) :func:`profile_peaks`' replay of the profile a known budget would
+    keeping first against the fraction of the ``none`` peak seen so far, a lower budget)
+    :func:`profile_peaks`' replay of the profile a known budget would
     have run, storing every tensor at the least device footprint (``keeps_first``: keeping each
     while the budget leaves room, :data:`KEEP_FIRST_POLICIES`).
 

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from cswap.budget import MemoryBudget
 from cswap.codecs.encoding import dtype_named, encodable
 from cswap.planner.hostpool import PoolLayout, host_pool_of
 from cswap.profile.trace import Trace
@@ -383,6 +384,12 @@ class Plan:
         unseen_codecs: per dtype, the codec a compressing decision made here takes for a key the
             plan does not know: the one most of the dtype's planned bytes were sized by
             (:func:`cswap.planner.codec_choice.codecs_by_dtype`); ZVC for a dtype not named.
+        provisional_budget: a fraction of ``none``'s peak that no profile has resolved to bytes yet
+            (the first profiling iteration under it): the device budget at a pack is then that
+            fraction of the most bytes the iteration's saved tensors have held so far, counted as
+            plain PyTorch holds them (the executor's ``IterationState.budget_bytes``). That is a
+            lower bound of ``none``'s peak, so what the fraction resolves to holds from the first
+            pack; ``budget_bytes`` stays ``None`` meanwhile.
         solution: the budget planner's solution the plan was made from
             (:class:`~cswap.planner.milp.BudgetPlan`, keyed by profiled keys), which a plan at a
             larger size of the same graph may carry (:func:`cswap.planner.solve.carry_plan`);
@@ -413,6 +420,7 @@ class Plan:
     host_budget_bytes: int | None = None
     host_meter: Any = field(default=None, compare=False, repr=False)
     unseen_codecs: Mapping[str, str] = field(default_factory=dict)
+    provisional_budget: MemoryBudget | None = None
     solution: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -469,6 +477,7 @@ class Plan:
         duplicate_of: Decision | None = None,
         resident_bytes: int = 0,
         shares_kept: bool = False,
+        budget_bytes: int | None = None,
     ) -> Decision:
         """The complete decision for one pack; the executor carries it out as it is.
 
@@ -481,6 +490,8 @@ class Plan:
                 zvc-keep that would take it past ``budget_bytes`` becomes ``fallback_action``.
             shares_kept: another pack already keeps this tensor's storage (another view of it), so
                 keeping this one too adds nothing and the budget does not make it fall back.
+            budget_bytes: the device budget at this pack where it moves with the iteration
+                (:attr:`provisional_budget`); ``None``: :attr:`budget_bytes`.
 
         Returns:
             The planned :class:`Decision` when its guard holds and the facts agree with it; else a
@@ -535,7 +546,7 @@ class Plan:
             decision = Decision(**facts, action=action, reason=reason, raw_unless_smaller=self.raw_unless_smaller, codec=codec,
                                 **launches)
         if never_moved is None and duplicate_of is None and not (shares_kept and decision.action is Action.KEEP):
-            decision = self._within_budget(decision, resident_bytes)
+            decision = self._within_budget(decision, resident_bytes, self.budget_bytes if budget_bytes is None else budget_bytes)
         resolved = self._resolved  # type: ignore[attr-defined]
         if decision is planned:
             resolved.pop(key, None)
@@ -552,15 +563,16 @@ class Plan:
         return replace(planned, shape=tuple(shape), nbytes=nbytes, reason=reason, planned=False, outgrown=True,
                        compressed_nbytes=None, predicted_s=None, slack_bytes=None, **launches)
 
-    def _within_budget(self, decision: Decision, resident_bytes: int) -> Decision:
-        """``decision``, or the fallback action when keeping it would pass the budget now, or a keep
-        when its host copy would pass the host budget (:meth:`_within_host_budget`)."""
-        decision = self._within_device_budget(decision, resident_bytes)
+    def _within_budget(self, decision: Decision, resident_bytes: int, budget_bytes: int | None) -> Decision:
+        """``decision``, or the fallback action when keeping it would pass the device budget
+        ``budget_bytes`` now, or a keep when its host copy would pass the host budget
+        (:meth:`_within_host_budget`)."""
+        decision = self._within_device_budget(decision, resident_bytes, budget_bytes)
         if self.host_budget_bytes is not None and decision.action.offloads:
-            decision = self._within_host_budget(decision, resident_bytes)
+            decision = self._within_host_budget(decision, resident_bytes, budget_bytes)
         return decision
 
-    def _within_host_budget(self, decision: Decision, resident_bytes: int) -> Decision:
+    def _within_host_budget(self, decision: Decision, resident_bytes: int, budget_bytes: int | None) -> Decision:
         """``decision``, or a keep when its host copy would take the host bytes held past the host
         budget and keeping it leaves the device budget held. Where neither fits, the device budget
         comes first (a device out of memory stops training; the host copy is counted, and the
@@ -572,7 +584,7 @@ class Plan:
         held = 0 if meter is None else int(meter.make_host_room(self.host_budget_bytes - size))
         if held + size <= self.host_budget_bytes:
             return decision
-        if self.budget_bytes is not None and resident_bytes + decision.nbytes > self.budget_bytes:
+        if budget_bytes is not None and resident_bytes + decision.nbytes > budget_bytes:
             return decision
         reason = (f"host budget fallback: {held:,d} B on the host at pack, its {decision.action.value} copy of {size:,d} B would "
                   f"pass the {self.host_budget_bytes:,d} B host budget; keep instead")
@@ -592,17 +604,19 @@ class Plan:
         without calling :meth:`resolve`, pops the key from it, as :meth:`resolve` does."""
         return self._resolved  # type: ignore[attr-defined,no-any-return]
 
-    def keeps_within_budget(self, decision: Decision, resident_bytes: int) -> bool:
+    def keeps_within_budget(self, decision: Decision, resident_bytes: int, budget_bytes: int | None = None) -> bool:
         """Whether ``decision`` stands under the device budget with ``resident_bytes`` held now: it
         moves the tensor, the policy has nothing to fall back to, or keeping it stays within the
-        budget and within the slack the plan left it (:meth:`resolve`'s rule)."""
-        limit = self.keep_limit_bytes(decision)
+        budget and within the slack the plan left it (:meth:`resolve`'s rule). ``budget_bytes``:
+        as :meth:`resolve`'s."""
+        limit = self.keep_limit_bytes(decision, budget_bytes)
         return limit is None or resident_bytes <= limit
 
-    def keep_limit_bytes(self, decision: Decision) -> float | None:
+    def keep_limit_bytes(self, decision: Decision, budget_bytes: int | None = None) -> float | None:
         """The most resident bytes at which ``decision`` stands under the device budget
-        (:meth:`keeps_within_budget`); ``None`` when it stands whatever is held. A pack hook that
-        keeps this decision's tensor works it out once per plan and compares, instead of asking.
+        (:meth:`keeps_within_budget`; ``budget_bytes`` as :meth:`resolve`'s); ``None`` when it
+        stands whatever is held. A pack hook that keeps this decision's tensor works it out once
+        per plan and compares, instead of asking.
 
         Example:
             >>> plan = Plan("swap", 0, Action.SWAP, budget_bytes=100, fallback_action=Action.SWAP, expected_bytes={3: 40})
@@ -611,11 +625,12 @@ class Plan:
             >>> plan.keep_limit_bytes(keep), plan.keeps_within_budget(keep, 50), plan.keeps_within_budget(keep, 51)
             (50, True, False)
         """
+        budget = self.budget_bytes if budget_bytes is None else budget_bytes
         fallback = self.fallback_action
-        if self.budget_bytes is None or fallback is None or decision.action.offloads or decision.action is fallback:
+        if budget is None or fallback is None or decision.action.offloads or decision.action is fallback:
             return None
         held, expected = self._keep_facts(decision)
-        limit: float = self.budget_bytes - held
+        limit: float = budget - held
         slack = decision.slack_bytes
         if slack is not None:  # the resident bytes may run over what the plan expected by the slack
             limit = min(limit, expected + slack if expected is not None else (math.inf if slack >= 0 else -math.inf))
@@ -629,9 +644,9 @@ class Plan:
             held = min(held, int(decision.compressed_nbytes))
         return held, self.expected_bytes.get(decision.key) if decision.planned else None
 
-    def _within_device_budget(self, decision: Decision, resident_bytes: int) -> Decision:
-        """``decision``, or the fallback action when keeping it would pass the device budget now,
-        a tensor below ``min_bytes`` too.
+    def _within_device_budget(self, decision: Decision, resident_bytes: int, budget_bytes: int | None = None) -> Decision:
+        """``decision``, or the fallback action when keeping it would pass the device budget now
+        (``budget_bytes``, as :meth:`resolve`'s), a tensor below ``min_bytes`` too.
 
         Example:
             >>> plan = Plan("swap", 0, Action.SWAP, min_bytes=1024, budget_bytes=100, fallback_action=Action.SWAP)
@@ -640,10 +655,12 @@ class Plan:
             >>> fits.action, passes.action
             (<Action.KEEP: 'keep'>, <Action.SWAP: 'swap'>)
         """
-        if self.keeps_within_budget(decision, resident_bytes):
+        if self.keeps_within_budget(decision, resident_bytes, budget_bytes):
             return decision
         fallback = self.fallback_action
         assert fallback is not None
+        budget = self.budget_bytes if budget_bytes is None else budget_bytes
+        assert budget is not None
         held, expected = self._keep_facts(decision)
         drift = resident_bytes - expected if expected is not None else 0
         # min_bytes binds nothing under a budget: a tensor below it is kept while the budget allows
@@ -653,7 +670,7 @@ class Plan:
             return decision  # the rules leave nothing smaller (no encoding, nothing to fall back to)
         launches = self.launches.launches(decision.dtype, decision.nbytes, decision.codec) if action.compresses and self.launches is not None else {}
         reason = (f"budget fallback: {resident_bytes:,d} B resident at pack ({drift:+,d} B over the plan), "
-                  f"{decision.action.value} of {held:,d} B would pass the {self.budget_bytes:,d} B budget; {action.value} instead")
+                  f"{decision.action.value} of {held:,d} B would pass the {budget:,d} B budget; {action.value} instead")
         return replace(decision, action=action, reason=reason, planned=False, budget_fallback=True, **launches)
 
     def rows(self) -> Mapping[int, Decision]:

@@ -537,6 +537,65 @@ def test_keeping_a_second_view_of_a_kept_storage_never_falls_back_under_a_budget
     assert counters.actions["swap"] == 1 and counters.budget_fallbacks == 1 and counters.resident_bytes == 8192
 
 
+def _provisional(fraction: float | None) -> tuple[Executor, Any, Callable[[torch.Tensor], Any], Callable[[Any], torch.Tensor]]:
+    """An executor following compress-keep's first profile: keep first, each tensor's smallest
+    coding past the budget; under ``fraction`` of none's peak not resolved yet (``None``: no budget)."""
+    executor = Executor(torch.device("cpu"), backend="cpu", prefetch_bytes=0)
+    plan = Plan(policy="compress-keep", epoch=0, default_action=Action.KEEP, fallback_action=Action.ZVC_KEEP, raw_unless_smaller=True,
+                provisional_budget=None if fraction is None else cswap.MemoryBudget(fraction=fraction))
+    it = executor.begin(plan)
+    pack, unpack = executor.hooks(it)
+    return executor, it, pack, unpack
+
+
+def _saves(seed: int) -> list[torch.Tensor]:
+    """What a transformer block saves, in small: a dropout mask, half-zero activations, a dense one."""
+    g = torch.Generator().manual_seed(seed)
+    dense = torch.randn(64, 64, generator=g)
+    return [torch.rand(64, 64, generator=g) > 0.1, torch.relu(torch.randn(64, 64, generator=g)), dense, dense.to(torch.bfloat16)]
+
+
+@pytest.mark.parametrize("fraction", [0.9, 0.75])
+def test_a_fraction_not_resolved_yet_holds_against_the_most_plain_pytorch_held_so_far(fraction: float) -> None:
+    """Before a fraction of none's peak has bytes, each pack's budget is that fraction of the most
+    the saved tensors have held at once as plain PyTorch holds them, a lower bound of none's peak:
+    resident bytes stay within it at every pack, the tensors read back bit for bit. The budget
+    never falls when tensors die, as none's peak does not."""
+    executor, it, pack, unpack = _provisional(fraction)
+    saved, handles, plain = [], [], 0
+    for tensor in _saves(0) + _saves(1):
+        handles.append(pack(tensor))
+        saved.append(tensor)
+        plain += tensor.numel() * tensor.element_size()
+        assert it.plain_peak_bytes == plain
+        assert it.budget_bytes == math.floor(fraction * plain)
+        assert executor.counters.resident_bytes <= it.budget_bytes, (executor.counters.resident_bytes, it.budget_bytes)
+    assert executor.counters.actions["zvc-keep"] > 0
+    assert_bit_equal(saved, [unpack(h) for h in handles], "read back")
+    peak = it.plain_peak_bytes
+    del handles[:4], saved[:4]
+    handles.append(pack(torch.zeros(8, 8)))  # packed after the first block's tensors died
+    assert it.plain_peak_bytes == peak and it.budget_bytes == math.floor(fraction * peak)
+    assert executor.counters.resident_bytes <= it.budget_bytes
+
+
+def test_a_fraction_compressing_cannot_hold_stores_every_tensor_by_its_smallest_coding() -> None:
+    executor, it, pack, unpack = _provisional(0.3)
+    saved = _saves(0)
+    handles = [pack(tensor) for tensor in saved]
+    raw = sum(t.numel() * t.element_size() for t in saved)
+    assert it.budget_bytes == math.floor(0.3 * raw) < executor.counters.resident_bytes < raw
+    assert executor.counters.actions["zvc-keep"] == len(saved) and executor.counters.actions["keep"] == 0
+    assert_bit_equal(saved, [unpack(h) for h in handles], "read back")
+
+
+def test_without_a_budget_the_keep_first_profile_keeps_every_tensor() -> None:
+    executor, it, pack, _ = _provisional(None)
+    handles = [pack(tensor) for tensor in _saves(0)]
+    assert it.budget_bytes is None and it.plain_peak_bytes == 0 and not it.compacts
+    assert executor.counters.actions["keep"] == len(handles) and executor.counters.actions["zvc-keep"] == 0
+
+
 def test_counting_a_rebuilt_tensor_first_takes_off_the_rebuilt_ones_that_died() -> None:
     # One layer's rebuilt tensors die in its backward; the next layer's recomputation counts its own
     # with no pack or fetch between (a plan with nothing to prefetch): the peak is not both at once.

@@ -22,9 +22,6 @@ transformers = pytest.importorskip("transformers")
 # per step, two micro-batches, each the lengths of its sequences (padded to the longest)
 STEPS = [[[40, 25, 33], [96, 60, 12]], [[112, 100, 7], [34, 34, 20]], [[64, 9, 50], [80, 80, 79]]]
 BUDGET = 0.8
-# compress-keep's first profile under a fraction compresses every tensor before the fraction's bytes
-# are known, and may pass them by up to 11% (README, "memory budget")
-_FIRST_PROFILE_MARGIN = {("compress-keep", 0): 1.11}
 
 
 class LowRankAdapter(nn.Module):
@@ -77,8 +74,9 @@ def plain() -> dict[str, list[list[torch.Tensor]]]:
 @pytest.mark.parametrize("name", MODELS)
 def test_a_few_trained_parameters_of_a_frozen_model(plain, name: str, policy: str) -> None:
     grads, seen, rt = _train(MODELS[name], policy)
-    over = [(step, peak, budget) for step, (peak, budget, _) in enumerate(seen)
-            if peak > budget * _FIRST_PROFILE_MARGIN.get((policy, step), 1.0)]  # type: ignore[operator]
+    # the first step too, which runs before the fraction's bytes are known (compressing every tensor
+    # there would pass them by 10.2% on the Llama with adapters)
+    over = [(step, peak, budget) for step, (peak, budget, _) in enumerate(seen) if peak > budget]  # type: ignore[operator]
     assert not over, f"{policy} passed the budget: (step, peak, budget) {over}"
     stats = rt.stats()  # type: ignore[union-attr]
     assert acted(stats, policy), stats.actions
