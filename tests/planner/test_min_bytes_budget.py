@@ -91,17 +91,33 @@ def test_a_budget_fallback_moves_a_tensor_below_min_bytes_and_no_budget_keeps_it
     assert unbudgeted.resolve(1, (8,), "float32", 32, resident_bytes=10**9).action is Action.KEEP
 
 
-@pytest.mark.parametrize("policy", ["swap", "compress-keep"])
-def test_a_budget_profile_stores_tensors_below_min_bytes_at_the_smallest_footprint(policy: str) -> None:
+def test_a_budget_profile_stores_tensors_below_min_bytes_at_the_smallest_footprint() -> None:
     """A fraction of none's peak not resolved yet: the profiling plan under a budget takes every
     tensor below min_bytes at the policy's profile action, as the planner's replay of it assumes."""
     import cswap
 
-    rt = cswap.Runtime(policy, device="cpu", min_bytes=1024, memory_budget=0.5)
+    rt = cswap.Runtime("swap", device="cpu", min_bytes=1024, memory_budget=0.5)
     profiling, mode = rt._profiling_plan(rt.plan())
     action = profiling.default_action
-    assert mode == "budget" and action is not Action.KEEP
+    assert mode == "budget" and action is Action.SWAP
     small = profiling.resolve(0, (8,), "float32", 32)
     assert small.action is action and small.raw_unless_smaller
     complex_keep = profiling.resolve(1, (8,), "complex64", 64)
-    assert complex_keep.action is (Action.SWAP if action.offloads else Action.KEEP)  # the encoding still binds
+    assert complex_keep.action is Action.SWAP  # the encoding binds nothing on a raw copy
+
+
+def test_a_keep_first_profile_under_a_fraction_stores_tensors_below_min_bytes_past_its_budget_compressed() -> None:
+    """compress-keep's first profile under a fraction keeps each tensor while the fraction of the
+    most held so far leaves room (IterationState.budget_bytes) and past it stores it at its
+    smallest coding, a tensor below min_bytes too, as the planner's replay of it assumes."""
+    import cswap
+
+    rt = cswap.Runtime("compress-keep", device="cpu", min_bytes=1024, memory_budget=0.5)
+    profiling, mode = rt._profiling_plan(rt.plan())
+    assert mode == "keep-first" and profiling.default_action is Action.KEEP and profiling.min_bytes == 0
+    assert profiling.budget_bytes is None and profiling.provisional_budget == cswap.MemoryBudget(fraction=0.5)
+    assert profiling.resolve(0, (8,), "float32", 32, resident_bytes=60, budget_bytes=100).action is Action.KEEP
+    small = profiling.resolve(1, (8,), "float32", 32, resident_bytes=80, budget_bytes=100)
+    assert small.action is Action.ZVC_KEEP and small.raw_unless_smaller and small.budget_fallback
+    complex_keep = profiling.resolve(2, (8,), "complex64", 64, resident_bytes=80, budget_bytes=100)
+    assert complex_keep.action is Action.KEEP  # the encoding still binds: no codec takes it
