@@ -862,10 +862,10 @@ class Executor:
             if owner is not None and (owner.action is not Action.KEEP or owner.tensor is None or owner.held_bytes < layout.nbytes):
                 owner = None  # evicted since, or it counts a smaller view of the storage than this one
             provisional = plan.provisional_budget
-            if provisional is not None and owner is None:
-                # plain PyTorch would hold this tensor beside those alive
+            counts_plain = provisional is not None and owner is None  # a storage plain PyTorch would hold anew
+            if counts_plain:
                 it.plain_peak_bytes = max(it.plain_peak_bytes, self._plain_bytes + layout.nbytes)
-                it.budget_bytes = provisional.resolve(it.plain_peak_bytes)
+                it.budget_bytes = provisional.resolve(it.plain_peak_bytes)  # type: ignore[union-attr]
             if it.compacts and owner is None and counters.resident_bytes + layout.nbytes > it.budget_bytes:  # type: ignore[operator]
                 self._compact_kept(it, layout.nbytes)
             decision = plan.resolve(key, layout.shape, layout.dtype, layout.nbytes, resident_bytes=counters.resident_bytes,
@@ -893,7 +893,7 @@ class Executor:
                 decision = self._smallest_coding(plan, decision, layout, tensor, coded)
             stored, zeros = self._store(key, tensor.detach(), layout, decision, count_zeros=profiler is not None, owner=owner,
                                         storage=storage)
-            if provisional is not None and owner is None:
+            if counts_plain:
                 stored.plain_bytes = layout.nbytes
                 self._plain_bytes += layout.nbytes
             if owner is not None:

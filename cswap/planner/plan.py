@@ -644,9 +644,10 @@ class Plan:
             held = min(held, int(decision.compressed_nbytes))
         return held, self.expected_bytes.get(decision.key) if decision.planned else None
 
-    def _within_device_budget(self, decision: Decision, resident_bytes: int, budget_bytes: int | None = None) -> Decision:
+    def _within_device_budget(self, decision: Decision, resident_bytes: int, budget_bytes: int | None) -> Decision:
         """``decision``, or the fallback action when keeping it would pass the device budget now
-        (``budget_bytes``, as :meth:`resolve`'s), a tensor below ``min_bytes`` too.
+        (``budget_bytes``, as :meth:`resolve` resolved it: ``None``, no budget), a tensor below
+        ``min_bytes`` too.
 
         Example:
             >>> plan = Plan("swap", 0, Action.SWAP, min_bytes=1024, budget_bytes=100, fallback_action=Action.SWAP)
@@ -658,9 +659,7 @@ class Plan:
         if self.keeps_within_budget(decision, resident_bytes, budget_bytes):
             return decision
         fallback = self.fallback_action
-        assert fallback is not None
-        budget = self.budget_bytes if budget_bytes is None else budget_bytes
-        assert budget is not None
+        assert fallback is not None and budget_bytes is not None
         held, expected = self._keep_facts(decision)
         drift = resident_bytes - expected if expected is not None else 0
         # min_bytes binds nothing under a budget: a tensor below it is kept while the budget allows
@@ -670,7 +669,7 @@ class Plan:
             return decision  # the rules leave nothing smaller (no encoding, nothing to fall back to)
         launches = self.launches.launches(decision.dtype, decision.nbytes, decision.codec) if action.compresses and self.launches is not None else {}
         reason = (f"budget fallback: {resident_bytes:,d} B resident at pack ({drift:+,d} B over the plan), "
-                  f"{decision.action.value} of {held:,d} B would pass the {budget:,d} B budget; {action.value} instead")
+                  f"{decision.action.value} of {held:,d} B would pass the {budget_bytes:,d} B budget; {action.value} instead")
         return replace(decision, action=action, reason=reason, planned=False, budget_fallback=True, **launches)
 
     def rows(self) -> Mapping[int, Decision]:
