@@ -19,13 +19,15 @@ Example:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from cswap.planner.actions import KEEP, tensor_actions
 from cswap.planner.lifetime import resident_bytes
-from cswap.planner.problem import Option, PlanningProblem, TensorOptions
+from cswap.planner.problem import Option, PlanningProblem, SharedStorage, TensorOptions
 
-__all__ = ["least_footprint_choice", "least_footprint_peak", "peak_floor", "policy_options"]
+__all__ = ["floor_levels", "floor_shares", "least_footprint_choice", "least_footprint_peak", "peak_floor", "policy_options"]
 
 
 def policy_options(tensor: TensorOptions, policy: str) -> tuple[Option, ...]:
@@ -41,10 +43,10 @@ def policy_options(tensor: TensorOptions, policy: str) -> tuple[Option, ...]:
     return chosen
 
 
-def peak_floor(problem: PlanningProblem, policy: str) -> int:
-    """The largest, over events, of the bytes every tensor holds at least there under ``policy``:
-    no plan of the policy peaks lower. A shared storage's pair holds at least the less of its two
-    least holds and its two keeps less their credit (:class:`~cswap.planner.problem.SharedStorage`)."""
+def floor_levels(problem: PlanningProblem, policy: str) -> np.ndarray:
+    """Per event, the bytes no plan of ``policy`` holds fewer than there: every tensor at the least
+    of its options there, a storage's views where keeping them with its first view holds less
+    (:func:`_shared_groups`). :func:`peak_floor` is their most."""
     floor = np.zeros(problem.event_count + 1, dtype=np.int64)
     for tensor in problem.tensors:
         options = policy_options(tensor, policy)
@@ -60,26 +62,96 @@ def peak_floor(problem: PlanningProblem, policy: str) -> int:
         floor[low : high + 1] += np.cumsum(delta, axis=1)[:, :-1].min(axis=0)
     floor = floor[:-1]
     if problem.shared:
-        floor = floor + _shared_floor(problem, policy)
-    return int(floor.max(initial=0))
+        floor = floor + sum(group.change for group in _shared_groups(problem, policy))
+    return floor
 
 
-def _shared_floor(problem: PlanningProblem, policy: str) -> np.ndarray:
-    """What the shared storages take off the sum of each tensor's least holds, event by event (<= 0)."""
+def peak_floor(problem: PlanningProblem, policy: str) -> int:
+    """The largest, over events, of the bytes every tensor holds at least there under ``policy``
+    (:func:`floor_levels`): no plan of the policy peaks lower."""
+    return int(floor_levels(problem, policy).max(initial=0))
+
+
+def floor_shares(problem: PlanningProblem, policy: str, event: int) -> dict[int, int]:
+    """Per tensor key, its bytes in :func:`floor_levels` at ``event`` (they sum to it): the least its
+    options hold there, or, in a storage kept whole there, its keep with its credit (none, for a
+    view while its storage's first view lives).
+
+    Example:
+        >>> from cswap.planner.problem import Option, SharedStorage, TensorOptions
+        >>> def tensor(key, keep, smaller):  # a keep, and a compressed keep of ``smaller`` bytes
+        ...     return TensorOptions(key=key, nbytes=keep, options=(Option("keep", 0.0, ((0, 1, keep),)),
+        ...                                                         Option("zvc-keep", 1.0, ((0, 1, smaller),))))
+        >>> views = [SharedStorage(0, k, ((0, 1, -600),)) for k in (1, 2)]
+        >>> problem = PlanningProblem((tensor(0, 600, 400), tensor(1, 600, 400), tensor(2, 600, 400)), 2, 1, shared=tuple(views))
+        >>> floor_shares(problem, "compress-keep", 0), peak_floor(problem, "compress-keep")
+        ({0: 600, 1: 0, 2: 0}, 600)
+
+    Three views of one 600-byte storage: compressed apart they hold 1,200 bytes, kept they hold it once.
+    """
+    shares = {t.key: min(_held_at(o, event) for o in policy_options(t, policy)) for t in problem.tensors}
+    for group in _shared_groups(problem, policy):
+        if group.change[event] < 0:
+            shares.update(group.kept_shares(event))
+    return shares
+
+
+@dataclass(frozen=True)
+class _SharedGroup:
+    """The saved tensors that are views of one storage under ``policy``: its first view (the owner,
+    :attr:`~cswap.planner.problem.SharedStorage.owner_key`) and the later ones.
+
+    Attributes:
+        kept: per tensor key, what it holds at each event when the owner is kept: the owner its
+            keep, each view the less of its least and its keep with its credit.
+        change: per event, what keeping the storage whole takes off the sum of their least holds
+            (zero, or less where it holds less).
+    """
+
+    kept: dict[int, np.ndarray]
+    change: np.ndarray
+
+    def kept_shares(self, event: int) -> dict[int, int]:
+        return {key: int(held[event]) for key, held in self.kept.items()}
+
+
+def _shared_groups(problem: PlanningProblem, policy: str) -> list[_SharedGroup]:
+    """Each storage's views (:class:`_SharedGroup`) whose owner ``policy`` may keep.
+
+    A view's credit applies only while its owner is kept (:meth:`PlanningProblem.shared_credit`),
+    and every view of a storage is a view of one owner, so at each event a storage's views hold at
+    least the less of their least holds apart and their holds with the owner kept. Taken pair by
+    pair instead, a storage of many views counted its owner once per view: three views of 600
+    bytes, each compressed to 400, gave a floor of 800 where keeping them holds 600, a floor above
+    the least plan.
+    """
     index = {t.key: t for t in problem.tensors}
-    change = np.zeros(problem.event_count, dtype=np.int64)
+    by_owner: dict[int, list[SharedStorage]] = {}
     for pair in problem.shared:
-        owner, view = index.get(pair.owner_key), index.get(pair.view_key)
-        if owner is None or view is None:
+        if pair.owner_key in index and pair.view_key in index:
+            by_owner.setdefault(pair.owner_key, []).append(pair)
+    groups = []
+    for owner_key, pairs in by_owner.items():
+        owner_options = policy_options(index[owner_key], policy)
+        owner_keep = next((o for o in owner_options if o.action == KEEP), None)
+        if owner_keep is None:
             continue
-        options = policy_options(owner, policy), policy_options(view, policy)
-        keeps = [next((o for o in each if o.action == KEEP), None) for each in options]
-        if keeps[0] is None or keeps[1] is None:
-            continue
-        apart = sum(np.min([problem.holds(o) for o in each], axis=0) for each in options)
-        together = problem.holds(keeps[0]) + problem.holds(keeps[1]) + resident_bytes(problem.event_count, pair.credit_holds)
-        change += np.minimum(apart, together) - apart
-    return change
+        apart = np.min([problem.holds(o) for o in owner_options], axis=0)
+        kept = {owner_key: problem.holds(owner_keep)}
+        for pair in pairs:
+            view_options = policy_options(index[pair.view_key], policy)
+            least = np.min([problem.holds(o) for o in view_options], axis=0)
+            apart = apart + least
+            view_keep = next((o for o in view_options if o.action == KEEP), None)
+            kept[pair.view_key] = least if view_keep is None else np.minimum(
+                least, problem.holds(view_keep) + resident_bytes(problem.event_count, pair.credit_holds))
+        together = sum(kept.values())
+        groups.append(_SharedGroup(kept, np.minimum(apart, together) - apart))
+    return groups
+
+
+def _held_at(option: Option, event: int) -> int:
+    return sum(nbytes for start, end, nbytes in option.holds if start <= event <= end)
 
 
 def _area(option: Option) -> int:

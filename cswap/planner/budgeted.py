@@ -41,7 +41,7 @@ import numpy as np
 
 from cswap.budget import BudgetError, MemoryBudget, format_bytes
 from cswap.planner import BudgetPlan, PlannedTensor, PlanningProblem, TensorOptions, minimum_bytes, plan_budget, problem_from_trace
-from cswap.planner.bounds import policy_options
+from cswap.planner.bounds import floor_levels, floor_shares
 from cswap.planner.problem import Option
 from cswap.planner.milp import EXACT_REL_GAP
 from cswap.planner.solve import carry_plan, minimum_host_bytes
@@ -309,20 +309,6 @@ def _advice(problem: PlanningProblem, policy: str, least: int, host_budget: bool
 FLOOR_NAMED = 3
 
 
-def _floor_event(problem: PlanningProblem, policy: str) -> tuple[int, int]:
-    """The event where the bytes every tensor holds at least under ``policy`` (whatever the plan)
-    are most, and those bytes (:func:`cswap.planner.bounds.peak_floor`'s floor)."""
-    floor = np.zeros(problem.event_count, dtype=np.int64)
-    for tensor in problem.tensors:
-        floor += np.min([problem.holds(option) for option in policy_options(tensor, policy)], axis=0)
-    event = int(np.argmax(floor)) if problem.event_count else 0
-    return event, int(floor[event]) if problem.event_count else 0
-
-
-def _held_at(option: Option, event: int) -> int:
-    return sum(nbytes for start, end, nbytes in option.holds if start <= event <= end)
-
-
 def _tensor_words(key: int, held: int, records: Mapping[int, TensorRecord], rebuilt: bool) -> str:
     """One tensor held at the floor, in words: its module (when the trace knows it) and key, dtype,
     shape and the bytes it holds there."""
@@ -366,13 +352,12 @@ def floor_note(trace: Trace, problem: PlanningProblem, policy: str, least_bytes:
     """
     if not problem.tensors or not problem.event_count:
         return ""
-    event, floor = _floor_event(problem, policy)
+    levels = floor_levels(problem, policy)
+    event = int(np.argmax(levels))
+    floor = int(levels[event])
     rebuilt_from = problem.forward_events  # a tensor held from backward on is rebuilt by a recomputation
-    held = []
-    for tensor in problem.tensors:
-        nbytes = min(_held_at(option, event) for option in policy_options(tensor, policy))
-        if nbytes > 0:
-            held.append((nbytes, tensor.key, tensor.lifetime is not None and tensor.lifetime.pack >= rebuilt_from))
+    packs = {t.key: t.lifetime.pack for t in problem.tensors if t.lifetime is not None}
+    held = [(nbytes, key, packs.get(key, -1) >= rebuilt_from) for key, nbytes in floor_shares(problem, policy, event).items() if nbytes > 0]
     held.sort(key=lambda h: (-h[0], h[1]))
     records = {r.key: r for r in trace.tensors}
     named = "; ".join(_tensor_words(key, nbytes, records, rebuilt) for nbytes, key, rebuilt in held[:FLOOR_NAMED])
