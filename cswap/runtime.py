@@ -635,7 +635,7 @@ class Runtime:
             profiler.meta["micro_batches"] = it.micro_batches
             if passive is not None and passive.retries:
                 profiler.meta["out_of_memory_retries"] = passive.retries
-            self._finish_profile(profiler, tracer, layers, it.seen)
+            self._finish_profile(profiler, tracer, layers, it.seen, it.first_peaks)
         if self.policy in _HELD_POLICIES:
             # what fell back to the host (a keep-first profile falls back on the device: not a swap)
             swapped = executor.counters.budget_fallbacks + executor.counters.budget_evictions - swapped_before if it.makes_room else 0
@@ -802,10 +802,12 @@ class Runtime:
         return free + cached < need
 
     def _finish_profile(self, profiler: Profiler, tracer: RegionTracer | None, layers: LayersProfile | None,
-                        later: Mapping[int, tuple[tuple[int, ...], str]]) -> None:
+                        later: Mapping[int, tuple[tuple[int, ...], str]], first_peaks: tuple[int, int] | None = None) -> None:
         """Plan from the profile just taken. ``later``: per key, the largest shape and the dtype the
         iteration's later micro-batches packed (:attr:`IterationState.seen`), which the profile did
-        not record: where they are of the profiled graph and larger, the plan is made for them."""
+        not record: where they are of the profiled graph and larger, the plan is made for them.
+        ``first_peaks``: the iteration's resident and host peaks when the profiled micro-batch ended
+        (:attr:`IterationState.first_peaks`), the profile's own where the later ones were another graph."""
         d2h, h2d = self._bandwidth()
         trace = profiler.trace(d2h, h2d, self._device_dict())
         budget = self._options.memory_budget
@@ -823,6 +825,12 @@ class Runtime:
         profiled = self._executor.snapshot()
         profiled_peak: int | None = profiled.iteration_peak_resident_bytes
         profiled_host_peak = profiled.iteration_peak_host_bytes
+        if first_peaks is not None and budget is not None and budget.relative and _another_graph(trace, later):
+            # A later micro-batch was another graph (Llama's without padding, whose mask it skips,
+            # beside a padded one): the fraction resolves against this one's none peak, and what
+            # the other held is that graph's, profiled where it comes first. Counted here, all of
+            # none's peak was refused at the first step.
+            profiled_peak, profiled_host_peak = first_peaks
         if (budget is not None and budget.relative and self._plan.budget_bytes is None and not self._profile_keeps_all
                 and (self._host_budget_bytes is not None or self.policy in KEEP_FIRST_POLICIES)):
             # The first profile under a fraction of none's peak ran before it was known, keeping what
@@ -1014,7 +1022,9 @@ class Runtime:
             return
         self._warned_held = True
         why = ("larger than those its plan was made for (a longer sequence or a larger batch, which the next iteration's plan "
-               "is made for)" + (" or denser than at its profile (compressed sizes follow the data)" if self.policy in _DRIFT_POLICIES else ""))
+               "is made for, or a micro-batch of another graph, such as one without padding beside padded ones, planned once a "
+               "profile has seen it first)"
+               + (" or denser than at its profile (compressed sizes follow the data)" if self.policy in _DRIFT_POLICIES else ""))
         warnings.warn(
             f"policy {self.policy} swapped {swapped} saved tensor{'s' if swapped != 1 else ''} to the host, uncompressed, in this "
             f"iteration to hold the memory budget of {budget_bytes or 0:,d} B: keeping them would have passed it, the activations "
@@ -1301,10 +1311,23 @@ def _later_shapes(trace: Trace, later: Mapping[int, tuple[tuple[int, ...], str]]
         >>> _later_shapes(trace, {0: ((2, 96), "float32")})
         {}
     """
-    structure = structure_of(trace)
-    if not later or any(key >= len(structure) or structure[key] != (dtype, len(shape)) for key, (shape, dtype) in later.items()):
+    if not later or _another_graph(trace, later):
         return {}
     return grown_shapes(trace, {key: shape for key, (shape, _) in later.items()})
+
+
+def _another_graph(trace: Trace, later: Mapping[int, tuple[tuple[int, ...], str]]) -> bool:
+    """Whether an iteration's later micro-batches (``later``, as :func:`_later_shapes` takes it)
+    packed another graph than ``trace``'s: another dtype or rank at a key, or more packs.
+
+    Example:
+        >>> from cswap.profile.trace import TensorRecord
+        >>> trace = Trace(tensors=(TensorRecord(key=0, shape=(2, 40, 8), dtype="float32", nbytes=2560, sparsity=0.0),))
+        >>> _another_graph(trace, {0: ((2, 96, 8), "float32")}), _another_graph(trace, {1: ((2, 96, 8), "float32")})
+        (False, True)
+    """
+    structure = structure_of(trace)
+    return any(key >= len(structure) or structure[key] != (dtype, len(shape)) for key, (shape, dtype) in later.items())
 
 
 def _sparsity_drift(before: Trace, now: Trace) -> dict[int, float]:

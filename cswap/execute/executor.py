@@ -149,6 +149,8 @@ class IterationState:
             each pack).
         plain_peak_bytes: under a provisional budget, the most bytes the iteration's saved tensors
             have held at once so far, as plain PyTorch holds them (none's peak, once all are packed).
+        first_peaks: the iteration's resident and host peaks when its first micro-batch's backward
+            ended (``None`` before): a profile's own, where later micro-batches pack another graph.
     """
 
     def __init__(self, plan: Plan, profiler: Profiler | None, protected: frozenset[int], prefetch_window_bytes: int = 0) -> None:
@@ -189,6 +191,7 @@ class IterationState:
         # (Executor._compact_kept); keys of entries another view's entry leans on stay raw.
         self.budget_bytes = plan.budget_bytes
         self.plain_peak_bytes = 0
+        self.first_peaks: tuple[int, int] | None = None
         budgeted = plan.budget_bytes is not None or plan.provisional_budget is not None
         self.compacts = budgeted and fallback is not None and fallback.compresses and not fallback.offloads
         self.owners: set[int] = set()
@@ -1156,6 +1159,9 @@ class Executor:
     def _backward_ended(self, it: IterationState) -> None:
         with self._lock:
             it.backward_ended()
+            if it.first_peaks is None and it._backward_ended:
+                counters = self.counters
+                it.first_peaks = (counters.iteration_peak_resident_bytes, counters.iteration_peak_host_bytes)
 
     def _materialize(self, stored: Stored, it: IterationState) -> torch.Tensor:
         """The rebuilt tensor of an offloaded or compressed ``stored``, on the device, ready for the compute stream."""
