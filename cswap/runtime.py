@@ -372,8 +372,9 @@ class Runtime:
 
     @property
     def resolved_budget(self) -> ResolvedBudget | None:
-        """What the memory budget came to at the last profile it was met on, with policy ``none``'s
-        peak there (``None`` without a budget, or before it is resolved)."""
+        """What the memory budget came to at the last profile it was met on, with the policy
+        ``none`` peak a fraction is of: the largest seen, whose graph set the cap in force (``None``
+        without a budget, or before it is resolved)."""
         return self._resolved_budget
 
     def __repr__(self) -> str:
@@ -927,7 +928,12 @@ class Runtime:
         if self._host_budget_bytes is not None:
             plan = replace(plan, host_budget_bytes=self._host_budget_bytes, host_meter=self._host_meter)
         if budget is not None and error is None and budget_bytes is not None:
-            resolved = ResolvedBudget(budget, budget_bytes, plan.planner.get("none_peak_bytes"))
+            none_peak = plan.planner.get("none_peak_bytes")
+            if (budget.relative and none_peak is not None and budget.resolve(max(none_peak, 1)) != budget_bytes
+                    and self._resolved_budget is not None):
+                # planned within the cap a larger graph set: the fraction is of that graph's peak
+                none_peak = self._resolved_budget.none_peak_bytes
+            resolved = ResolvedBudget(budget, budget_bytes, none_peak)
             if self._resolved_budget is None:  # said once, at the start of training
                 logger.info("%s", resolved)
                 if budget.relative:

@@ -206,6 +206,34 @@ def test_a_micro_batch_without_padding_beside_a_padded_one_meets_all_of_nones_pe
     assert_bit_equal(_flat(plain), _flat(grads), "gradient")
 
 
+def test_a_graph_planned_within_a_larger_ones_cap_is_a_fraction_of_that_graphs_peak() -> None:
+    """Mamba's reference scan (config defaults, two layers) saves one slice per token, so each length
+    is another graph. A shorter one, profiled after a longer one set the cap, is planned within that
+    cap, and :attr:`Runtime.resolved_budget` says the cap is 0.5 of the longer graph's ``none``
+    peak, as it was resolved: it paired the cap with the shorter graph's peak, 0.989 of it."""
+    config = transformers.MambaConfig(vocab_size=256, hidden_size=64, num_hidden_layers=2)
+
+    def mamba() -> nn.Module:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return transformers.MambaForCausalLM(config)
+
+    torch.manual_seed(0)
+    model = mamba()
+    rt = cswap.Runtime("swap", model=model, device="cpu", memory_budget=0.5)
+    resolved = []
+    for step, length in enumerate([48, 24, 24]):
+        ids = torch.randint(3, 250, (2, length), generator=torch.Generator().manual_seed(step))
+        with rt.iteration():
+            model(input_ids=ids, labels=ids).loss.backward()
+        resolved.append(rt.resolved_budget)
+    assert rt.stats().structures == 2, rt.stats()
+    first, last = resolved[0], resolved[-1]
+    assert first is not None and last is not None and first.nbytes == last.nbytes == rt.stats().budget_bytes
+    assert last.none_peak_bytes == first.none_peak_bytes and last.fraction_of_none == pytest.approx(0.5, abs=1e-6), last
+    assert "0.5 of policy none's activation peak" in str(last) and last.given.fraction == 0.5
+
+
 @pytest.mark.parametrize("policy", ["recompute", "compress-keep"])
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_a_budget_met_at_short_lengths_holds_past_the_policys_least_at_longer_ones(name: str, policy: str) -> None:
