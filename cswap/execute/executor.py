@@ -75,7 +75,7 @@ import torch
 from cswap.codecs import alternative_nbytes, value_range, zvc_compressed_nbytes
 from cswap.execute.arena import ALIGN_BYTES, ArenaBlock, HostArena, PoolSlot
 from cswap.execute.layout import Layout
-from cswap.execute.stored import Counters, Handle, Stored
+from cswap.execute.stored import Counters, Handle, PlainStorage, Stored
 from cswap.execute.streams import Transfers, torch_threads_kept
 from cswap.planner.plan import DTYPE_NAMES, Action, Decision, Plan, host_reserve_bytes, serves_shape
 from cswap.profile.profiler import Profiler
@@ -308,10 +308,14 @@ class Executor:
         # storage id -> the kept entry counting that storage's bytes (a plain dict of weak references,
         # read once per planned keep: dead ones are swept when an iteration begins)
         self._kept_storages: dict[int, weakref.ref[Stored]] = {}
-        self._released: collections.deque[tuple[int, ArenaBlock | PoolSlot | None, int, int, Any, int, int]] = collections.deque()
-        # Under a provisional budget, the bytes plain PyTorch would hold for the entries alive
-        # (Stored.plain_bytes), which the budget is a fraction of (IterationState.budget_bytes).
+        self._released: collections.deque[tuple[int, ArenaBlock | PoolSlot | None, int, int, Any, int, PlainStorage | None]] = (
+            collections.deque())
+        # Under a provisional budget, the bytes plain PyTorch would hold for the entries alive, which
+        # the budget is a fraction of (IterationState.budget_bytes): each storage once (Stored.plain),
+        # as none's peak counts it. Counted per view, Falcon-H1's first profile held 0.5 of 1.06 of
+        # none's peak: 4% over the budget the fraction then resolved to.
         self._plain_bytes = 0
+        self._plain_storages: dict[int, PlainStorage] = {}  # storage id -> its count, for its later views
         # A rebuilt tensor handed to backward counts until its storage dies; the storage's weak
         # reference posts itself to _dead_storages then (no scan of what is still alive).
         self._handed_out: dict[weakref.ref[torch.UntypedStorage], tuple[int, int]] = {}  # -> (bytes, key)
@@ -759,7 +763,12 @@ class Executor:
                 counters.resident_bytes -= held
                 self._prefetched_bytes -= prefetched
             counters.host_bytes -= host
-            self._plain_bytes -= plain
+            if plain is not None:
+                plain.entries -= 1
+                if not plain.entries:
+                    self._plain_bytes -= plain.nbytes
+                    if self._plain_storages.get(plain.storage_id) is plain:
+                        del self._plain_storages[plain.storage_id]
             if profiler is not None:
                 freed.append(key)
         dead = self._dead_storages
@@ -865,9 +874,13 @@ class Executor:
             if owner is not None and (owner.action is not Action.KEEP or owner.tensor is None or owner.held_bytes < layout.nbytes):
                 owner = None  # evicted since, or it counts a smaller view of the storage than this one
             provisional = plan.provisional_budget
-            counts_plain = provisional is not None and owner is None  # a storage plain PyTorch would hold anew
+            counts_plain = provisional is not None
+            counted = self._plain_storages.get(storage_id) if counts_plain else None
+            if counted is not None and not counted.holds(storage, layout.nbytes):
+                counted = None  # a larger view counts on its own, as the planner's does, and so does a new storage
             if counts_plain:
-                it.plain_peak_bytes = max(it.plain_peak_bytes, self._plain_bytes + layout.nbytes)
+                new_bytes = 0 if counted is not None else layout.nbytes  # another view of a storage counted: none
+                it.plain_peak_bytes = max(it.plain_peak_bytes, self._plain_bytes + new_bytes)
                 it.budget_bytes = provisional.resolve(it.plain_peak_bytes)  # type: ignore[union-attr]
             if it.compacts and owner is None and counters.resident_bytes + layout.nbytes > it.budget_bytes:  # type: ignore[operator]
                 self._compact_kept(it, layout.nbytes)
@@ -897,8 +910,7 @@ class Executor:
             stored, zeros = self._store(key, tensor.detach(), layout, decision, count_zeros=profiler is not None, owner=owner,
                                         storage=storage)
             if counts_plain:
-                stored.plain_bytes = layout.nbytes
-                self._plain_bytes += layout.nbytes
+                stored.plain = self._count_plain(storage_id, storage, layout.nbytes, counted)
             if owner is not None:
                 it.owners.add(owner.key)
             elif it.compacts and decision.action is Action.KEEP and stored.action is Action.KEEP:
@@ -919,6 +931,19 @@ class Executor:
                           zeros=zeros, producer=producer, offloadable=True, reason="", value_range=encoding_facts,
                           module=profiler.module(tensor), coded=coded, storage=storage)
         return Handle(key, stored), record
+
+    def _count_plain(self, storage_id: int, storage: torch.UntypedStorage, nbytes: int, counted: PlainStorage | None) -> PlainStorage:
+        """Count an entry's view of ``nbytes`` of ``storage`` as plain PyTorch holds it: in ``counted``,
+        the count of a storage it is another view of, or as a new storage."""
+        if counted is not None:
+            counted.entries += 1
+            return counted
+        plain = PlainStorage(storage_id, nbytes, storage)
+        known = self._plain_storages.get(storage_id)
+        if known is None or not known.holds(storage, 0):  # a storage's first view is what its later ones compare with
+            self._plain_storages[storage_id] = plain
+        self._plain_bytes += nbytes
+        return plain
 
     def _compact_kept(self, it: IterationState, nbytes: int) -> None:
         """Compress tensors ``it`` keeps raw on the device, saved first first, while keeping

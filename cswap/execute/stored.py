@@ -140,7 +140,7 @@ class Stored:
         "compressing",
         "host_nbytes",
         "host_reserved",
-        "plain_bytes",
+        "plain",
         "_sink",
         "__weakref__",
     )
@@ -176,16 +176,42 @@ class Stored:
         self.compressing: Any = None  # host-zvc-swap: the worker's future, until collected
         self.host_nbytes = 0  # host bytes it holds (a host copy or compressed buffers)
         self.host_reserved = 0  # of those, set aside for a host compression not collected yet
-        # what plain PyTorch would hold for it, counted under a provisional budget (IterationState.budget_bytes)
-        self.plain_bytes = 0
+        # the storage plain PyTorch would hold for it, counted under a provisional budget (IterationState.budget_bytes)
+        self.plain: PlainStorage | None = None
         self._sink = sink
 
     def __del__(self) -> None:
         try:
             self._sink.append((self.key, self.block, self.held_bytes + self.prefetched_bytes, self.prefetched_bytes, self.dedupe_key,
-                               self.host_nbytes, self.plain_bytes))
+                               self.host_nbytes, self.plain))
         except Exception:  # interpreter shutdown
             pass
+
+
+class PlainStorage:
+    """A storage as plain PyTorch holds it for the saved views that reference it: its bytes count once
+    (the first view's, as :class:`~cswap.planner.problem.SharedStorage` counts them) until the last
+    of those views' entries dies.
+
+    Attributes:
+        storage_id: the storage's address (``storage._cdata``), the executor's key for it.
+        nbytes: the bytes counted: the first saved view's.
+        entries: the live entries that reference it.
+        storage_ref: the storage, so that a new storage at a dead one's address is not taken for it.
+    """
+
+    __slots__ = ("entries", "nbytes", "storage_id", "storage_ref")
+
+    def __init__(self, storage_id: int, nbytes: int, storage: torch.UntypedStorage) -> None:
+        self.storage_id = storage_id
+        self.nbytes = nbytes
+        self.entries = 1
+        self.storage_ref = weakref.ref(storage)
+
+    def holds(self, storage: torch.UntypedStorage, nbytes: int) -> bool:
+        """Whether a view of ``nbytes`` of ``storage`` is counted here already: this very storage,
+        alive, and counted at no fewer bytes."""
+        return self.entries > 0 and self.storage_ref() is storage and nbytes <= self.nbytes
 
 
 class Handle:
