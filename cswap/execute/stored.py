@@ -4,7 +4,8 @@ A :class:`Handle` is what autograd keeps for one saved slot; several handles sha
 :class:`Stored` entry when the same storage and view is saved twice. A :class:`Stored` entry holds
 the tensor itself (``keep``), its host copy (``swap``), or its compressed buffers (``zvc-swap``,
 ``zvc-keep``), and when it dies it posts what it held to the executor's release queue, so that no
-lock is ever taken from a finaliser. :class:`Counters` are the executor's running totals.
+lock is ever taken from a finaliser. :class:`Counters` are the executor's running totals, and
+:class:`PlainStorage` a storage as plain PyTorch holds it (what a fraction's first profile counts).
 
 Example:
     >>> import collections
@@ -16,7 +17,7 @@ Example:
     >>> entry.held_bytes = 16
     >>> del entry
     >>> released.popleft()
-    (7, None, 16, 0, None, 0, 0)
+    (7, None, 16, 0, None, 0, None)
 """
 
 from __future__ import annotations
