@@ -149,8 +149,9 @@ class IterationState:
             each pack).
         plain_peak_bytes: under a provisional budget, the most bytes the iteration's saved tensors
             have held at once so far, as plain PyTorch holds them (none's peak, once all are packed).
-        first_peaks: the iteration's resident and host peaks when its first micro-batch's backward
-            ended (``None`` before): a profile's own, where later micro-batches pack another graph.
+        first_peaks: a profiling iteration's resident and host peaks when its first micro-batch's
+            backward ended (``None`` before, and in a planned iteration): the profile's own, where
+            later micro-batches pack another graph.
     """
 
     def __init__(self, plan: Plan, profiler: Profiler | None, protected: frozenset[int], prefetch_window_bytes: int = 0) -> None:
@@ -378,7 +379,13 @@ class Executor:
         if self._layouts[0] is not plan:
             self._layouts = (plan, {})
         it.layouts = self._layouts[1]  # a planned key's tensor has the same layout every iteration
+        if profiler is not None:
+            it.on_backward_end.append(functools.partial(self._note_first_peaks, it))
         return it
+
+    def _note_first_peaks(self, it: IterationState) -> None:
+        counters = self.counters
+        it.first_peaks = (counters.iteration_peak_resident_bytes, counters.iteration_peak_host_bytes)
 
     def _protected_storages(self, plan: Plan, model: torch.nn.Module | None) -> frozenset[int]:
         """The storage ids of ``model``'s parameters and buffers, walked once per plan and model.
@@ -1184,9 +1191,6 @@ class Executor:
     def _backward_ended(self, it: IterationState) -> None:
         with self._lock:
             it.backward_ended()
-            if it.first_peaks is None and it._backward_ended:
-                counters = self.counters
-                it.first_peaks = (counters.iteration_peak_resident_bytes, counters.iteration_peak_host_bytes)
 
     def _materialize(self, stored: Stored, it: IterationState) -> torch.Tensor:
         """The rebuilt tensor of an offloaded or compressed ``stored``, on the device, ready for the compute stream."""
