@@ -468,6 +468,7 @@ def profile_peaks(problem: PlanningProblem, action: Action, budget_bytes: int | 
     order = sorted((t for t in problem.tensors if t.lifetime is not None), key=lambda t: t.lifetime.pack)  # type: ignore[union-attr]
     for tensor in order:
         keep = next(o for o in tensor.options if o.action == Action.KEEP.value)
+        kept_bytes = _kept_bytes(keep)
         moved = _profile_option(tensor, action)
         choice = keep
         pack = tensor.lifetime.pack  # type: ignore[union-attr]
@@ -481,17 +482,17 @@ def profile_peaks(problem: PlanningProblem, action: Action, budget_bytes: int | 
             held = int(host[pack]) + compressing.held_at(pack, limit)
             if host_budget_bytes is None or held + size <= host_budget_bytes:
                 choice = moved
-            elif budget_bytes is not None and device[pack] + tensor.nbytes > budget_bytes:
+            elif budget_bytes is not None and device[pack] + kept_bytes > budget_bytes:
                 choice = moved
         elif moved is not None and keeps_first and budget_bytes is not None:
             # compress the oldest kept first (Executor._compact_kept): from this pack on they hold
             # their compressed bytes
-            while compactable and device[pack] + tensor.nbytes > budget_bytes:
+            while compactable and device[pack] + kept_bytes > budget_bytes:
                 raw, coded = compactable.pop(0)
                 change = problem.holds(coded) - problem.holds(raw)
                 change[:pack] = 0
                 device += change
-            choice = keep if device[pack] + tensor.nbytes <= budget_bytes else moved
+            choice = keep if device[pack] + kept_bytes <= budget_bytes else moved
             if choice is keep:
                 compactable.append((keep, moved))
         elif moved is not None:
@@ -511,6 +512,11 @@ def profile_peaks(problem: PlanningProblem, action: Action, budget_bytes: int | 
         for event in range(problem.forward_events, problem.event_count):
             host_peak = max(host_peak, int(host[event]) + compressing.held_at(event, None))
     return int(device.max(initial=0)), host_peak
+
+
+def _kept_bytes(keep: Option) -> int:
+    """What a tensor's ``keep`` holds on the device: its storage, where a view's is larger."""
+    return max((nbytes for _, _, nbytes in keep.holds), default=0)
 
 
 class _HostCompressions:
@@ -562,7 +568,7 @@ def _evict_in_backward(problem: PlanningProblem, device: np.ndarray, host: np.nd
             if life.unpack <= event:
                 continue
             waiting.remove(tensor)
-            device[event : life.unpack] -= tensor.nbytes
+            device[event : life.unpack] -= _kept_bytes(next(o for o in tensor.options if o.action == Action.KEEP.value))
             host[event : life.free + 1] += tensor.nbytes
             if device[event] <= budget_bytes:
                 break

@@ -71,7 +71,8 @@ def _spec(  # type: ignore[no-untyped-def]
     used = record.unpack_at_s is not None or record.unpack_order is not None
     if encoding is None:
         return TensorSpec(key=record.key, nbytes=record.nbytes, lifetime=lifetime, hidden_forward_s=record.hidden_forward_s,
-                          movable=record.nbytes >= min_bytes, rebuilt_nbytes=record.rebuilt_nbytes, copy_latency_s=latency_s)
+                          movable=record.nbytes >= min_bytes, rebuilt_nbytes=record.rebuilt_nbytes, copy_latency_s=latency_s,
+                          storage_nbytes=record.storage_nbytes)
     numel = record.nbytes // encoding.dtype.itemsize
     encoded_nbytes = numel * encoding.encoded_itemsize
     sparsity = max(record.sparsity - sparsity_margin, 0.0)
@@ -98,6 +99,7 @@ def _spec(  # type: ignore[no-untyped-def]
         movable=record.nbytes >= min_bytes,
         rebuilt_nbytes=record.rebuilt_nbytes,
         copy_latency_s=latency_s,
+        storage_nbytes=record.storage_nbytes,
         **host,
     )
 

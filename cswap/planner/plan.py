@@ -478,6 +478,7 @@ class Plan:
         resident_bytes: int = 0,
         shares_kept: bool = False,
         budget_bytes: int | None = None,
+        kept_nbytes: int | None = None,
     ) -> Decision:
         """The complete decision for one pack; the executor carries it out as it is.
 
@@ -492,6 +493,8 @@ class Plan:
                 keeping this one too adds nothing and the budget does not make it fall back.
             budget_bytes: the device budget at this pack where it moves with the iteration
                 (:attr:`provisional_budget`); ``None``: :attr:`budget_bytes`.
+            kept_nbytes: what keeping the tensor holds where more than ``nbytes``: its storage's
+                bytes, for a view of a larger one (``None``: ``nbytes``).
 
         Returns:
             The planned :class:`Decision` when its guard holds and the facts agree with it; else a
@@ -546,7 +549,8 @@ class Plan:
             decision = Decision(**facts, action=action, reason=reason, raw_unless_smaller=self.raw_unless_smaller, codec=codec,
                                 **launches)
         if never_moved is None and duplicate_of is None and not (shares_kept and decision.action is Action.KEEP):
-            decision = self._within_budget(decision, resident_bytes, self.budget_bytes if budget_bytes is None else budget_bytes)
+            decision = self._within_budget(decision, resident_bytes, self.budget_bytes if budget_bytes is None else budget_bytes,
+                                           kept_nbytes)
         resolved = self._resolved  # type: ignore[attr-defined]
         if decision is planned:
             resolved.pop(key, None)
@@ -563,16 +567,18 @@ class Plan:
         return replace(planned, shape=tuple(shape), nbytes=nbytes, reason=reason, planned=False, outgrown=True,
                        compressed_nbytes=None, predicted_s=None, slack_bytes=None, **launches)
 
-    def _within_budget(self, decision: Decision, resident_bytes: int, budget_bytes: int | None) -> Decision:
-        """``decision``, or the fallback action when keeping it would pass the device budget
-        ``budget_bytes`` now, or a keep when its host copy would pass the host budget
-        (:meth:`_within_host_budget`)."""
-        decision = self._within_device_budget(decision, resident_bytes, budget_bytes)
+    def _within_budget(self, decision: Decision, resident_bytes: int, budget_bytes: int | None,
+                       kept_nbytes: int | None = None) -> Decision:
+        """``decision``, or the fallback action when keeping it (``kept_nbytes`` as :meth:`resolve`'s)
+        would pass the device budget ``budget_bytes`` now, or a keep when its host copy would pass
+        the host budget (:meth:`_within_host_budget`)."""
+        decision = self._within_device_budget(decision, resident_bytes, budget_bytes, kept_nbytes)
         if self.host_budget_bytes is not None and decision.action.offloads:
-            decision = self._within_host_budget(decision, resident_bytes, budget_bytes)
+            decision = self._within_host_budget(decision, resident_bytes, budget_bytes, kept_nbytes)
         return decision
 
-    def _within_host_budget(self, decision: Decision, resident_bytes: int, budget_bytes: int | None) -> Decision:
+    def _within_host_budget(self, decision: Decision, resident_bytes: int, budget_bytes: int | None,
+                            kept_nbytes: int | None = None) -> Decision:
         """``decision``, or a keep when its host copy would take the host bytes held past the host
         budget and keeping it leaves the device budget held. Where neither fits, the device budget
         comes first (a device out of memory stops training; the host copy is counted, and the
@@ -584,7 +590,7 @@ class Plan:
         held = 0 if meter is None else int(meter.make_host_room(self.host_budget_bytes - size))
         if held + size <= self.host_budget_bytes:
             return decision
-        if budget_bytes is not None and resident_bytes + decision.nbytes > budget_bytes:
+        if budget_bytes is not None and resident_bytes + max(decision.nbytes, kept_nbytes or 0) > budget_bytes:
             return decision
         reason = (f"host budget fallback: {held:,d} B on the host at pack, its {decision.action.value} copy of {size:,d} B would "
                   f"pass the {self.host_budget_bytes:,d} B host budget; keep instead")
@@ -604,17 +610,18 @@ class Plan:
         without calling :meth:`resolve`, pops the key from it, as :meth:`resolve` does."""
         return self._resolved  # type: ignore[attr-defined,no-any-return]
 
-    def keeps_within_budget(self, decision: Decision, resident_bytes: int, budget_bytes: int | None = None) -> bool:
+    def keeps_within_budget(self, decision: Decision, resident_bytes: int, budget_bytes: int | None = None,
+                            kept_nbytes: int | None = None) -> bool:
         """Whether ``decision`` stands under the device budget with ``resident_bytes`` held now: it
         moves the tensor, the policy has nothing to fall back to, or keeping it stays within the
-        budget and within the slack the plan left it (:meth:`resolve`'s rule). ``budget_bytes``:
-        as :meth:`resolve`'s."""
-        limit = self.keep_limit_bytes(decision, budget_bytes)
+        budget and within the slack the plan left it (:meth:`resolve`'s rule). ``budget_bytes``,
+        ``kept_nbytes``: as :meth:`resolve`'s."""
+        limit = self.keep_limit_bytes(decision, budget_bytes, kept_nbytes)
         return limit is None or resident_bytes <= limit
 
-    def keep_limit_bytes(self, decision: Decision, budget_bytes: int | None = None) -> float | None:
+    def keep_limit_bytes(self, decision: Decision, budget_bytes: int | None = None, kept_nbytes: int | None = None) -> float | None:
         """The most resident bytes at which ``decision`` stands under the device budget
-        (:meth:`keeps_within_budget`; ``budget_bytes`` as :meth:`resolve`'s); ``None`` when it
+        (:meth:`keeps_within_budget`; ``budget_bytes``, ``kept_nbytes`` as :meth:`resolve`'s); ``None`` when it
         stands whatever is held. A pack hook that keeps this decision's tensor works it out once
         per plan and compares, instead of asking.
 
@@ -629,25 +636,26 @@ class Plan:
         fallback = self.fallback_action
         if budget is None or fallback is None or decision.action.offloads or decision.action is fallback:
             return None
-        held, expected = self._keep_facts(decision)
+        held, expected = self._keep_facts(decision, kept_nbytes)
         limit: float = budget - held
         slack = decision.slack_bytes
         if slack is not None:  # the resident bytes may run over what the plan expected by the slack
             limit = min(limit, expected + slack if expected is not None else (math.inf if slack >= 0 else -math.inf))
         return limit
 
-    def _keep_facts(self, decision: Decision) -> tuple[int, int | None]:
-        """What keeping ``decision``'s tensor holds on the device, and the resident bytes the plan
-        expected before its pack (``None``: no expectation)."""
-        held = decision.nbytes
+    def _keep_facts(self, decision: Decision, kept_nbytes: int | None = None) -> tuple[int, int | None]:
+        """What keeping ``decision``'s tensor holds on the device (``kept_nbytes`` as :meth:`resolve`'s),
+        and the resident bytes the plan expected before its pack (``None``: no expectation)."""
+        held = max(decision.nbytes, kept_nbytes or 0)
         if decision.action is Action.ZVC_KEEP and decision.compressed_nbytes is not None:
             held = min(held, int(decision.compressed_nbytes))
         return held, self.expected_bytes.get(decision.key) if decision.planned else None
 
-    def _within_device_budget(self, decision: Decision, resident_bytes: int, budget_bytes: int | None) -> Decision:
-        """``decision``, or the fallback action when keeping it would pass the device budget now
-        (``budget_bytes``, as :meth:`resolve` resolved it: ``None``, no budget), a tensor below
-        ``min_bytes`` too.
+    def _within_device_budget(self, decision: Decision, resident_bytes: int, budget_bytes: int | None,
+                              kept_nbytes: int | None = None) -> Decision:
+        """``decision``, or the fallback action when keeping it (``kept_nbytes`` as :meth:`resolve`'s)
+        would pass the device budget now (``budget_bytes``, as :meth:`resolve` resolved it: ``None``,
+        no budget), a tensor below ``min_bytes`` too.
 
         Example:
             >>> plan = Plan("swap", 0, Action.SWAP, min_bytes=1024, budget_bytes=100, fallback_action=Action.SWAP)
@@ -656,11 +664,11 @@ class Plan:
             >>> fits.action, passes.action
             (<Action.KEEP: 'keep'>, <Action.SWAP: 'swap'>)
         """
-        if self.keeps_within_budget(decision, resident_bytes, budget_bytes):
+        if self.keeps_within_budget(decision, resident_bytes, budget_bytes, kept_nbytes):
             return decision
         fallback = self.fallback_action
         assert fallback is not None and budget_bytes is not None
-        held, expected = self._keep_facts(decision)
+        held, expected = self._keep_facts(decision, kept_nbytes)
         drift = resident_bytes - expected if expected is not None else 0
         # min_bytes binds nothing under a budget: a tensor below it is kept while the budget allows
         # (the keep above), and moved when keeping it would pass the budget

@@ -116,6 +116,8 @@ class TensorSpec:
             to the copy out and to the copy back, hidden or not (the runtime's problem under a
             budget sets :data:`cswap.planner.costmodel.COPY_LATENCY_S` on tensors below
             ``min_bytes``: moving many small tensors is not free).
+        storage_nbytes: the bytes of the storage it is a view of, where more than ``nbytes``: what
+            keeping it holds (a slice keeps all of a larger tensor), or ``None``.
     """
 
     key: int
@@ -132,12 +134,18 @@ class TensorSpec:
     rebuilt_nbytes: int | None = None
     recompute_s: float | None = None
     copy_latency_s: float = 0.0
+    storage_nbytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.recompute_s is not None and not self.recompute_s >= 0:
             raise ValueError(f"tensor {self.key}: recompute_s must be >= 0 seconds or None, got {self.recompute_s}")
         if not self.copy_latency_s >= 0:
             raise ValueError(f"tensor {self.key}: copy_latency_s must be >= 0 seconds, got {self.copy_latency_s}")
+
+    @property
+    def kept_nbytes(self) -> int:
+        """Device bytes keeping it holds: its storage's where larger than its own."""
+        return max(self.nbytes, self.storage_nbytes or 0)
 
     @property
     def unpacked_nbytes(self) -> int:
@@ -254,7 +262,7 @@ def _segment(start: int, end: int, nbytes: int) -> list[tuple[int, int, int]]:
 
 def _keep_options(spec: TensorSpec, last_event: int) -> list[Option]:
     life = spec.lifetime
-    options = [Option(KEEP, 0.0, tuple(_segment(life.pack, life.free, spec.nbytes)))]
+    options = [Option(KEEP, 0.0, tuple(_segment(life.pack, life.free, spec.kept_nbytes)))]
     compressed = spec.compressed_nbytes
     if not spec.movable or compressed is None or compressed >= spec.nbytes:
         return options
@@ -442,11 +450,12 @@ def _shared_storages(specs: Sequence[TensorSpec], views: Mapping[int, int]) -> t
     pairs = []
     for view_key, owner_key in views.items():
         view, owner = by_key.get(view_key), by_key.get(owner_key)
-        if view is None or owner is None or view.nbytes > owner.nbytes:
+        if view is None or owner is None or view.kept_nbytes > owner.kept_nbytes:
             continue  # the executor counts a view larger than its owner's hold on its own
         first, last = max(owner.lifetime.pack, view.lifetime.pack), min(owner.lifetime.free, view.lifetime.free)
         if first > last:
             continue  # never alive together
-        credit = ((first, last, -view.nbytes), *_segment(owner.lifetime.free + 1, view.lifetime.free, owner.nbytes - view.nbytes))
+        credit = ((first, last, -view.kept_nbytes),
+                  *_segment(owner.lifetime.free + 1, view.lifetime.free, owner.kept_nbytes - view.kept_nbytes))
         pairs.append(SharedStorage(owner_key, view_key, credit))
     return tuple(pairs)

@@ -76,6 +76,8 @@ class TensorRecord:
         view_of: the key of the first saved tensor whose storage this one is another view of (a
             view of the same shape and strides is a duplicate instead), or ``None``: kept together,
             the two hold that storage once.
+        storage_nbytes: the bytes of the storage it is a view of, where more than ``nbytes`` (a
+            slice of a larger tensor: keeping it keeps all of that storage), or ``None``.
     """
 
     key: int
@@ -101,6 +103,12 @@ class TensorRecord:
     codec: str | None = None
     codec_fraction: float | None = None
     view_of: int | None = None
+    storage_nbytes: int | None = None
+
+    @property
+    def kept_nbytes(self) -> int:
+        """Device bytes keeping it holds: its storage's where larger than its own bytes."""
+        return max(self.nbytes, self.storage_nbytes or 0)
 
     @property
     def codec_nbytes(self) -> int | None:
