@@ -106,6 +106,14 @@ def _same_view(stored: Stored, storage: torch.UntypedStorage, stride: tuple[int,
     return stored.storage_ref() is storage and layout.stride == stride and layout.shape == shape and layout.dtype is dtype
 
 
+def _kept_nbytes(tensor: torch.Tensor, storage: torch.UntypedStorage, nbytes: int) -> int:
+    """What keeping ``tensor`` (``nbytes`` of its own) holds: all of its storage where that is larger
+    and autograd tracks it, a slice of an activation (GPT-NeoX's values are a third of its fused
+    projection). A slice of data that needs no gradient (a batch cut from a dataset held in memory)
+    counts its own bytes: what holds the rest holds it anyway."""
+    return max(nbytes, storage.nbytes()) if tensor.requires_grad else nbytes
+
+
 def _storage_id(t: torch.Tensor) -> int:
     return t.untyped_storage()._cdata
 
@@ -527,9 +535,10 @@ class Executor:
                         return general(tensor)
                     if action is keep:
                         # Another view of a kept storage counts it already (the general path shares
-                        # it); a keep that would pass the budget falls back there too.
+                        # it), and a slice of a larger storage holds all of it; a keep that would
+                        # pass the budget falls back there too.
                         kept_ref = kept_storages.get(storage_id)
-                        if (kept_ref is not None and kept_ref() is not None) or (
+                        if (kept_ref is not None and kept_ref() is not None) or _kept_nbytes(tensor, storage, nbytes) > nbytes or (
                                 keep_limit is not None and counters.resident_bytes > keep_limit):
                             return general(tensor)
                     stored = Stored(key, planned, layout, released)
@@ -869,6 +878,7 @@ class Executor:
         zeros: Any = 0
         encoding_facts: Any = None
         coded: Any = None
+        held = layout.nbytes
         if stored is not None:
             plan.resolve(key, layout.shape, layout.dtype, layout.nbytes, duplicate_of=stored.decision)
             stored.handles += 1
@@ -876,23 +886,25 @@ class Executor:
             if profiler is not None:
                 profiler.record_duplicate(key, stored.key)
         else:
+            assert storage is not None  # a tensor without one is never moved
+            held = _kept_nbytes(tensor, storage, layout.nbytes)
             kept = self._kept_storages.get(storage_id)
             owner = kept() if kept is not None else None
-            if owner is not None and (owner.action is not Action.KEEP or owner.tensor is None or owner.held_bytes < layout.nbytes):
+            if owner is not None and (owner.action is not Action.KEEP or owner.tensor is None or owner.held_bytes < held):
                 owner = None  # evicted since, or it counts a smaller view of the storage than this one
             provisional = plan.provisional_budget
             counts_plain = provisional is not None
             counted = self._plain_storages.get(storage_id) if counts_plain else None
-            if counted is not None and not counted.holds(storage, layout.nbytes):
+            if counted is not None and not counted.holds(storage, held):
                 counted = None  # a larger view counts on its own, as the planner's does, and so does a new storage
             if counts_plain:
-                new_bytes = 0 if counted is not None else layout.nbytes  # another view of a storage counted: none
+                new_bytes = 0 if counted is not None else held  # another view of a storage counted: none
                 it.plain_peak_bytes = max(it.plain_peak_bytes, self._plain_bytes + new_bytes)
                 it.budget_bytes = provisional.resolve(it.plain_peak_bytes)  # type: ignore[union-attr]
-            if it.compacts and owner is None and counters.resident_bytes + layout.nbytes > it.budget_bytes:  # type: ignore[operator]
-                self._compact_kept(it, layout.nbytes)
+            if it.compacts and owner is None and counters.resident_bytes + held > it.budget_bytes:  # type: ignore[operator]
+                self._compact_kept(it, held)
             decision = plan.resolve(key, layout.shape, layout.dtype, layout.nbytes, resident_bytes=counters.resident_bytes,
-                                    shares_kept=owner is not None, budget_bytes=it.budget_bytes)
+                                    shares_kept=owner is not None, budget_bytes=it.budget_bytes, kept_nbytes=held)
             if decision.budget_fallback:
                 counters.budget_fallbacks += 1
             if decision.outgrown:
@@ -915,9 +927,9 @@ class Executor:
             if smallest:
                 decision = self._smallest_coding(plan, decision, layout, tensor, coded)
             stored, zeros = self._store(key, tensor.detach(), layout, decision, count_zeros=profiler is not None, owner=owner,
-                                        storage=storage)
+                                        storage=storage, kept_nbytes=held)
             if counts_plain:
-                stored.plain = self._count_plain(storage_id, storage, layout.nbytes, counted)
+                stored.plain = self._count_plain(storage_id, storage, held, counted)
             if owner is not None:
                 it.owners.add(owner.key)
             elif it.compacts and decision.action is Action.KEEP and stored.action is Action.KEEP:
@@ -936,7 +948,8 @@ class Executor:
         if profiler is not None:
             record = dict(key=key, shape=layout.shape, dtype=_dtype_name(layout.dtype), nbytes=layout.nbytes, numel=layout.numel,
                           zeros=zeros, producer=producer, offloadable=True, reason="", value_range=encoding_facts,
-                          module=profiler.module(tensor), coded=coded, storage=storage)
+                          module=profiler.module(tensor), coded=coded, storage=storage,
+                          storage_nbytes=held if held > layout.nbytes else None)
         return Handle(key, stored), record
 
     def _count_plain(self, storage_id: int, storage: torch.UntypedStorage, nbytes: int, counted: PlainStorage | None) -> PlainStorage:
@@ -1030,13 +1043,14 @@ class Executor:
 
     def _store(
         self, key: int, tensor: torch.Tensor, layout: Layout, decision: Decision, count_zeros: bool, owner: Stored | None = None,
-        storage: torch.UntypedStorage | None = None,
+        storage: torch.UntypedStorage | None = None, kept_nbytes: int | None = None,
     ) -> tuple[Stored, Any]:
         """Carry out ``decision`` on ``tensor``; returns the stored data and its zero count (when asked).
 
         ``owner`` is a stored entry that already keeps ``tensor``'s storage (another view of it): a
         kept ``tensor`` then holds no bytes of its own and keeps ``owner`` alive instead, so that
-        the storage is counted once, for as long as either needs it.
+        the storage is counted once, for as long as either needs it. ``kept_nbytes``: what keeping
+        it holds where more than its own bytes (its storage's, for a view of a larger one).
         """
         counters = self.counters
         action = decision.action
@@ -1045,7 +1059,7 @@ class Executor:
         zeros: Any = 0
         if action is Action.KEEP:
             if owner is None:
-                self._keep(stored, tensor, layout.nbytes, _storage_id(tensor))
+                self._keep(stored, tensor, max(layout.nbytes, kept_nbytes or 0), _storage_id(tensor))
             else:
                 stored.tensor = tensor
                 counters.kept_bytes += layout.nbytes
@@ -1107,7 +1121,7 @@ class Executor:
         stored.tensor = tensor
         stored.held_bytes = nbytes
         counters = self.counters
-        counters.kept_bytes += nbytes
+        counters.kept_bytes += stored.layout.nbytes
         counters.add_resident(nbytes)
         self._kept_storages[storage_id] = weakref.ref(stored)
 

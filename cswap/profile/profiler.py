@@ -145,6 +145,7 @@ class Profiler:
         # key of each later pack of another view of it -> that first key
         self._storages: dict[int, tuple[StorageWeakRef, int]] = {}
         self._views: dict[int, int] = {}
+        self._storage_nbytes: dict[int, int] = {}  # per key whose storage is larger than its view, that storage's bytes
         self._hooks: list[Any] = []
         self._modules = threading.local()
         # storage id -> (weak storage, label) of each module's last output, to name producers.
@@ -264,6 +265,7 @@ class Profiler:
         module: str = "",
         coded: Any = None,
         storage: Any = None,
+        storage_nbytes: int | None = None,
     ) -> None:
         """One pack hook call.
 
@@ -283,11 +285,15 @@ class Profiler:
                 a 0-d tensor), or ``None``: no codec besides ZVC takes it.
             storage: the tensor's untyped storage (``None``: not known), to find the records that
                 are other views of one storage (a record's ``view_of``).
+            storage_nbytes: what keeping it holds where more than ``nbytes``: its storage's bytes
+                (a record's ``storage_nbytes``), or ``None``.
         """
         self._packs[key] = _Pack(key, shape, dtype, nbytes, numel, zeros, producer, offloadable, start, end, value_range, module, coded)
         if not offloadable:
             self._reasons[key] = reason
         elif storage is not None and key not in self._duplicates:
+            if storage_nbytes is not None:
+                self._storage_nbytes[key] = storage_nbytes
             seen = self._storages.get(storage._cdata)
             if seen is not None and not seen[0].expired():
                 self._views[key] = seen[1]
@@ -397,6 +403,7 @@ class Profiler:
                     unpack_order=rank,
                     free_order=free,
                     view_of=self._views.get(p.key),
+                    storage_nbytes=self._storage_nbytes.get(p.key),
                     rebuilt_nbytes=self._rebuilt.get(p.key) if self._rebuilt.get(p.key, p.nbytes) != p.nbytes else None,
                     **coded.get(source.key, {}),
                 )

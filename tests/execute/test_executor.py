@@ -518,11 +518,29 @@ def test_two_views_of_one_kept_storage_count_once_while_either_lives() -> None:
     assert executor.snapshot().resident_bytes == 0
 
 
-def test_a_view_larger_than_the_one_kept_first_counts_on_its_own() -> None:
+def test_a_kept_slice_counts_all_of_its_storage_once() -> None:
+    """Keeping a slice of an activation keeps the whole tensor it is a slice of: a pooler's first
+    token (512 B compact) holds all 8192 B of the hidden states, which a later save of the whole
+    adds nothing to."""
     executor, pack = _keeping_executor()
-    base = torch.randn(4, 16, 32)
-    handles = [pack(base[:, 0]), pack(base)]  # a pooler's first token (512 B compact), then the whole
-    assert executor.snapshot().resident_bytes == 512 + 8192
+    base = torch.randn(4, 16, 32, requires_grad=True) * 1
+    first = pack(base[:, 0])
+    assert executor.snapshot().resident_bytes == 8192
+    handles = [first, pack(base)]
+    assert executor.snapshot().resident_bytes == 8192
+    del first, handles
+    assert executor.snapshot().resident_bytes == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_slices_of_a_fused_projection_count_its_storage_once(dtype: torch.dtype) -> None:
+    """q, k and v split from one fused projection, as attention saves them on a GPU: kept, they
+    hold the projection once, three times the bytes of each; each slice swapped holds nothing."""
+    executor, pack = _keeping_executor()
+    qkv = torch.randn(2, 8, 3 * 64).to(dtype).requires_grad_() * 1
+    q, k, v = qkv.split(64, dim=-1)
+    handles = [pack(q), pack(k), pack(v)]
+    assert executor.snapshot().resident_bytes == qkv.nbytes == 3 * q.numel() * q.element_size()
     del handles
     assert executor.snapshot().resident_bytes == 0
 
@@ -535,6 +553,28 @@ def test_keeping_a_second_view_of_a_kept_storage_never_falls_back_under_a_budget
     handles.append(pack(torch.randn(4, 16, 32)))  # new memory: it would pass the budget
     counters = executor.snapshot()
     assert counters.actions["swap"] == 1 and counters.budget_fallbacks == 1 and counters.resident_bytes == 8192
+
+
+def test_a_batch_cut_from_data_held_in_memory_counts_its_own_bytes() -> None:
+    """A slice of data that needs no gradient (a batch of a dataset held on the device) holds
+    nothing the dataset does not hold anyway: its own bytes count, as a tensor of its own would."""
+    executor, pack = _keeping_executor()
+    dataset = torch.randn(100, 3, 8, 8)
+    handles = [pack(dataset[:4])]
+    assert executor.snapshot().resident_bytes == 4 * 3 * 8 * 8 * 4
+    del handles
+
+
+def test_a_slice_whose_storage_would_pass_the_budget_falls_back() -> None:
+    """Its own 2048 B fit a 4196 B budget; the 6144 B it keeps do not."""
+    executor, pack = _keeping_executor(budget_bytes=4096 + 100)
+    qkv = torch.randn(8, 3 * 64, requires_grad=True) * 1
+    handles = [pack(qkv[:, :64])]
+    counters = executor.snapshot()
+    assert counters.actions["swap"] == 1 and counters.budget_fallbacks == 1 and counters.resident_bytes == 0
+    handles.append(pack(torch.randn(8, 64)))  # 2048 B of its own storage: kept
+    assert executor.snapshot().resident_bytes == 2048 and executor.snapshot().actions["keep"] == 1
+    del handles
 
 
 def _provisional(fraction: float | None) -> tuple[Executor, Any, Callable[[torch.Tensor], Any], Callable[[Any], torch.Tensor]]:
@@ -582,26 +622,26 @@ def test_a_fraction_not_resolved_yet_holds_against_the_most_plain_pytorch_held_s
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_fraction_not_resolved_yet_counts_a_storage_saved_as_several_views_once(dtype: torch.dtype) -> None:
     """A scan saves one slice of a storage per step (Mamba's reference path, Falcon-H1's): plain
-    PyTorch holds the storage once, as none's peak counts it, from its first view (the bytes the
-    later, no larger, ones compare with) until its last view dies; a larger view and a new storage
-    count on their own. Counted per view, the budget rose past the fraction of none's peak
-    (Falcon-H1's first profile held 0.5 of 1.06 of it: 4% over the bytes it then resolved to)."""
+    PyTorch holds the whole storage once, as none's peak counts it, from its first view until its
+    last view dies, and a later save of the whole adds nothing; a new storage counts on its own.
+    Counted per view, the budget rose past the fraction of none's peak (Falcon-H1's first profile
+    held 0.5 of 1.06 of it: 4% over the bytes it then resolved to)."""
     executor, it, pack, unpack = _provisional(0.5)
     g = torch.Generator().manual_seed(0)
-    scan = torch.randn(8, 64, 32, generator=g).to(dtype)  # a step per row of the second dimension
-    row = scan[:, 0].numel() * scan.element_size()
+    scan = torch.randn(8, 64, 32, generator=g).to(dtype).requires_grad_() * 1  # a step per row of the second dimension
+    storage = scan.numel() * scan.element_size()
     slices = [scan[:, step] for step in range(16)]
     handles = [pack(view) for view in slices]
-    assert it.plain_peak_bytes == row and it.budget_bytes == row // 2
-    whole = pack(scan)  # larger than the first view: on its own, as the planner counts it
-    assert it.plain_peak_bytes == row + scan.numel() * scan.element_size()
+    assert it.plain_peak_bytes == storage and it.budget_bytes == storage // 2
+    whole = pack(scan)
+    assert it.plain_peak_bytes == storage
     other = torch.randn(8, 32, generator=g).to(dtype)
     handles.append(pack(other))
-    assert it.plain_peak_bytes == row + scan.numel() * scan.element_size() + other.numel() * other.element_size()
+    assert it.plain_peak_bytes == storage + other.numel() * other.element_size()
     assert_bit_equal([*slices, scan, other], [unpack(h) for h in [*handles[:16], whole, handles[16]]], "read back")
     del handles[1:], whole
     executor.snapshot()  # drains the releases: the first view alone still holds the storage
-    assert executor._plain_bytes == row
+    assert executor._plain_bytes == storage
     del handles
     executor.snapshot()
     assert executor._plain_bytes == 0 and not executor._plain_storages
