@@ -113,6 +113,8 @@ class TensorCost:
         compressible: ZVC encodes its dtype.
         recompute_s: forward seconds of its producing op (what recomputing it in backward costs), or
             ``None`` when unknown (then it is never recomputed).
+        storage_nbytes: its storage's bytes where more than ``nbytes`` (a slice of an activation:
+            keeping it holds all of them), or ``None``.
     """
 
     nbytes: int
@@ -125,6 +127,12 @@ class TensorCost:
     host_decompress_s: float
     compressible: bool = True
     recompute_s: float | None = None
+    storage_nbytes: int | None = None
+
+    @property
+    def kept_nbytes(self) -> int:
+        """Device bytes keeping it holds: its storage's where larger than its own."""
+        return max(self.nbytes, self.storage_nbytes or 0)
 
     @property
     def shrinks(self) -> bool:
@@ -196,6 +204,7 @@ def tensor_costs(
                 host_compress_s=seconds("compress", host_backend),
                 host_decompress_s=seconds("decompress", host_backend),
                 compressible=dtype in SUPPORTED_DTYPES,
+                storage_nbytes=record.storage_nbytes,
             )
         )
     return tuple(costs)

@@ -141,6 +141,11 @@ class QueueOutcome:
     recompute_s: float = 0.0
 
 
+def _held_nbytes(cost: TensorCost, action: Action) -> float:
+    """What a record holds on the device while it is alive on it: kept, its storage's bytes."""
+    return float(cost.kept_nbytes) if action is Action.KEEP else float(cost.nbytes)
+
+
 def _seconds(nbytes: float, gbps: float) -> float:
     return nbytes / (gbps * 1e9)
 
@@ -166,7 +171,7 @@ def _shared_storages(
     return {
         i: owner for i, owner in enumerate(views)
         if owner is not None and owner != i and counted[i] and counted[owner]
-        and actions[i] is Action.KEEP and actions[owner] is Action.KEEP and costs[owner].nbytes >= costs[i].nbytes
+        and actions[i] is Action.KEEP and actions[owner] is Action.KEEP and costs[owner].kept_nbytes >= costs[i].kept_nbytes
     }
 
 
@@ -262,7 +267,7 @@ def run_queues(
             return
         alive[owner] -= 1
         if not alive[owner]:
-            release(at, costs[owner].nbytes, owner)
+            release(at, costs[owner].kept_nbytes, owner)
 
     def settle(at: float) -> None:
         nonlocal level
@@ -300,7 +305,8 @@ def run_queues(
         # never before the record packed before it: two records one op saves at one time would
         # otherwise round apart by the shift, the second a step before the first
         t = max(timeline.produced_s[i] + shift, t)
-        held = 0.0 if i in shared else cost.nbytes  # a shared storage is held by the view that owns it
+        # a shared storage is held by the view that owns it; a kept slice of an activation holds all of it
+        held = 0.0 if i in shared else _held_nbytes(cost, action)
         need = held + (cost.compressed_nbytes if action.device_codec else 0.0)
         waited = make_room(t, need, i)
         exposed += waited - t
@@ -399,7 +405,7 @@ def run_queues(
         action, cost = actions[i], costs[i]
         t = max(timeline.consumed_s[i] + shift, t)
         for j in finished:
-            let_go(t, j, costs[j].nbytes)
+            let_go(t, j, _held_nbytes(costs[j], actions[j]))
         finished.clear()
         hook = hook_s(action)
         t += hook
@@ -453,10 +459,10 @@ def run_queues(
             issue(t)
     backward_end = timeline.backward_s + shift
     for j in finished:
-        let_go(backward_end, j, costs[j].nbytes)
+        let_go(backward_end, j, _held_nbytes(costs[j], actions[j]))
     for i in range(count):  # kept tensors backward never asked for live until the graph is freed
         if timeline.consumed_s[i] is None and not actions[i].transfers and actions[i] is not Action.RECOMPUTE:
-            let_go(backward_end, i, costs[i].resident_nbytes(actions[i]))
+            let_go(backward_end, i, costs[i].resident_nbytes(actions[i]) if actions[i] is not Action.KEEP else costs[i].kept_nbytes)
     end = max(backward_end, d2h_free, h2d_free, host_free)
     exposed += end - backward_end
     return QueueOutcome(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from cswap.simulate import SimConfig, Simulator
@@ -183,3 +185,18 @@ def test_a_shared_storage_lives_until_the_last_of_its_views_is_used():
     assert run_queues(early, costs, actions, params, views=(None, None, 1)).peak_bytes == 2_000_000
     with pytest.raises(ValueError, match="one view per record"):
         run_queues(timeline, costs, actions, params, views=(None,))
+
+
+@pytest.mark.parametrize(("actions", "peak_bytes"), [
+    # A and B, slices of one 3 MB projection, kept: it counts once, whole, beside C
+    ((Action.KEEP, Action.KEEP, Action.KEEP), 4_000_000),
+    # A swapped: B keeps the whole projection
+    ((Action.SWAP, Action.KEEP, Action.KEEP), 4_000_000),
+    # both swapped: C alone, then each slice back on its own
+    ((Action.SWAP, Action.KEEP, Action.SWAP), 2_000_000),
+])
+def test_a_kept_slice_of_an_activation_holds_its_whole_storage(actions, peak_bytes):
+    timeline, costs = _views_timeline()
+    sliced = replace(costs[0], storage_nbytes=3_000_000)
+    params = QueueParams(1.0, 1.0, async_copies=False)
+    assert run_queues(timeline, [sliced, costs[1], sliced], actions, params, views=(None, None, 0)).peak_bytes == peak_bytes
