@@ -182,13 +182,14 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 
 def _scaled_record(record: TensorRecord, shape: tuple[int, ...]) -> TensorRecord:
-    """``record`` at ``shape``: its bytes and what they cost (copies, codecs, the producing op's
-    compute) scaled by its growth; its timestamps as they are."""
+    """``record`` at ``shape``: its bytes (its storage's too) and what they cost (copies, codecs, the
+    producing op's compute) scaled by its growth; its timestamps as they are."""
     old = _numel(record.shape)
     ratio = _numel(shape) / old if old else 1.0
     rebuilt = None if record.rebuilt_nbytes is None else math.ceil(record.rebuilt_nbytes * ratio)
+    storage = None if record.storage_nbytes is None else math.ceil(record.storage_nbytes * ratio)  # a slice grows with its tensor
     return replace(
-        record, shape=shape, nbytes=math.ceil(record.nbytes * ratio), pack_s=record.pack_s * ratio,
+        record, shape=shape, nbytes=math.ceil(record.nbytes * ratio), storage_nbytes=storage, pack_s=record.pack_s * ratio,
         unpack_s=record.unpack_s * ratio, hidden_forward_s=record.hidden_forward_s * ratio,
         hidden_backward_s=record.hidden_backward_s * ratio, flops=record.flops * ratio, rebuilt_nbytes=rebuilt,
         recompute_s=None if record.recompute_s is None else record.recompute_s * ratio,

@@ -70,6 +70,23 @@ def test_a_region_around_the_whole_body_leaves_only_the_flattened_loss_to_see() 
     assert _none_bytes(scaled) == _none_bytes(long) > 2 * _none_bytes(short)
 
 
+def test_a_slice_of_an_activation_grows_with_its_storage() -> None:
+    """GPT-NeoX (the library's defaults at small sizes, the key/value cache off as training turns
+    it off) saves its values as a third of its fused projection, which keeping them holds: a
+    40-token profile scaled to 112 tokens holds that projection's bytes as a 112-token profile
+    does. Left at the profile's, a longer step's keeps were planned at a third of the projection
+    and ``none`` passed all of its own peak."""
+    config = transformers.GPTNeoXConfig(vocab_size=256, hidden_size=128, intermediate_size=512, num_attention_heads=4,
+                                        num_hidden_layers=2, use_cache=False)
+    torch.manual_seed(0)
+    base = transformers.GPTNeoXForCausalLM(config).train()
+    short, long = _lm_trace(base, 40), _lm_trace(base, 112)
+    assert sum(r.storage_nbytes is not None for r in long.tensors) == 2  # one per layer
+    scaled = scaled_trace(short, {r.key: long.tensors[r.key].shape for r in short.tensors})
+    assert [r.storage_nbytes for r in scaled.tensors] == [r.storage_nbytes for r in long.tensors]
+    assert _none_bytes(scaled) == _none_bytes(long)
+
+
 def _bert() -> torch.nn.Module:
     config = transformers.BertConfig(vocab_size=256, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
                                      intermediate_size=256)
