@@ -181,13 +181,18 @@ def _numel(shape: tuple[int, ...]) -> int:
     return math.prod(shape)
 
 
-def _scaled_record(record: TensorRecord, shape: tuple[int, ...]) -> TensorRecord:
-    """``record`` at ``shape``: its bytes (its storage's too) and what they cost (copies, codecs, the
-    producing op's compute) scaled by its growth; its timestamps as they are."""
+def _growth(record: TensorRecord, shape: tuple[int, ...]) -> float:
     old = _numel(record.shape)
-    ratio = _numel(shape) / old if old else 1.0
+    return _numel(shape) / old if old else 1.0
+
+
+def _scaled_record(record: TensorRecord, shape: tuple[int, ...], storage_growth: float = 1.0) -> TensorRecord:
+    """``record`` at ``shape``: its bytes and what they cost (copies, codecs, the producing op's
+    compute) scaled by its growth, its storage's by ``storage_growth`` where that is more; its
+    timestamps as they are."""
+    ratio = _growth(record, shape)
     rebuilt = None if record.rebuilt_nbytes is None else math.ceil(record.rebuilt_nbytes * ratio)
-    storage = None if record.storage_nbytes is None else math.ceil(record.storage_nbytes * ratio)  # a slice grows with its tensor
+    storage = None if record.storage_nbytes is None else math.ceil(record.storage_nbytes * max(ratio, storage_growth))
     return replace(
         record, shape=shape, nbytes=math.ceil(record.nbytes * ratio), storage_nbytes=storage, pack_s=record.pack_s * ratio,
         unpack_s=record.unpack_s * ratio, hidden_forward_s=record.hidden_forward_s * ratio,
@@ -208,7 +213,11 @@ def scaled_trace(trace: Trace, shapes: Mapping[int, tuple[int, ...]]) -> Trace:
     if not shapes:
         return trace
     before = sum(r.nbytes for r in trace.tensors)
-    records = [_scaled_record(r, shapes[r.key]) if r.key in shapes else r for r in trace.tensors]
+    growth = {r.key: _growth(r, shapes[r.key]) for r in trace.tensors if r.key in shapes}
+    # A slice's storage grows as the tensor it was cut from does, whether the slice grows (a
+    # sequence's share of a fused projection) or not (one step of a scan over the sequence).
+    records = [_scaled_record(r, shapes.get(r.key, r.shape), growth.get(r.view_of, 1.0) if r.view_of is not None else 1.0)
+               if r.key in shapes or (r.storage_nbytes is not None and r.view_of in growth) else r for r in trace.tensors]
     after = sum(r.nbytes for r in records)
     clock = after / before if before else 1.0
     records = [replace(r, pack_at_s=r.pack_at_s * clock, unpack_at_s=None if r.unpack_at_s is None else r.unpack_at_s * clock)

@@ -12,7 +12,7 @@ import cswap
 from cswap.planner.budgeted import NO_CODEC, SPARSITY_MARGIN, problem_from_trace
 from cswap.planner.solve import minimum_bytes
 from cswap.profile.shapes import SizeMap, grown_shapes, scaled_trace
-from cswap.profile.trace import Trace
+from cswap.profile.trace import TensorRecord, Trace
 
 transformers = pytest.importorskip("transformers")
 
@@ -85,6 +85,17 @@ def test_a_slice_of_an_activation_grows_with_its_storage() -> None:
     scaled = scaled_trace(short, {r.key: long.tensors[r.key].shape for r in short.tensors})
     assert [r.storage_nbytes for r in scaled.tensors] == [r.storage_nbytes for r in long.tensors]
     assert _none_bytes(scaled) == _none_bytes(long)
+
+
+def test_a_step_of_a_scan_keeps_a_storage_that_grows_with_the_sequence() -> None:
+    """A scan saves one step's slice of a tensor over the whole sequence (Mamba's reference path):
+    the slice stays as it is at a longer length, the storage it keeps grows as the tensor does."""
+    whole = TensorRecord(key=0, shape=(2, 256, 40, 16), dtype="bfloat16", nbytes=2 * 256 * 40 * 16 * 2, sparsity=0.0)
+    step = TensorRecord(key=1, shape=(2, 256, 16), dtype="bfloat16", nbytes=2 * 256 * 16 * 2, sparsity=0.0, view_of=0,
+                        storage_nbytes=whole.nbytes)
+    scaled = scaled_trace(Trace(tensors=(whole, step)), {0: (2, 256, 112, 16)})
+    assert scaled.tensors[1].shape == step.shape and scaled.tensors[1].nbytes == step.nbytes
+    assert scaled.tensors[1].storage_nbytes == scaled.tensors[0].nbytes == 2 * 256 * 112 * 16 * 2
 
 
 def _bert() -> torch.nn.Module:
