@@ -313,6 +313,7 @@ class Runtime:
         self._warned_unsaved = False
         self._warned_not_recomputed = False
         self._warned_held = False
+        self._warned_grown = False
         self._met_budget = False  # a plan of this run met the memory budget (_held_past_growth)
         self._held_error: BudgetError | None = None  # what the plan in force, past its least, would have raised
         # The configs whose key/value cache each iteration turns off (disable_kv_cache).
@@ -1130,6 +1131,7 @@ class Runtime:
         grown = self._grown(shown, it)
         if grown is not None:
             shown.shapes, cause = grown
+            self._warn_grown_past(peak_bytes, it.plan.budget_bytes, cause)
             self._unprofiled_plans += 1
             self._plan_family(shown, cause=cause, profiled=False)
         elif switched and self._below_the_cap(shown):
@@ -1138,6 +1140,21 @@ class Runtime:
             self._plan_family(shown, profiled=False)
         elif not switched:
             self._check_graph(False, peak_bytes, host_peak_bytes)
+
+    def _warn_grown_past(self, peak_bytes: int, budget_bytes: int | None, cause: str) -> None:
+        """Warn, once, that an iteration larger than any planned for passed the budget its plan was
+        made within: what a plan cannot move grew with it (a recomputed region rebuilds all it saves
+        at once, and a scan's grows with the sequence). The plan is made again for its sizes."""
+        if budget_bytes is None or peak_bytes <= budget_bytes or self._warned_grown:
+            return
+        self._warned_grown = True
+        warnings.warn(
+            f"policy {self.policy} passed the memory budget in an iteration larger than any planned for ({peak_bytes:,d} B > "
+            f"{budget_bytes:,d} B; {cause}): what its plan could not move grew with it. Its plan is made again for these sizes; "
+            "to hold every step, let the first profiled batch be the longest (a collator's max_length padding once, or "
+            "the longest batch first), or leave the budget room",
+            stacklevel=6,
+        )
 
     def _below_the_cap(self, family: _Family) -> bool:
         """Whether ``family``'s plan was made within fewer bytes than a fractional budget's cap in force."""
