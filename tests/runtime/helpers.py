@@ -91,3 +91,28 @@ def runtime_for(policy: str, **options: Any) -> Callable[[torch.nn.Module], cswa
         defaults["time_model"] = FAST_CODEC
     defaults.update(options)
     return lambda model: cswap.Runtime(policy, model=model, **defaults)
+
+
+def causal_lm_steps(
+    build: Callable[[], torch.nn.Module], lengths: Sequence[int], rt_for: Callable[[torch.nn.Module], cswap.Runtime] | None = None,
+) -> tuple[list[torch.Tensor], list[tuple[int, int | None]], cswap.Runtime | None]:
+    """Train a causal LM ``build`` makes one step per length of ``lengths`` (two rows of tokens,
+    seeded by the step), under the runtime ``rt_for`` makes for it (``None``: plain PyTorch).
+
+    Returns:
+        every step's gradients in order; per step, the runtime's peak resident bytes in it and its
+        plan's budget after it (empty without a runtime); the runtime.
+    """
+    model = build()
+    rt = rt_for(model) if rt_for is not None else None
+    grads: list[torch.Tensor] = []
+    steps: list[tuple[int, int | None]] = []
+    for step, length in enumerate(lengths):
+        ids = torch.randint(3, 250, (2, length), generator=torch.Generator().manual_seed(step))
+        with rt.iteration() if rt is not None else contextlib.nullcontext():
+            model(input_ids=ids, labels=ids).loss.backward()
+        grads += [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        model.zero_grad(set_to_none=True)
+        if rt is not None:
+            steps.append((rt.stats().iteration_peak_resident_bytes, rt.plan().budget_bytes))
+    return grads, steps, rt

@@ -11,7 +11,6 @@ import itertools
 import logging
 import random
 import warnings
-from typing import Any
 
 import pytest
 import torch
@@ -19,7 +18,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import cswap
-from tests.runtime.helpers import assert_bit_equal
+from tests.runtime.helpers import assert_bit_equal, causal_lm_steps
 
 transformers = pytest.importorskip("transformers")
 
@@ -496,28 +495,18 @@ def test_a_step_longer_than_any_planned_that_passes_the_budget_says_so(policy: s
     naming what grew, and plans again for 96 tokens; gradients stay bit-identical. Silent before."""
     config = transformers.MambaConfig(vocab_size=256, hidden_size=128, num_hidden_layers=2)
 
-    def run(rt_for: Any) -> tuple[list[torch.Tensor], list[int], cswap.Runtime | None]:
+    def build_mamba() -> nn.Module:
         torch.manual_seed(0)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            model = transformers.MambaForCausalLM(config)
-        rt = rt_for(model) if rt_for is not None else None
-        grads, budgets = [], []
-        for step, length in enumerate([40, 96, 64]):
-            ids = torch.randint(3, 250, (2, length), generator=torch.Generator().manual_seed(step))
-            with rt.iteration() if rt is not None else torch.enable_grad():
-                model(input_ids=ids, labels=ids).loss.backward()
-            grads += [p.grad.clone() for p in model.parameters() if p.grad is not None]
-            model.zero_grad(set_to_none=True)
-            if rt is not None:
-                budgets.append(rt.plan().budget_bytes)
-        return grads, budgets, rt
+            return transformers.MambaForCausalLM(config)
 
-    plain, _, _ = run(None)
+    plain, _, _ = causal_lm_steps(build_mamba, [40, 96, 64])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        grads, budgets, _ = run(lambda model: cswap.Runtime(policy, model=model, device="cpu", memory_budget=0.5))
+        grads, steps, _ = causal_lm_steps(build_mamba, [40, 96, 64],
+                                          lambda model: cswap.Runtime(policy, model=model, device="cpu", memory_budget=0.5))
     grown = [str(w.message) for w in caught if "larger than any planned for" in str(w.message)]
     assert len(grown) == 1 and "grew from [2, 256, 40, 16] to [2, 256, 96, 16]" in grown[0], grown
-    assert budgets[1] > budgets[0]  # planned again for 96 tokens
+    assert steps[1][1] > steps[0][1]  # planned again for 96 tokens
     assert_bit_equal(plain, grads, what=f"mamba {policy} gradient")

@@ -21,7 +21,7 @@ from cswap.models import build
 from cswap.planner import budgeted
 from cswap.planner.plan import Action, Plan
 from cswap.stats import human_bytes
-from tests.runtime.helpers import assert_bit_equal, batches, runtime_for, train
+from tests.runtime.helpers import assert_bit_equal, batches, causal_lm_steps, runtime_for, train
 
 POLICIES = ("none", "swap", "compress-swap", "compress-keep", "cswap")
 
@@ -494,24 +494,10 @@ def test_a_scan_that_saves_many_views_of_one_storage_meets_all_of_nones_peak(pol
             warnings.simplefilter("ignore")
             return transformers.MambaForCausalLM(config)
 
-    def run(rt_for: Callable[[torch.nn.Module], cswap.Runtime] | None) -> tuple[list[torch.Tensor], list[int], cswap.Runtime | None]:
-        model = build_mamba()
-        rt = rt_for(model) if rt_for is not None else None
-        grads, peaks = [], []
-        for step in range(2):
-            ids = torch.randint(3, 250, (2, 40), generator=torch.Generator().manual_seed(step))
-            with rt.iteration() if rt is not None else torch.enable_grad():
-                model(input_ids=ids, labels=ids).loss.backward()
-            grads += [p.grad.clone() for p in model.parameters() if p.grad is not None]
-            model.zero_grad(set_to_none=True)
-            if rt is not None:
-                peaks.append(rt.stats().iteration_peak_resident_bytes)
-        return grads, peaks, rt
-
-    plain, _, _ = run(None)
-    grads, peaks, rt = run(runtime_for(policy, memory_budget=1.0))
+    plain, _, _ = causal_lm_steps(build_mamba, [40, 40])
+    grads, steps, rt = causal_lm_steps(build_mamba, [40, 40], runtime_for(policy, memory_budget=1.0))
     assert rt is not None and rt.resolved_budget is not None
-    assert max(peaks) <= rt.resolved_budget.nbytes, (peaks, rt.resolved_budget)
+    assert max(peak for peak, _ in steps) <= rt.resolved_budget.nbytes, (steps, rt.resolved_budget)
     assert rt.trace() is not None and sum(r.view_of is not None for r in rt.trace().tensors) > 100
     assert_bit_equal(plain, grads, what=f"mamba {policy} gradient")
 
@@ -551,25 +537,11 @@ def test_a_slice_of_a_fused_projection_counts_the_storage_it_keeps(policy: str, 
     projection and saves a slice of it, which holds the whole projection: none's peak is the bytes
     plain PyTorch holds, and every policy holds the fraction of it with gradients bit-identical.
     Counted by the slice's own bytes, none's peak was 0.90 of what plain PyTorch holds."""
-    ids = [torch.randint(3, 250, (2, 48), generator=torch.Generator().manual_seed(step)) for step in range(2)]
-
-    def run(rt_for: Callable[[torch.nn.Module], cswap.Runtime] | None) -> tuple[list[torch.Tensor], list[int], cswap.Runtime | None]:
-        model = _gpt_neox()
-        rt = rt_for(model) if rt_for is not None else None
-        grads, peaks = [], []
-        for batch in ids:
-            with rt.iteration() if rt is not None else torch.enable_grad():
-                model(input_ids=batch, labels=batch).loss.backward()
-            grads += [p.grad.clone() for p in model.parameters() if p.grad is not None]
-            model.zero_grad(set_to_none=True)
-            if rt is not None:
-                peaks.append(rt.stats().iteration_peak_resident_bytes)
-        return grads, peaks, rt
-
-    plain, _, _ = run(None)
-    grads, peaks, rt = run(runtime_for(policy, memory_budget=budget))
+    plain, _, _ = causal_lm_steps(_gpt_neox, [48, 48])
+    grads, steps, rt = causal_lm_steps(_gpt_neox, [48, 48], runtime_for(policy, memory_budget=budget))
     assert rt is not None and rt.resolved_budget is not None and rt.trace() is not None
     assert any(r.storage_nbytes for r in rt.trace().tensors)
-    assert rt.resolved_budget.none_peak_bytes == _saved_storage_bytes(_gpt_neox(), ids[0])
-    assert max(peaks) <= rt.resolved_budget.nbytes, (peaks, rt.resolved_budget)
+    first = torch.randint(3, 250, (2, 48), generator=torch.Generator().manual_seed(0))  # the profiled step's tokens
+    assert rt.resolved_budget.none_peak_bytes == _saved_storage_bytes(_gpt_neox(), first)
+    assert max(peak for peak, _ in steps) <= rt.resolved_budget.nbytes, (steps, rt.resolved_budget)
     assert_bit_equal(plain, grads, what=f"gpt-neox {policy} gradient")
