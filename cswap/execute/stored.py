@@ -191,12 +191,12 @@ class Stored:
 
 class PlainStorage:
     """A storage as plain PyTorch holds it for the saved views that reference it: its bytes count once
-    (the first view's, as :class:`~cswap.planner.problem.SharedStorage` counts them) until the last
-    of those views' entries dies.
+    (what keeping the first view holds, as :class:`~cswap.planner.problem.SharedStorage` counts
+    them: all of the storage for a slice of an activation) until the last of those views' entries dies.
 
     Attributes:
         storage_id: the storage's address (``storage._cdata``), the executor's key for it.
-        nbytes: the bytes counted: the first saved view's.
+        nbytes: the bytes counted: what keeping the first saved view holds.
         entries: the live entries that reference it.
         storage_ref: the storage, so that a new storage at a dead one's address is not taken for it.
     """

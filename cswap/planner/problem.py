@@ -196,9 +196,10 @@ class TensorOptions:
 class SharedStorage:
     """A saved tensor that is another view of an earlier saved tensor's storage, no larger.
 
-    Kept both, the executor counts the storage once, as the owner's bytes, from the owner's pack
-    until the later of the two is freed; the sum of the two keeps counts the view's bytes again
-    while both live, and the owner's bytes only to the owner's own free.
+    Kept both, the executor counts the storage once, as the owner's kept bytes, from the owner's
+    pack until the later of the two is freed; the sum of the two keeps counts the view's kept bytes
+    again while both live, and the owner's only to the owner's own free (kept bytes:
+    :attr:`TensorSpec.kept_nbytes`, all of the storage for a slice of an activation).
 
     Attributes:
         owner_key: the earlier tensor, whose keep counts the storage.
