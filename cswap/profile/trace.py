@@ -106,11 +106,6 @@ class TensorRecord:
     storage_nbytes: int | None = None
 
     @property
-    def kept_nbytes(self) -> int:
-        """Device bytes keeping it holds: its storage's where larger than its own bytes."""
-        return max(self.nbytes, self.storage_nbytes or 0)
-
-    @property
     def codec_nbytes(self) -> int | None:
         """The size ``codec`` gives it, or ``None``."""
         return None if self.codec_fraction is None else round(self.codec_fraction * self.nbytes)
