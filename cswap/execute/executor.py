@@ -72,7 +72,7 @@ from typing import Any
 
 import torch
 
-from cswap.codecs import alternative_nbytes, value_range, zvc_compressed_nbytes
+from cswap.codecs import alternative_nbytes, encodable, value_range, zvc_compressed_nbytes
 from cswap.execute.arena import ALIGN_BYTES, ArenaBlock, HostArena, PoolSlot
 from cswap.execute.layout import Layout
 from cswap.execute.stored import Counters, Handle, PlainStorage, Stored
@@ -932,8 +932,9 @@ class Executor:
                 stored.plain = self._count_plain(storage_id, storage, held, counted)
             if owner is not None:
                 it.owners.add(owner.key)
-            elif it.compacts and decision.action is Action.KEEP and stored.action is Action.KEEP:
-                it.kept_in_order.append(key)  # a fallback no codec shrank stays raw: nothing to try again
+            elif it.compacts and decision.action is Action.KEEP and stored.action is Action.KEEP and encodable(layout.dtype):
+                # a fallback no codec shrank stays raw, and no codec takes a complex tensor: nothing to try
+                it.kept_in_order.append(key)
             if it.budget_bytes is not None:
                 self.transfers.wait_for_budget(it.budget_bytes)
             if profiler is not None:

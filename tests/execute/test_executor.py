@@ -657,6 +657,23 @@ def test_a_fraction_compressing_cannot_hold_stores_every_tensor_by_its_smallest_
     assert_bit_equal(saved, [unpack(h) for h in handles], "read back")
 
 
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_a_fraction_compressing_what_it_kept_leaves_a_complex_tensor_raw(dtype: torch.dtype) -> None:
+    """DeepSeek-V2 saves its rotary frequencies as a complex tensor, which no codec takes: kept first,
+    it stays raw when a newer tensor needs room, and the others are compressed (ZVC raised
+    ``TypeError`` on it, and the step plain PyTorch runs failed)."""
+    executor, it, pack, unpack = _provisional(0.3)
+    g = torch.Generator().manual_seed(0)
+    frequencies = torch.polar(torch.ones(64, 32, dtype=torch.float64), torch.rand(64, 32, generator=g, dtype=torch.float64)).to(dtype)
+    saved = _saves(0)
+    handles = [pack(frequencies), *(pack(tensor) for tensor in saved)]
+    assert executor.counters.actions["keep"] == 1 and executor.counters.actions["zvc-keep"] == len(saved)
+    assert it.compacts and executor.counters.resident_bytes < sum(t.numel() * t.element_size() for t in [frequencies, *saved])
+    back = [unpack(h) for h in handles]
+    assert torch.equal(torch.view_as_real(back[0]), torch.view_as_real(frequencies))
+    assert_bit_equal(saved, back[1:], "read back")
+
+
 def test_without_a_budget_the_keep_first_profile_keeps_every_tensor() -> None:
     executor, it, pack, _ = _provisional(None)
     handles = [pack(tensor) for tensor in _saves(0)]
