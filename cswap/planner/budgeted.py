@@ -468,7 +468,7 @@ def profile_peaks(problem: PlanningProblem, action: Action, budget_bytes: int | 
     order = sorted((t for t in problem.tensors if t.lifetime is not None), key=lambda t: t.lifetime.pack)  # type: ignore[union-attr]
     for tensor in order:
         keep = next(o for o in tensor.options if o.action == Action.KEEP.value)
-        kept_bytes = _kept_bytes(keep)
+        kept_bytes = tensor.kept_nbytes
         moved = _profile_option(tensor, action)
         choice = keep
         pack = tensor.lifetime.pack  # type: ignore[union-attr]
@@ -512,11 +512,6 @@ def profile_peaks(problem: PlanningProblem, action: Action, budget_bytes: int | 
         for event in range(problem.forward_events, problem.event_count):
             host_peak = max(host_peak, int(host[event]) + compressing.held_at(event, None))
     return int(device.max(initial=0)), host_peak
-
-
-def _kept_bytes(keep: Option) -> int:
-    """What a tensor's ``keep`` holds on the device: its storage, where a view's is larger."""
-    return max((nbytes for _, _, nbytes in keep.holds), default=0)
 
 
 class _HostCompressions:
@@ -568,7 +563,7 @@ def _evict_in_backward(problem: PlanningProblem, device: np.ndarray, host: np.nd
             if life.unpack <= event:
                 continue
             waiting.remove(tensor)
-            device[event : life.unpack] -= _kept_bytes(next(o for o in tensor.options if o.action == Action.KEEP.value))
+            device[event : life.unpack] -= tensor.kept_nbytes
             host[event : life.free + 1] += tensor.nbytes
             if device[event] <= budget_bytes:
                 break

@@ -191,6 +191,12 @@ class TensorOptions:
     compressed_nbytes: int | None = None
     codec: str = "zvc"
 
+    @property
+    def kept_nbytes(self) -> int:
+        """Device bytes its ``keep`` holds: its storage's, for a slice of a larger one
+        (:attr:`TensorSpec.kept_nbytes`)."""
+        return max((nbytes for o in self.options if o.action == KEEP for _, _, nbytes in o.holds), default=0)
+
 
 @dataclass(frozen=True)
 class SharedStorage:

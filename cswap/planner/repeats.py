@@ -28,7 +28,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cswap.planner.actions import KEEP
 from cswap.planner.problem import PlanningProblem, TensorOptions
 
 __all__ = ["RepeatedLayers", "find_repeats"]
@@ -68,8 +67,7 @@ class RepeatedLayers:
 
 def _signature(tensor: TensorOptions) -> tuple[object, ...]:
     unpacked = tensor.lifetime is not None and tensor.lifetime.unpack is not None
-    kept = max((nbytes for o in tensor.options if o.action == KEEP for _, _, nbytes in o.holds), default=0)
-    return (tensor.nbytes, kept, tuple(sorted({o.action for o in tensor.options})), unpacked)
+    return (tensor.nbytes, tensor.kept_nbytes, tuple(sorted({o.action for o in tensor.options})), unpacked)
 
 
 def find_repeats(problem: PlanningProblem, min_layers: int = 2) -> RepeatedLayers | None:

@@ -144,8 +144,11 @@ class TensorCost:
         return self.compressed_nbytes if action is Action.ZVC_SWAP else float(self.nbytes) if action.transfers else 0.0
 
     def resident_nbytes(self, action: Action) -> float:
-        """Bytes it holds on the device between production and the end of its swap-out (or its use)."""
-        return self.compressed_nbytes if action.device_codec else float(self.nbytes)
+        """Bytes it holds on the device between production and the end of its swap-out (or its use):
+        kept, its storage's (:attr:`kept_nbytes`)."""
+        if action.device_codec:
+            return self.compressed_nbytes
+        return float(self.kept_nbytes) if action is Action.KEEP else float(self.nbytes)
 
 
 def _dtype(name: str) -> torch.dtype:

@@ -462,7 +462,7 @@ def run_queues(
         let_go(backward_end, j, _held_nbytes(costs[j], actions[j]))
     for i in range(count):  # kept tensors backward never asked for live until the graph is freed
         if timeline.consumed_s[i] is None and not actions[i].transfers and actions[i] is not Action.RECOMPUTE:
-            let_go(backward_end, i, costs[i].resident_nbytes(actions[i]) if actions[i] is not Action.KEEP else costs[i].kept_nbytes)
+            let_go(backward_end, i, costs[i].resident_nbytes(actions[i]))
     end = max(backward_end, d2h_free, h2d_free, host_free)
     exposed += end - backward_end
     return QueueOutcome(
