@@ -148,6 +148,7 @@ def planning_problem(
                 hidden_forward_s=hidden_f.get(i, 0.0),
                 movable=i in movable,
                 recompute_s=cost.recompute_s if i in movable else None,
+                storage_nbytes=cost.storage_nbytes,
             )
         )
     link = simulator.hardware.link

@@ -4,8 +4,11 @@
 and backward under ``saved_tensors_hooks`` and a ``TorchDispatchMode``, and records:
 
 * every saved tensor in pack order (shape, dtype, bytes, the autograd node that saved it), once per
-  storage: a tensor saved by two nodes (a ReLU's output is also the next convolution's input) is
-  one record, as the runtime stores it once; parameters are recorded as not offloadable;
+  view: a tensor saved by two nodes (a ReLU's output is also the next convolution's input) is one
+  record, as the runtime stores it once, and another view of a saved storage (Phi-3's gate and up
+  halves of one projection) is a record of its own whose ``view_of`` names the first, with the
+  storage's bytes as ``storage_nbytes`` where a slice is smaller than them, as the runtime's
+  profiler records them; parameters are recorded as not offloadable;
 * when each was packed and first unpacked, on a clock that advances by the roofline time of every
   operator (:meth:`HardwareProfile.op_s`: FLOPs from ``torch.utils.flop_counter``'s formulas
   against the profile's effective TFLOP/s, bytes read and written against its effective memory
@@ -256,6 +259,8 @@ class _Saved:
     probabilities: bool = False
     upcast: bool = False
     unpack_at_s: float | None = None
+    view_of: int | None = None
+    storage_nbytes: int | None = None
 
 
 class _Handle:
@@ -351,7 +356,8 @@ class _Recorder:
         self.clock = clock
         self.fixed_storages = fixed_storages
         self.saved: list[_Saved] = []
-        self.by_storage: dict[int, int] = {}
+        self.by_storage: dict[int, int] = {}  # per storage, its first record
+        self.by_view: dict[Any, int] = {}  # per view (a fixed storage's: per storage), its record
         self.packs = 0
         self.naming: str | None = None
         self.producer_of_pack: dict[int, str] = {}
@@ -364,11 +370,16 @@ class _Recorder:
         key = _storage_key(t)
         ordinal = self.packs
         self.packs += 1
-        index = self.by_storage.get(key)
+        fixed = key in self.fixed_storages or isinstance(t, nn.Parameter)
+        # What the runtime's executor stores once: the same view of a storage at the same version.
+        # (Every saved tensor is held until the run ends, so no storage's address is reused.)
+        view = key if fixed else (key, t.storage_offset(), tuple(t.stride()), tuple(t.shape), t.dtype, t._version)
+        index = self.by_view.get(view)
         if index is None:
             index = len(self.saved)
-            self.by_storage[key] = index
-            fixed = key in self.fixed_storages or isinstance(t, nn.Parameter)
+            self.by_view[view] = index
+            first = self.by_storage.setdefault(key, index)
+            own_nbytes, storage_nbytes = t.numel() * t.element_size(), t.untyped_storage().nbytes()
             self.saved.append(
                 _Saved(
                     tensor=t,
@@ -380,6 +391,9 @@ class _Recorder:
                     module=self.modules[-1] if self.modules else "",
                     probabilities=self.clock.holds_probabilities(t),
                     upcast=self.clock.holds_upcast(t),
+                    view_of=None if fixed or first == index else first,
+                    # keeping a slice of an activation keeps its storage (the executor's rule)
+                    storage_nbytes=storage_nbytes if not fixed and t.requires_grad and storage_nbytes > own_nbytes else None,
                 )
             )
         return _Handle(index, ordinal, t)
@@ -528,7 +542,7 @@ class MetaRun:
     """What :func:`run_on_meta` recorded of one forward and backward.
 
     Attributes:
-        records: every saved tensor, in pack order, once per storage (hidden times not yet filled).
+        records: every saved tensor, in pack order, once per view (hidden times not yet filled).
         forward_s, backward_s: simulated seconds of forward and backward.
         saved_slots: pack hook calls (a storage saved twice counts twice).
         param_bytes: bytes of the module's parameters.
@@ -637,6 +651,8 @@ def run_on_meta(
                 module=saved.module,
                 codec=coded[0] if coded else None,
                 codec_fraction=coded[1] if coded else None,
+                view_of=saved.view_of,
+                storage_nbytes=saved.storage_nbytes,
             )
         )
     return MetaRun(

@@ -22,18 +22,20 @@ def _small_cnn() -> nn.Module:
 
 
 def _real_saves(module: nn.Module, shape: tuple[int, ...]) -> tuple[list[tuple], list[int]]:
-    """(shape, dtype, is-parameter-or-buffer) of each saved storage in first-pack order, and the order backward unpacks them."""
+    """(shape, dtype, is-parameter-or-buffer) of each saved view (of a parameter or buffer: each
+    saved storage) in first-pack order, and the order backward unpacks them."""
     fixed = {p.untyped_storage()._cdata for p in (*module.parameters(), *module.buffers())}
-    first: dict[int, int] = {}
+    first: dict[object, int] = {}
     saved: list[tuple] = []
     unpacked: list[int] = []
     keep: list[torch.Tensor] = []
 
     def pack(t):
-        key = t.untyped_storage()._cdata
+        storage = t.untyped_storage()._cdata
+        key = storage if storage in fixed else (storage, t.storage_offset(), t.stride(), t.shape, t.dtype, t._version)
         if key not in first:
             first[key] = len(saved)
-            saved.append((tuple(t.shape), str(t.dtype).removeprefix("torch."), key in fixed))
+            saved.append((tuple(t.shape), str(t.dtype).removeprefix("torch."), storage in fixed))
             keep.append(t)
         return (first[key], t)
 
@@ -64,17 +66,18 @@ def test_saved_tensors_match_a_real_run(name):
 
 def test_small_cnn_records_by_hand():
     trace = meta_trace(_small_cnn(), batch_size=2, resolution=8, hardware="v100-pcie3", sparsity=0.6)
-    rows = [(r.shape, r.producer, r.offloadable, round(r.sparsity, 6)) for r in trace.tensors]
+    rows = [(r.shape, r.producer, r.offloadable, round(r.sparsity, 6), r.view_of, r.storage_nbytes) for r in trace.tensors]
     pooled = round(0.6 ** (4**0.25), 6)
     assert rows == [
-        ((2, 3, 8, 8), "ConvolutionBackward0", True, 0.0),  # the input image
-        ((8, 3, 3, 3), "ConvolutionBackward0", False, 0.0),  # conv weight: a parameter
-        ((2, 8, 8, 8), "ReluBackward0", True, 0.6),  # ReLU output (also the pool's input: stored once)
-        ((2, 8, 4, 4), "MaxPool2DWithIndicesBackward0", True, 0.0),  # pool indices (int64)
-        ((2, 8, 4, 4), "ConvolutionBackward0", True, pooled),  # pool output, the second conv's input
-        ((8, 8, 3, 3), "ConvolutionBackward0", False, 0.0),
-        ((2, 8, 4, 4), "ReluBackward0", True, 0.6),
-        ((128, 10), "AddmmBackward0", False, 0.0),  # the linear weight, transposed view of a parameter
+        ((2, 3, 8, 8), "ConvolutionBackward0", True, 0.0, None, None),  # the input image
+        ((8, 3, 3, 3), "ConvolutionBackward0", False, 0.0, None, None),  # conv weight: a parameter
+        ((2, 8, 8, 8), "ReluBackward0", True, 0.6, None, None),  # ReLU output (also the pool's input: stored once)
+        ((2, 8, 4, 4), "MaxPool2DWithIndicesBackward0", True, 0.0, None, None),  # pool indices (int64)
+        ((2, 8, 4, 4), "ConvolutionBackward0", True, pooled, None, None),  # pool output, the second conv's input
+        ((8, 8, 3, 3), "ConvolutionBackward0", False, 0.0, None, None),
+        ((2, 8, 4, 4), "ReluBackward0", True, 0.6, None, None),
+        ((2, 128), "AddmmBackward0", True, 0.6, 6, None),  # the flattened ReLU output: another view of record 6
+        ((128, 10), "AddmmBackward0", False, 0.0, None, None),  # the linear weight, transposed view of a parameter
     ]
     assert trace.tensors[3].dtype == "int64"
     assert trace.meta["saved_slots"] == 10  # two storages were saved twice (the flattened ReLU output too)
@@ -125,7 +128,7 @@ def test_sparsity_from_a_profiled_trace():
         )
     )
     trace = meta_trace(_small_cnn(), batch_size=4, resolution=8, hardware="v100-pcie3", sparsity=measured)
-    assert [r.sparsity for r in trace.tensors if r.offloadable] == [0.1, 0.9, 0.1, 0.1, 0.9]
+    assert [r.sparsity for r in trace.tensors if r.offloadable] == [0.1, 0.9, 0.1, 0.1, 0.9, 0.1]
     assert trace.meta["measured_sparsity"] is True
 
 

@@ -182,8 +182,8 @@ def test_eager_saves_square_tensors_and_sdpa_does_not(family: str) -> None:
 def test_bfloat16_halves_the_activations(family: str, attention: str) -> None:
     half, full = _tiny(family, attention=attention, dtype="bfloat16"), _tiny(family, attention=attention, dtype="float32")
 
-    def floating(trace: Trace, dtype: str) -> int:
-        return sum(r.nbytes for r in trace.tensors if r.offloadable and r.dtype == dtype)
+    def floating(trace: Trace, dtype: str) -> int:  # (each storage once: not another view's record)
+        return sum(r.nbytes for r in trace.tensors if r.offloadable and r.dtype == dtype and r.view_of is None)
 
     # What the model computes in float32 whatever the dtype (norm statistics, Llama's RMSNorm
     # input, eager softmax, the loss's log-softmax) stays; everything else halves.
@@ -270,3 +270,39 @@ def test_bad_arguments(kwargs, error, match) -> None:
 def test_only_transformer_traces_mark_the_core() -> None:
     with pytest.raises(ValueError, match="does not mark its attention core"):
         attention_core_keys(Trace(tensors=()))
+
+
+def _records(trace: Trace) -> list[tuple]:
+    """Each movable record's shape, dtype, bytes, storage bytes and the position (among these) of the
+    record it is another view of."""
+    movable = [r for r in trace.tensors if r.offloadable]
+    position = {r.key: i for i, r in enumerate(movable)}
+    return [(r.shape, r.dtype, r.nbytes, r.storage_nbytes, None if r.view_of is None else position[r.view_of]) for r in movable]
+
+
+@pytest.mark.parametrize("model_type", ["phi3", "falcon", "llama"])
+def test_a_meta_trace_records_the_views_the_runtime_records(model_type: str) -> None:
+    """As shipped (no dropout), small: Phi-3 saves its fused gate and up projection's halves, Falcon its
+    attention probabilities in two shapes; the meta trace records each view and what keeping a
+    slice holds exactly as the runtime's profile of the same model does."""
+    import transformers
+
+    import cswap
+
+    config = transformers.AutoConfig.for_model(
+        model_type, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=256, max_position_embeddings=128, pad_token_id=0, bos_token_id=1, eos_token_id=2, attn_implementation="eager",
+    )
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    ids = torch.randint(3, 250, (2, 16))
+    traced = transformer_trace(model, batch_size=2, seq_len=16, attention="eager", dtype="float32")
+    model.config.use_cache = False  # (meta tensors cannot tell transformers whether sequences are packed; values can)
+    rt = cswap.Runtime("none", model=model, device="cpu", min_bytes=0)
+    with rt.iteration():
+        model(input_ids=ids, labels=ids).loss.backward()
+    profiled = _records(rt.trace())
+    assert _records(traced) == profiled
+    assert any(view is not None for *_, view in profiled)
+    if model_type == "phi3":
+        assert any(storage is not None for _, _, _, storage, _ in profiled)
