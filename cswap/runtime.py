@@ -849,6 +849,7 @@ class Runtime:
             regions.mark_ineligible(profile.ineligible)
             if profile.draws_host_random:
                 regions.replay_host_random(profile.regions)
+            regions.replay_module_state(profile.keeps_state)
         structure = structure_of(trace)
         shapes = tuple(r.shape for r in trace.tensors)
         known = self._families.get(structure)

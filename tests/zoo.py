@@ -45,6 +45,17 @@ def llama() -> tuple[nn.Module, Callable[[nn.Module], Step]]:
     return transformers.LlamaForCausalLM(config), _causal_lm_step
 
 
+def recurrent_gemma() -> tuple[nn.Module, Callable[[nn.Module], Step]]:
+    """RecurrentGemma (Griffin): its recurrence keeps the last state of each call in a plain
+    attribute and starts the next call from it. Trained without the cache: with it on (its default)
+    transformers 5 fails in plain PyTorch when given a padding mask."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.RecurrentGemmaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                               num_attention_heads=2, lru_width=32, attention_window_size=16,
+                                               pad_token_id=0, bos_token_id=1, eos_token_id=2, use_cache=False)
+    return transformers.RecurrentGemmaForCausalLM(config), _causal_lm_step
+
+
 def wav2vec2() -> tuple[nn.Module, Callable[[nn.Module], Step]]:
     """Wav2Vec2 fine-tuned for CTC as Hugging Face's speech-recognition example does: the
     convolutional feature encoder frozen, SpecAugment on (its masks come from ``np.random``)."""
@@ -197,5 +208,6 @@ def compiled_cnn() -> tuple[nn.Module, Callable[[nn.Module], Step]]:
 
 #: name -> builder, for parametrized tests
 ZOO: dict[str, Callable[[], tuple[nn.Module, Callable[[nn.Module], Step]]]] = {
-    "gpt2": gpt2, "llama": llama, "t5": t5, "wav2vec2": wav2vec2, "densenet": densenet, "vit": vit, "compiled-cnn": compiled_cnn,
+    "gpt2": gpt2, "llama": llama, "t5": t5, "wav2vec2": wav2vec2, "recurrent-gemma": recurrent_gemma, "densenet": densenet, "vit": vit,
+    "compiled-cnn": compiled_cnn,
 }

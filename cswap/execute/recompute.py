@@ -7,7 +7,9 @@ The RNG state is stashed at the region's entry and restored for the recomputatio
 draws the same mask and gradients are bit-identical. Torch stashes its own generators; Python's and
 NumPy's global ones, which some models draw from in forward (the SpecAugment masks of Wav2Vec2,
 HuBERT and WavLM come from ``np.random``), are stashed here for the regions of a model seen drawing
-from them, and put back for the recomputation of each call that drew.
+from them, and put back for the recomputation of each call that drew. So are the tensors a module
+keeps in plain attributes from one call to the next (RecurrentGemma's recurrence starts from the
+state its last call left there), for the regions holding a module seen changing them.
 
 Granularity: one region is one ``nn.Module`` call. That is the smallest unit torch checkpoints
 cleanly in an eager model the user did not write: a module is the only boundary that exists
@@ -50,7 +52,7 @@ from torch.distributed._composable import checkpoint
 from torch.utils._pytree import tree_leaves
 
 from cswap.profile.regions import MODIFIES_INPUT, REENTRANT, call_refusal, nested_pair
-from cswap.profile.rerun import HostRandomState, mutable_kind
+from cswap.profile.rerun import HostRandomState, ModuleState, mutable_kind
 
 __all__ = ["ModifiedInputError", "RecomputeListener", "RecomputeRegions", "running_stat_modules"]
 
@@ -65,12 +67,15 @@ def running_stat_modules(module: nn.Module) -> list[nn.Module]:
 
 @dataclass
 class _Call:
-    """The tensor inputs of one enabled call and their versions when it began, and the host
-    generators' states then, while its forward may have drawn from them (``None``: it did not)."""
+    """The tensor inputs of one enabled call and their versions when it began, the host
+    generators' states then, while its forward may have drawn from them (``None``: it did not),
+    and the tensor attributes of the modules in the region that keep state (``None``: none does)."""
 
     path: str
     inputs: list[tuple[str, torch.Tensor, int]]
     host_random: HostRandomState | None = None
+    module_state: ModuleState | None = None
+    watching_state: bool = False  # guarded: every module's attributes, to see whether the call changes them
 
 
 class ModifiedInputError(RuntimeError):
@@ -164,6 +169,7 @@ class _RecomputeContext:
         self._saved: list[list[torch.Tensor]] = []
         self._watches: list[_RebuiltWatch | None] = []
         self._host_before: list[HostRandomState | None] = []
+        self._state_before: list[ModuleState | None] = []
 
     def __enter__(self) -> None:
         self.counts[self.call.path] += 1
@@ -178,6 +184,8 @@ class _RecomputeContext:
         self._host_before.append(HostRandomState.now() if drawn is not None else None)
         if drawn is not None:  # the same numbers again; backward's own draws then go on as they were
             drawn.restore()
+        state = self.call.module_state  # the attributes as the forward found them, then back as they are
+        self._state_before.append(state.restore() if state is not None else None)
         norms = self.region.norms
         self._saved.append([b.detach().clone() for m in norms for b in m.buffers(recurse=False)] if norms else [])
         listener = self.regions.listener
@@ -198,6 +206,9 @@ class _RecomputeContext:
         before = self._host_before.pop()
         if before is not None:
             before.restore()
+        state = self._state_before.pop()
+        if state is not None:
+            state.restore()
         saved = self._saved.pop()
         if not saved:  # no running statistics in the region: nothing to put back
             return
@@ -220,6 +231,7 @@ class _Region:
     attached: bool = False  # its hooks are on the module (they cannot be removed)
     # while guarding, per open call: its args, and its positional inputs' versions (None: left out)
     guarded: list[tuple[tuple[Any, ...], list[tuple[torch.Tensor, int]] | None]] = field(default_factory=list)
+    stateful: tuple[nn.Module, ...] | None = None  # the modules in it that keep state (None: not worked out yet)
 
 
 class RecomputeRegions:
@@ -257,6 +269,7 @@ class RecomputeRegions:
         self._refused: dict[str, str] = {}  # calls the guard left out, per path: why
         self._modified: dict[str, str] = {}  # calls that modified a positional input in place
         self._host_random: set[str] = set()  # regions whose calls draw from Python's or NumPy's generator
+        self._stateful: set[str] = set()  # modules that keep tensors in plain attributes between calls
         #: Told of each tensor a recomputation saves (set per iteration).
         self.listener: RecomputeListener | None = None
         for path, module in model.named_modules():
@@ -270,6 +283,7 @@ class RecomputeRegions:
             if path not in self._regions:
                 self._regions[path] = _Region(path, module, running_stat_modules(module))
         self.paths: tuple[str, ...] = tuple(self._regions)
+        self._path_of = {id(region.module): path for path, region in self._regions.items()}
         # Kept with the model (on torch's checkpoint state of its root, attached now), so that every
         # runtime of this model finds these regions (:meth:`of`) instead of attaching a second set.
         self._attach(self._regions[""])
@@ -337,8 +351,12 @@ class RecomputeRegions:
             # two reads of their states per call.
             watched = self._preserve_rng_state and (self._guarding or region.path in self._host_random)
             call = _Call(region.path, inputs, HostRandomState.now() if watched else None)
+            if self._guarding:
+                call.module_state, call.watching_state = ModuleState.now(module.modules()), True
+            elif self._stateful_modules(region):
+                call.module_state = ModuleState.now(region.stateful)  # type: ignore[arg-type]
             region.pending = call
-            if watched:
+            if watched or call.watching_state:
                 region.open.append((args, call))
 
         return hook
@@ -347,10 +365,17 @@ class RecomputeRegions:
         def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
             if region.open and region.open[-1][0] is args:
                 call = region.open.pop()[1]
-                if call.host_random is not None and call.host_random.same_as(HostRandomState.now()):
-                    call.host_random = None  # nothing drawn: the recomputation need not put the states back
-                else:
-                    self._host_random.add(region.path)
+                if call.host_random is not None:
+                    if call.host_random.same_as(HostRandomState.now()):
+                        call.host_random = None  # nothing drawn: the recomputation need not put the states back
+                    else:
+                        self._host_random.add(region.path)
+                if call.watching_state and call.module_state is not None:
+                    changed = call.module_state.changed()
+                    if changed:
+                        self.replay_module_state(self._path_of[id(m)] for m in changed)
+                    elif not self._stateful_modules(region):
+                        call.module_state = None  # nothing to put back for its recomputation
             guarded = region.guarded
             if not guarded or guarded[-1][0] is not args:
                 return
@@ -449,6 +474,40 @@ class RecomputeRegions:
         ('1',)
         """
         self._host_random.update(paths)
+
+    def replay_module_state(self, paths: Iterable[str]) -> None:
+        """Recompute each call of a region holding one of these modules with the modules' tensor
+        attributes (not parameters or buffers) as its forward found them, and put back after: state
+        a module keeps for its next call, which torch's checkpoint does not stash. Each call of such
+        a region reads those attributes when it begins. The runtime names the modules a profile saw
+        change theirs (:attr:`cswap.profile.regions.RegionProfile.keeps_state`); a module is added
+        by itself when a guarded call changes it (:meth:`guard`).
+
+        >>> class Running(torch.nn.Module):
+        ...     def __init__(self): super().__init__(); self.last = None
+        ...     def forward(self, x):
+        ...         y = torch.tanh(x if self.last is None else x * self.last); self.last = y.detach(); return y
+        >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2), Running())
+        >>> regions = RecomputeRegions(model); regions.replay_module_state(["1"]); regions.enable(["1"])
+        >>> model(torch.ones(1, 2)).sum().backward(); regions.keeps_state
+        ('1',)
+        """
+        self._stateful.update(paths)
+        for region in self._regions.values():
+            region.stateful = None
+
+    @property
+    def keeps_state(self) -> tuple[str, ...]:
+        """The modules whose tensor attributes a recomputation puts back, in module order."""
+        return tuple(p for p in self._regions if p in self._stateful)
+
+    def _stateful_modules(self, region: _Region) -> tuple[nn.Module, ...]:
+        """The modules in ``region`` (itself included) whose tensor attributes its recomputation puts back."""
+        if region.stateful is None:
+            inside = region.path + "."
+            region.stateful = tuple(self._regions[p].module for p in sorted(self._stateful)
+                                    if not region.path or p == region.path or p.startswith(inside))
+        return region.stateful
 
     @property
     def draws_host_random(self) -> tuple[str, ...]:

@@ -39,7 +39,7 @@ from torch.distributed._composable import checkpoint
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from cswap.profile.profiler import Clock
-from cswap.profile.rerun import HostRandomState, compiled_paths, mutable_kind
+from cswap.profile.rerun import HostRandomState, ModuleState, compiled_paths, mutable_kind
 from cswap.profile.shapes import SizeMap, merged
 from cswap.profile.trace import Trace
 
@@ -275,6 +275,10 @@ class RegionProfile:
             (:meth:`cswap.execute.recompute.RecomputeRegions.replay_host_random`). Which module drew
             is not told apart: reading the states around every call would cost each tens of
             microseconds, and inflate the forward times measured for recomputing.
+        keeps_state: the paths of the modules whose tensor attributes (not parameters or buffers)
+            changed while the iteration ran: state a call leaves for the next one (RecurrentGemma's
+            recurrence), which the regions holding them put back for a recomputation
+            (:meth:`cswap.execute.recompute.RecomputeRegions.replay_module_state`).
     """
 
     saves: tuple[SavedRecord, ...]
@@ -283,6 +287,7 @@ class RegionProfile:
     layers: tuple[str, ...] = ()
     compiled: tuple[str, ...] = ()
     draws_host_random: bool = False
+    keeps_state: tuple[str, ...] = ()
 
     @property
     def candidates(self) -> tuple[str, ...]:
@@ -337,7 +342,7 @@ class RegionProfile:
             ratio = max((new.storage_bytes / max(old.storage_bytes, 1) for new, old in zip(inputs, call.inputs)), default=1.0)
             calls.append(replace(call, inputs=tuple(inputs), forward_s=call.forward_s * ratio))
         reasons = {path: facts.ineligible for path, facts in self.regions.items()}
-        return _with_facts(tuple(saves), tuple(calls), reasons, self.layers, self.compiled, self.draws_host_random)
+        return _with_facts(tuple(saves), tuple(calls), reasons, self.layers, self.compiled, self.draws_host_random, self.keeps_state)
 
     def _enabled(self, enabled: Iterable[str]) -> set[str]:
         """``enabled`` as a set, checked: regions that ran, none inside another."""
@@ -454,6 +459,9 @@ class RegionTracer:
         self._layers = repeated_layers(model)
         self._host_random: HostRandomState | None = None  # as the forward found them
         self._drew_host_random = False
+        # per module called, its path and its tensor attributes as last seen (entering or leaving a call)
+        self._attributes: dict[int, tuple[str, ModuleState]] = {}
+        self._keeps_state: set[str] = set()
 
     def __enter__(self) -> RegionTracer:
         for path, module in self.model.named_modules():
@@ -470,6 +478,11 @@ class RegionTracer:
         """Stop recording: later module calls and packs (another micro-batch's) are not this profile's."""
         if not self._stopped and self._host_random is not None:
             self._drew_host_random = not self._host_random.same_as(HostRandomState.now())
+        if not self._stopped:  # what changed after a module's last call (its caller reset it) counts too
+            for path, seen in self._attributes.values():
+                if seen.changed():
+                    self._keeps_state.add(path)
+            self._attributes.clear()  # (they hold tensors)
         self._stopped = True
         for handle in self._handles:
             handle.remove()
@@ -491,10 +504,23 @@ class RegionTracer:
         record = InputRecord(name, keyword, tuple(t.shape), str(t.dtype).removeprefix("torch."), storage, nbytes, self._movable(t, storage))
         return record, t, t._version
 
+    def _watch_attributes(self, module: nn.Module, path: str | None = None) -> None:
+        """Note whether ``module``'s tensor attributes changed since it was last seen, and see them now
+        (``path``: its path, when it may not have been seen yet)."""
+        seen = self._attributes.get(id(module))
+        if seen is not None:
+            path = seen[0]
+            if seen[1].changed():
+                self._keeps_state.add(path)
+        if path is not None:
+            self._attributes[id(module)] = (path, ModuleState.now([module]))
+
     def _enter(self, path: str) -> Any:
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             if torch.compiler.is_compiling():
                 return  # traced into a compiled graph, the call is not this module's to recompute (nor recorded)
+            if not self._stopped:
+                self._watch_attributes(module, path)
             inputs = [self._input(str(i), False, a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
             inputs += [self._input(k, True, v) for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
             reentrant = any(self._calls[i]["path"] == path for i in self._stack)
@@ -516,6 +542,7 @@ class RegionTracer:
             # iteration would keep all activations alive.
             call["modifies_input"] = any(t._version != v for _, t, v in call["inputs"])
             call["inputs"] = [(record, None, v) for record, _, v in call["inputs"]]
+            self._watch_attributes(module)
 
     def record(self, t: torch.Tensor) -> None:
         """Record the next outer pack (call from a pack hook, once per pack)."""
@@ -556,7 +583,7 @@ class RegionTracer:
         for call in calls:
             by_path.setdefault(call.path, []).append(call)
         reasons = {path: self._ineligible(path, mine) for path, mine in by_path.items()}
-        return _with_facts(saves, calls, reasons, self._layers, self._compiled, self._drew_host_random)
+        return _with_facts(saves, calls, reasons, self._layers, self._compiled, self._drew_host_random, tuple(sorted(self._keeps_state)))
 
     def _ineligible(self, path: str, mine: list[CallRecord]) -> str | None:
         """Why the module at ``path``, called as ``mine``, cannot be recomputed, or ``None``."""
@@ -603,7 +630,8 @@ def call_refusal(mutable_input: str | None, repeated_input: bool, reentrant: boo
 
 
 def _with_facts(saves: tuple[SavedRecord, ...], calls: tuple[CallRecord, ...], reasons: Mapping[str, str | None],
-                layers: tuple[str, ...], compiled: tuple[str, ...] = (), draws_host_random: bool = False) -> RegionProfile:
+                layers: tuple[str, ...], compiled: tuple[str, ...] = (), draws_host_random: bool = False,
+                keeps_state: tuple[str, ...] = ()) -> RegionProfile:
     """The :class:`RegionProfile` of ``saves`` and ``calls``, each region's facts worked out from
     them, with ``reasons`` (per path: why it cannot be recomputed, or ``None``)."""
     partial = RegionProfile(saves, calls, MappingProxyType({c.path: None for c in calls}))  # type: ignore[dict-item]
@@ -626,7 +654,7 @@ def _with_facts(saves: tuple[SavedRecord, ...], calls: tuple[CallRecord, ...], r
             calls=len(mine),
             ineligible=reason,
         )
-    return RegionProfile(saves, calls, MappingProxyType(regions), layers, compiled, draws_host_random)
+    return RegionProfile(saves, calls, MappingProxyType(regions), layers, compiled, draws_host_random, keeps_state)
 
 
 def profile_regions(model: nn.Module, step: Callable[[], Any], *, clock: Stamps | None = None) -> RegionProfile:

@@ -7,7 +7,10 @@ module is out of reach when it runs inside a ``torch.compile`` graph. :mod:`cswa
 marks such regions ineligible with these facts. A call that draws from Python's or NumPy's global
 random generator (the SpecAugment masks of Wav2Vec2, HuBERT and WavLM come from ``np.random``)
 replays as it ran only with their states put back (:class:`HostRandomState`): torch's checkpoint
-restores torch's generators alone.
+restores torch's generators alone. So does a module that keeps a tensor in a plain attribute from
+one call to the next (RecurrentGemma's recurrence keeps its last state there, and starts from it):
+replayed with the attribute as the forward left it, the recomputation saves other tensors than the
+forward did (:class:`ModuleState` puts the attributes back).
 
 Example:
     >>> import torch
@@ -21,6 +24,7 @@ import enum
 import functools
 import random
 import types
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["HostRandomState", "compiled_paths", "mutable_kind"]
+__all__ = ["HostRandomState", "ModuleState", "compiled_paths", "mutable_kind"]
 
 # A tensor is the checkpoint's own business (saved, version-checked); these others cannot change.
 _IMMUTABLE = (torch.Tensor, type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size, torch.layout,
@@ -103,3 +107,59 @@ class HostRandomState:
         """Set both generators back to these states."""
         random.setstate(self.python)
         np.random.set_state(self.numpy)
+
+
+def _tensor_attributes(module: nn.Module) -> dict[str, torch.Tensor | None]:
+    # Parameters, buffers and submodules live in their own dicts: what is left in __dict__ that is a
+    # tensor (or None, which a forward may set to a tensor) is state the module's code keeps itself.
+    return {name: value for name, value in vars(module).items() if value is None or isinstance(value, torch.Tensor)}
+
+
+@dataclass(frozen=True, eq=False)
+class ModuleState:
+    """The tensors modules hold in plain attributes (not parameters or buffers), which a forward may
+    set for the module's next call and torch's checkpoint does not put back for a recomputation.
+
+    Attributes:
+        held: per module, its attributes that held a tensor or ``None``, by name (the objects
+            themselves: a recomputation must see the very tensors the forward saw).
+
+    >>> class Running(torch.nn.Module):
+    ...     def __init__(self): super().__init__(); self.last = None
+    ...     def forward(self, x): y = x if self.last is None else x + self.last; self.last = y; return y
+    >>> module = Running(); before = ModuleState.now([module])
+    >>> y = module(torch.ones(2)); before.changed() == [module]
+    True
+    >>> after = before.restore(); module.last is None
+    True
+    >>> _ = after.restore(); module.last is y, after.changed()
+    (True, [])
+    """
+
+    held: tuple[tuple[nn.Module, Mapping[str, torch.Tensor | None]], ...]
+
+    @classmethod
+    def now(cls, modules: Iterable[nn.Module]) -> ModuleState:
+        """The attributes of ``modules`` as they stand."""
+        return cls(tuple((module, _tensor_attributes(module)) for module in modules))
+
+    def changed(self) -> list[nn.Module]:
+        """The modules whose tensor attributes are not these objects any more (set, replaced or removed)."""
+        found = []
+        for module, held in self.held:
+            now = _tensor_attributes(module)
+            names = {n for n, v in held.items() if v is not None} | {n for n, v in now.items() if v is not None}
+            if any(now.get(name) is not held.get(name) for name in names):
+                found.append(module)
+        return found
+
+    def restore(self) -> ModuleState:
+        """Set the attributes back to these objects (a tensor attribute set since is removed); returns
+        the state they had, to put back in turn."""
+        before = ModuleState.now(module for module, _ in self.held)
+        for module, held in self.held:
+            attributes = vars(module)
+            for name in [n for n, v in attributes.items() if isinstance(v, torch.Tensor) and n not in held]:
+                del attributes[name]
+            attributes.update(held)
+        return before

@@ -449,3 +449,74 @@ def test_rebuilt_tensors_are_freed_before_backward_reaches_a_tied_weights_other_
     model.head(model.body(embedded * 2)).sum().backward()
     regions.disable_all()
     assert listener.told and alive_then and not any(alive_then)
+
+
+class _Recurrence(nn.Module):
+    """Keeps its last output in a plain attribute and starts its next call from it, as
+    RecurrentGemma's RG-LRU does (its caller resets it to ``None`` before each sequence)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.full((4,), 0.5))
+        self.state: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        start = torch.zeros_like(x) if self.state is None else self.state
+        y = torch.tanh(x * self.scale + start)
+        self.state = y
+        return y
+
+
+class _Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+        self.rec = _Recurrence()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.rec.state = None  # a new sequence
+        return self.rec(self.proj(x)) + x
+
+
+def _stateful_model() -> nn.Module:
+    return nn.Sequential(nn.Linear(4, 4), _Block(), nn.Linear(4, 2))
+
+
+def _stateful_grads(enabled: list[str] | None, replay: bool = True, guard: bool = False) -> tuple[list[torch.Tensor], tuple[str, ...]]:
+    torch.manual_seed(0)
+    model = _stateful_model()
+    regions = RecomputeRegions(model)
+    if replay:
+        regions.replay_module_state(["1.rec"])
+    if enabled is not None:
+        regions.enable(enabled)
+    regions.guard(guard)
+    grads = []
+    for step in range(STEPS):
+        model(torch.randn(3, 4, generator=torch.Generator().manual_seed(step))).square().sum().backward()
+        grads += [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+    regions.guard(False)
+    return grads, regions.keeps_state
+
+
+@pytest.mark.parametrize("enabled", [["1.rec"], ["1"], [""], ["1.proj", "1.rec"]])
+def test_a_module_keeping_state_between_calls_recomputes_from_the_state_its_forward_saw(enabled: list[str]) -> None:
+    plain, _ = _stateful_grads(None)
+    grads, kept = _stateful_grads(enabled)
+    assert kept == ("1.rec",)
+    assert all(torch.equal(a, b) for a, b in zip(plain, grads, strict=True))
+
+
+def test_without_putting_the_state_back_the_recomputation_gives_other_gradients() -> None:
+    plain, _ = _stateful_grads(None)
+    grads, kept = _stateful_grads(["1.rec"], replay=False)
+    assert kept == ()
+    assert not all(torch.equal(a, b) for a, b in zip(plain, grads, strict=True))
+
+
+def test_a_guarded_call_that_changes_a_modules_state_puts_it_back_from_then_on() -> None:
+    plain, _ = _stateful_grads(None)
+    grads, kept = _stateful_grads(["1"], replay=False, guard=True)
+    assert kept == ("1.rec",)  # the block's own attributes did not change: only the recurrence's
+    assert all(torch.equal(a, b) for a, b in zip(plain, grads, strict=True))

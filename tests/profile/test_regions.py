@@ -253,6 +253,45 @@ def test_the_profile_tells_whether_the_model_drew_from_the_host_generators(sourc
     assert profile.scaled({}, SizeMap.learn([])).draws_host_random is profile.draws_host_random
 
 
+class _Scaled(nn.Module):
+    """Scales by a tensor it holds in a plain attribute; who changes it, and when, is the case."""
+
+    def __init__(self, case: str) -> None:
+        super().__init__()
+        self.case = case
+        self.factor: torch.Tensor | None = torch.full((8,), 2.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x * self.factor
+        if self.case == "by its call":
+            self.factor = y.detach().mean(0)  # the next call starts from what this one left
+        return y
+
+
+class _Caller(nn.Module):
+    def __init__(self, case: str) -> None:
+        super().__init__()
+        self.inner = _Scaled(case)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.inner(x)
+        if self.inner.case == "by its caller after the call":
+            self.inner.factor = None
+        return y
+
+
+@pytest.mark.parametrize("case", ["by its call", "by its caller after the call", "never"])
+def test_the_profile_names_the_modules_whose_tensor_attributes_change(case: str) -> None:
+    """A recomputation reads a module's plain attributes as they are in backward: the profile names
+    the modules whose tensor attributes changed while it ran, so their regions put them back."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), _Caller(case), nn.Tanh(), nn.Linear(8, 2))
+    profile = profile_of(model, MLP_X)
+    expected = () if case == "never" else ("1.inner",)
+    assert profile.keeps_state == expected
+    assert profile.scaled({0: (2 * B, 4)}, SizeMap.learn([])).keeps_state == expected
+
+
 def test_profiling_refuses_enabled_regions() -> None:
     model = mlp()
     RecomputeRegions(model).enable(["1"])

@@ -1,6 +1,7 @@
 """Recomputing policies on models as their authors ship them: Hugging Face GPT-2, Llama and T5 with
-their default configs (the key/value cache on) and padding masks, Wav2Vec2 with SpecAugment, a
-torchvision-style DenseNet and ViT, and a CNN under ``torch.compile``. Every run completes with
+their default configs (the key/value cache on) and padding masks, Wav2Vec2 with SpecAugment,
+RecurrentGemma (whose recurrence keeps its state in an attribute), a torchvision-style DenseNet and
+ViT, and a CNN under ``torch.compile``. Every run completes with
 gradients bit-identical to plain PyTorch; the regions that cannot be recomputed safely are never
 enabled, and say why."""
 
