@@ -192,6 +192,23 @@ def _image_step(model: nn.Module) -> Step:
     return step
 
 
+def _discriminator(spectral_norm: Callable[[nn.Module], nn.Module]) -> nn.Module:
+    """A GAN discriminator (SNGAN, BigGAN, HiFi-GAN's): every layer spectrally normalised, its
+    power-iteration vectors updated in place by each training forward."""
+    return nn.Sequential(nn.Sequential(spectral_norm(nn.Conv2d(3, 16, 3, padding=1)), nn.LeakyReLU(0.2)),
+                         nn.Sequential(spectral_norm(nn.Conv2d(16, 16, 4, 2, 1)), nn.LeakyReLU(0.2)),
+                         nn.Flatten(), spectral_norm(nn.Linear(16 * 8 * 8, 10)))
+
+
+def spectral_norm() -> tuple[nn.Module, Callable[[nn.Module], Step]]:
+    return _discriminator(nn.utils.parametrizations.spectral_norm), _image_step
+
+
+def spectral_norm_hook() -> tuple[nn.Module, Callable[[nn.Module], Step]]:
+    """The older form, a forward pre-hook that sets the normalised weight as a plain attribute."""
+    return _discriminator(nn.utils.spectral_norm), _image_step
+
+
 def densenet() -> tuple[nn.Module, Callable[[nn.Module], Step]]:
     return DenseNet(), _image_step
 
@@ -209,5 +226,5 @@ def compiled_cnn() -> tuple[nn.Module, Callable[[nn.Module], Step]]:
 #: name -> builder, for parametrized tests
 ZOO: dict[str, Callable[[], tuple[nn.Module, Callable[[nn.Module], Step]]]] = {
     "gpt2": gpt2, "llama": llama, "t5": t5, "wav2vec2": wav2vec2, "recurrent-gemma": recurrent_gemma, "densenet": densenet, "vit": vit,
-    "compiled-cnn": compiled_cnn,
+    "spectral-norm": spectral_norm, "spectral-norm-hook": spectral_norm_hook, "compiled-cnn": compiled_cnn,
 }

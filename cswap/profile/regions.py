@@ -44,6 +44,7 @@ from cswap.profile.shapes import SizeMap, merged
 from cswap.profile.trace import Trace
 
 __all__ = [
+    "HOOK_SAVES",
     "MODIFIES_INPUT",
     "REENTRANT",
     "CallRecord",
@@ -193,6 +194,9 @@ class CallRecord:
         mutable_input: the first input that is a mutable object other than a tensor (a list, a
             dict, a key/value cache), as ``"name: type"``; ``None`` when there is none.
         repeated_input: one tensor object was passed as several positional inputs (``attn(x, x, x)``).
+        hook_saves: a forward pre-hook registered on the module before any of the regions' saved a
+            tensor for backward (the older ``spectral_norm`` and ``weight_norm``): outside the
+            region's checkpoint in the forward, inside it when recomputed.
     """
 
     index: int
@@ -205,6 +209,7 @@ class CallRecord:
     reentrant: bool
     mutable_input: str | None = None
     repeated_input: bool = False
+    hook_saves: bool = False
 
 
 @dataclass(frozen=True)
@@ -462,9 +467,11 @@ class RegionTracer:
         # per module called, its path and its tensor attributes as last seen (entering or leaving a call)
         self._attributes: dict[int, tuple[str, ModuleState]] = {}
         self._keeps_state: set[str] = set()
+        self._packs_before_hooks: dict[int, int] = {}  # per module running, the saves when its first pre-hook ran
 
     def __enter__(self) -> RegionTracer:
         for path, module in self.model.named_modules():
+            self._handles.append(module.register_forward_pre_hook(self._before_hooks(path), prepend=True))
             self._handles.append(module.register_forward_pre_hook(self._enter(path), with_kwargs=True))
             self._handles.append(module.register_forward_hook(self._leave, always_call=True))
         self._host_random = HostRandomState.now()
@@ -513,14 +520,25 @@ class RegionTracer:
             if seen[1].changed():
                 self._keeps_state.add(path)
         if path is not None:
-            self._attributes[id(module)] = (path, ModuleState.now([module]))
+            self._attributes[id(module)] = (path, ModuleState.now([module], copies=False))
+
+    def _before_hooks(self, path: str) -> Any:
+        def hook(module: nn.Module, args: Any) -> None:
+            if torch.compiler.is_compiling():
+                return
+            self._packs_before_hooks[id(module)] = len(self._saves)
+            if not self._stopped:  # before its own pre-hooks, which may set its state (the older spectral_norm)
+                self._watch_attributes(module, path)
+
+        return hook
 
     def _enter(self, path: str) -> Any:
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             if torch.compiler.is_compiling():
                 return  # traced into a compiled graph, the call is not this module's to recompute (nor recorded)
-            if not self._stopped:
-                self._watch_attributes(module, path)
+            # The pre-hooks that ran before this one (registered before the regions', which come
+            # before it) saved what the region's checkpoint would not see in forward but would rerun
+            hook_saves = len(self._saves) > self._packs_before_hooks.pop(id(module), len(self._saves))
             inputs = [self._input(str(i), False, a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
             inputs += [self._input(k, True, v) for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
             reentrant = any(self._calls[i]["path"] == path for i in self._stack)
@@ -530,7 +548,7 @@ class RegionTracer:
             positional = [id(a) for a in args if isinstance(a, torch.Tensor)]
             self._calls.append(dict(path=path, first_key=len(self._saves), grad_enabled=torch.is_grad_enabled(),
                                     inputs=inputs, reentrant=reentrant, mutable=mutable, repeated=len(set(positional)) < len(positional),
-                                    start=self.clock.stamp(), end=None))
+                                    hook_saves=hook_saves, start=self.clock.stamp(), end=None))
 
         return hook
 
@@ -575,6 +593,7 @@ class RegionTracer:
                 reentrant=c["reentrant"],
                 mutable_input=c["mutable"],
                 repeated_input=c["repeated"],
+                hook_saves=c["hook_saves"],
             )
             for i, c in enumerate(self._calls)
         )
@@ -593,6 +612,8 @@ class RegionTracer:
                     "checkpoint hooks as they were then: enabling it later would not reach the compiled code")
         if any(c.modifies_input for c in mine):
             return MODIFIES_INPUT if not any(c.reentrant for c in mine) else REENTRANT
+        if any(c.hook_saves for c in mine):
+            return HOOK_SAVES
         return call_refusal(next((c.mutable_input for c in mine if c.mutable_input), None), any(c.repeated_input for c in mine),
                             any(c.reentrant for c in mine))
 
@@ -600,6 +621,11 @@ class RegionTracer:
 #: Why a module whose forward modifies an input in place cannot be recomputed.
 MODIFIES_INPUT = ("its forward modifies an input in place (e.g. ReLU(inplace=True)): the input checkpoint "
                   "saved would fail torch's version check in backward")
+
+#: Why a module whose pre-hooks save tensors for backward cannot be recomputed.
+HOOK_SAVES = ("a forward pre-hook on it saves tensors for backward (the older spectral_norm or weight_norm): it runs "
+              "before the region's checkpoint in the forward and inside it when recomputed, so torch would refuse the "
+              "recomputed values; the parametrizations form (torch.nn.utils.parametrizations) can be recomputed")
 
 #: Why a module whose forward calls itself cannot be recomputed.
 REENTRANT = "its forward calls itself: one checkpoint state per module cannot hold two open calls"

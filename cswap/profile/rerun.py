@@ -8,9 +8,10 @@ marks such regions ineligible with these facts. A call that draws from Python's 
 random generator (the SpecAugment masks of Wav2Vec2, HuBERT and WavLM come from ``np.random``)
 replays as it ran only with their states put back (:class:`HostRandomState`): torch's checkpoint
 restores torch's generators alone. So does a module that keeps a tensor in a plain attribute from
-one call to the next (RecurrentGemma's recurrence keeps its last state there, and starts from it):
-replayed with the attribute as the forward left it, the recomputation saves other tensors than the
-forward did (:class:`ModuleState` puts the attributes back).
+one call to the next (RecurrentGemma's recurrence keeps its last state there, and starts from it),
+or updates a buffer in its forward (a spectral norm's power iteration): replayed with the state as
+the forward left it, the recomputation saves other tensors, or other values, than the forward did
+(:class:`ModuleState` puts them back).
 
 Example:
     >>> import torch
@@ -115,14 +116,26 @@ def _tensor_attributes(module: nn.Module) -> dict[str, torch.Tensor | None]:
     return {name: value for name, value in vars(module).items() if value is None or isinstance(value, torch.Tensor)}
 
 
+def _updated_buffers(module: nn.Module) -> dict[str, torch.Tensor]:
+    # Running statistics are put back by the regions themselves (their output in training does not
+    # read them); any other buffer a forward updates is state its recomputation must start from.
+    if isinstance(module, nn.modules.batchnorm._NormBase):
+        return {}
+    return {name: b for name, b in module._buffers.items() if b is not None}
+
+
 @dataclass(frozen=True, eq=False)
 class ModuleState:
-    """The tensors modules hold in plain attributes (not parameters or buffers), which a forward may
-    set for the module's next call and torch's checkpoint does not put back for a recomputation.
+    """What modules' forwards may change for their next call besides parameters: the tensors they
+    hold in plain attributes, and their buffers (a spectral norm's power-iteration vectors, updated
+    in place each call; running statistics excepted), which torch's checkpoint does not put back for
+    a recomputation.
 
     Attributes:
         held: per module, its attributes that held a tensor or ``None``, by name (the objects
             themselves: a recomputation must see the very tensors the forward saw).
+        buffers: per module buffer, ``(module, name, the buffer, its version, a copy of its values)``
+            (no copy, ``None``, in a state taken only to see what changes: :meth:`changed`).
 
     >>> class Running(torch.nn.Module):
     ...     def __init__(self): super().__init__(); self.last = None
@@ -137,29 +150,46 @@ class ModuleState:
     """
 
     held: tuple[tuple[nn.Module, Mapping[str, torch.Tensor | None]], ...]
+    buffers: tuple[tuple[nn.Module, str, torch.Tensor, int, torch.Tensor | None], ...] = ()
 
     @classmethod
-    def now(cls, modules: Iterable[nn.Module]) -> ModuleState:
-        """The attributes of ``modules`` as they stand."""
-        return cls(tuple((module, _tensor_attributes(module)) for module in modules))
+    def now(cls, modules: Iterable[nn.Module], copies: bool = True) -> ModuleState:
+        """The attributes and buffers of ``modules`` as they stand, the buffers' values copied
+        (``copies=False``: not, for a state only compared with a later one, never restored)."""
+        modules = list(modules)
+        with torch.no_grad():
+            buffers = tuple((m, name, b, b._version, b.detach().clone() if copies else None)
+                            for m in modules for name, b in _updated_buffers(m).items())
+        return cls(tuple((module, _tensor_attributes(module)) for module in modules), buffers)
 
     def changed(self) -> list[nn.Module]:
-        """The modules whose tensor attributes are not these objects any more (set, replaced or removed)."""
+        """The modules whose tensor attributes are not these objects any more (set, replaced or
+        removed), or whose buffers were replaced or updated in place."""
         found = []
         for module, held in self.held:
             now = _tensor_attributes(module)
             names = {n for n, v in held.items() if v is not None} | {n for n, v in now.items() if v is not None}
             if any(now.get(name) is not held.get(name) for name in names):
                 found.append(module)
+        for module, name, buffer, version, _ in self.buffers:
+            current = module._buffers.get(name)
+            if module not in found and (current is not buffer or buffer._version != version):
+                found.append(module)
         return found
 
     def restore(self) -> ModuleState:
-        """Set the attributes back to these objects (a tensor attribute set since is removed); returns
-        the state they had, to put back in turn."""
+        """Set the attributes back to these objects (a tensor attribute set since is removed) and the
+        buffers to these objects and values; returns the state they had, to put back in turn."""
         before = ModuleState.now(module for module, _ in self.held)
         for module, held in self.held:
             attributes = vars(module)
             for name in [n for n, v in attributes.items() if isinstance(v, torch.Tensor) and n not in held]:
                 del attributes[name]
             attributes.update(held)
+        with torch.no_grad():
+            for module, name, buffer, _, values in self.buffers:
+                if values is None:
+                    raise ValueError("this state was taken without copies of the buffers (copies=False): it cannot be restored")
+                module._buffers[name] = buffer
+                buffer.copy_(values)
         return before

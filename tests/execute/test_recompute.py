@@ -520,3 +520,39 @@ def test_a_guarded_call_that_changes_a_modules_state_puts_it_back_from_then_on()
     grads, kept = _stateful_grads(["1"], replay=False, guard=True)
     assert kept == ("1.rec",)  # the block's own attributes did not change: only the recurrence's
     assert all(torch.equal(a, b) for a, b in zip(plain, grads, strict=True))
+
+
+class _PowerIteration(nn.Module):
+    """Updates a buffer in place each training forward and scales by it, as a spectral norm's power iteration does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.register_buffer("u", torch.ones(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            self.u.copy_(torch.nn.functional.normalize(self.linear.weight @ self.u, dim=0))
+        return torch.tanh(self.linear(x) * self.u)
+
+
+@pytest.mark.parametrize("replay", [True, False])
+def test_a_buffer_its_forward_updates_is_put_back_for_the_recomputation(replay: bool) -> None:
+    def run(enabled: list[str] | None) -> tuple[list[torch.Tensor], torch.Tensor]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 4), _PowerIteration(), nn.Linear(4, 2))
+        regions = RecomputeRegions(model)
+        if replay:
+            regions.replay_module_state(["1"])
+        if enabled is not None:
+            regions.enable(enabled)
+        grads = []
+        for step in range(STEPS):
+            model(torch.randn(3, 4, generator=torch.Generator().manual_seed(step))).square().sum().backward()
+            grads += [p.grad.clone() for p in model.parameters()]
+            model.zero_grad()
+        return grads, model[1].u.clone()
+
+    (plain, plain_u), (grads, u) = run(None), run(["1"])
+    same = all(torch.equal(a, b) for a, b in zip(plain, grads, strict=True)) and torch.equal(plain_u, u)
+    assert same is replay  # without it the recomputation iterates once more and scales by another vector

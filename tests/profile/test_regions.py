@@ -292,6 +292,25 @@ def test_the_profile_names_the_modules_whose_tensor_attributes_change(case: str)
     assert profile.scaled({0: (2 * B, 4)}, SizeMap.learn([])).keeps_state == expected
 
 
+class _Counted(nn.Module):
+    """Updates a buffer in place each training call and reads it, as a spectral norm's power iteration does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("seen", torch.ones(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            self.seen.mul_(0.5)
+        return x * self.seen
+
+
+def test_the_profile_names_a_module_whose_forward_updates_a_buffer_but_not_running_statistics() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), _Counted(), nn.BatchNorm1d(8), nn.Linear(8, 2))
+    assert profile_of(model, MLP_X).keeps_state == ("1",)
+
+
 def test_profiling_refuses_enabled_regions() -> None:
     model = mlp()
     RecomputeRegions(model).enable(["1"])

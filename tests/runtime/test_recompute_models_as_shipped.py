@@ -1,7 +1,7 @@
 """Recomputing policies on models as their authors ship them: Hugging Face GPT-2, Llama and T5 with
 their default configs (the key/value cache on) and padding masks, Wav2Vec2 with SpecAugment,
 RecurrentGemma (whose recurrence keeps its state in an attribute), a torchvision-style DenseNet and
-ViT, and a CNN under ``torch.compile``. Every run completes with
+ViT, a spectrally normalised GAN discriminator in both of torch's forms, and a CNN under ``torch.compile``. Every run completes with
 gradients bit-identical to plain PyTorch; the regions that cannot be recomputed safely are never
 enabled, and say why."""
 
@@ -79,6 +79,7 @@ def test_recomputing_policies_train_bit_identically(plain: dict, name: str, poli
     [
         ("densenet", ["block1.denselayer1", "block1.denselayer2", "block1.denselayer3"], "is a mutable object"),
         ("vit", ["layers.0.self_attention", "layers.1.self_attention"], "one tensor as several inputs"),
+        ("spectral-norm-hook", ["0.0", "1.0", "3"], "a forward pre-hook on it saves tensors for backward"),
     ],
 )
 def test_regions_that_cannot_run_twice_are_found_while_profiling(name: str, unsafe: list[str], why: str) -> None:
