@@ -51,8 +51,8 @@ from torch import nn
 from torch.distributed._composable import checkpoint
 from torch.utils._pytree import tree_leaves
 
-from cswap.profile.regions import MODIFIES_INPUT, REENTRANT, call_refusal, nested_pair
-from cswap.profile.rerun import HostRandomState, ModuleState, mutable_kind
+from cswap.profile.regions import MODIFIES_INPUT, REENTRANT, call_refusal, hook_refusal, nested_pair
+from cswap.profile.rerun import HostRandomState, ModuleState, foreign_hooks, mutable_kind
 
 __all__ = ["ModifiedInputError", "RecomputeListener", "RecomputeRegions", "running_stat_modules"]
 
@@ -395,6 +395,10 @@ class RecomputeRegions:
         """Why this call of ``region`` cannot be recomputed, from its inputs (:func:`cswap.profile.regions.call_refusal`)."""
         if any(versions is not None for _, versions in region.guarded):
             return REENTRANT
+        for path, module in region.module.named_modules(prefix=region.path):
+            hooks = foreign_hooks(module)
+            if hooks:
+                return hook_refusal(path, hooks[0])
         positional = [id(a) for a in args if isinstance(a, torch.Tensor)]
         mutable = next((f"{name}: {kind}" for name, value in (*enumerate(args), *kwargs.items())
                         if (kind := mutable_kind(value)) is not None), None)

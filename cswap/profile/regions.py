@@ -39,7 +39,7 @@ from torch.distributed._composable import checkpoint
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from cswap.profile.profiler import Clock
-from cswap.profile.rerun import HostRandomState, ModuleState, compiled_paths, mutable_kind
+from cswap.profile.rerun import HostRandomState, ModuleState, compiled_paths, foreign_hooks, mutable_kind
 from cswap.profile.shapes import SizeMap, merged
 from cswap.profile.trace import Trace
 
@@ -56,6 +56,7 @@ __all__ = [
     "SavedRecord",
     "Stamps",
     "call_refusal",
+    "hook_refusal",
     "nested_pair",
     "profile_regions",
     "repeated_layers",
@@ -601,7 +602,8 @@ class RegionTracer:
         by_path: dict[str, list[CallRecord]] = {}
         for call in calls:
             by_path.setdefault(call.path, []).append(call)
-        reasons = {path: self._ineligible(path, mine) for path, mine in by_path.items()}
+        hooked = {path: names for path, module in self.model.named_modules() if (names := foreign_hooks(module))}
+        reasons = {path: self._ineligible(path, mine) or _hooked_inside(path, hooked) for path, mine in by_path.items()}
         return _with_facts(saves, calls, reasons, self._layers, self._compiled, self._drew_host_random, tuple(sorted(self._keeps_state)))
 
     def _ineligible(self, path: str, mine: list[CallRecord]) -> str | None:
@@ -621,6 +623,25 @@ class RegionTracer:
 #: Why a module whose forward modifies an input in place cannot be recomputed.
 MODIFIES_INPUT = ("its forward modifies an input in place (e.g. ReLU(inplace=True)): the input checkpoint "
                   "saved would fail torch's version check in backward")
+
+def hook_refusal(where: str, hook: str) -> str:
+    """Why a region holding the module at ``where`` (``""``: the model) is not recomputed: it has
+    the foreign hook ``hook`` (:func:`cswap.profile.rerun.foreign_hooks`).
+
+    Example:
+        >>> hook_refusal("h.0.mlp", "train.log_features").startswith("a forward hook on 'h.0.mlp' (train.log_features)")
+        True
+    """
+    return (f"a forward hook on {where or 'the model'!r} ({hook}) would run again when it is recomputed in backward, "
+            "where plain PyTorch runs it once: the regions that hold the module are left out")
+
+
+def _hooked_inside(path: str, hooked: Mapping[str, list[str]]) -> str | None:
+    """Why the region at ``path`` is not recomputed when a module in it has a foreign hook, or ``None``."""
+    inside = f"{path}."
+    where = next((p for p in hooked if not path or p == path or p.startswith(inside)), None)
+    return None if where is None else hook_refusal(where, hooked[where][0])
+
 
 #: Why a module whose pre-hooks save tensors for backward cannot be recomputed.
 HOOK_SAVES = ("a forward pre-hook on it saves tensors for backward (the older spectral_norm or weight_norm): it runs "

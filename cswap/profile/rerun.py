@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["HostRandomState", "ModuleState", "compiled_paths", "mutable_kind"]
+__all__ = ["HostRandomState", "ModuleState", "compiled_paths", "foreign_hooks", "mutable_kind"]
 
 # A tensor is the checkpoint's own business (saved, version-checked); these others cannot change.
 _IMMUTABLE = (torch.Tensor, type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size, torch.layout,
@@ -72,6 +72,31 @@ def compiled_paths(model: nn.Module) -> tuple[str, ...]:
         elif getattr(module, "_compiled_call_impl", None) is not None:
             found.append(path)
     return tuple(found)
+
+
+def _hook_name(hook: Any) -> tuple[str, str]:
+    function = hook.func if isinstance(hook, functools.partial) else hook
+    return getattr(function, "__module__", None) or "", getattr(function, "__qualname__", None) or type(function).__name__
+
+
+def foreign_hooks(module: nn.Module) -> list[str]:
+    """The forward hooks and pre-hooks on ``module`` that are neither torch's nor cswap's (a user's
+    hook that collects features or statistics), as ``"module.qualname"``. A recomputation runs the
+    module's call again, hooks and all, so such a hook would run a second time in backward; torch's
+    own (FSDP's unsharding, a quantization observer, checkpoint's) are meant to, and the buffers
+    they update are put back (:class:`ModuleState`).
+
+    >>> layer = torch.nn.Linear(2, 2)
+    >>> handle = layer.register_forward_hook(print)
+    >>> foreign_hooks(layer)
+    ['builtins.print']
+    """
+    found = []
+    for hook in (*module._forward_pre_hooks.values(), *module._forward_hooks.values()):
+        where, name = _hook_name(hook)
+        if not where.startswith(("torch.", "cswap.")):
+            found.append(f"{where}.{name}" if where else name)
+    return found
 
 
 @dataclass(frozen=True, eq=False)

@@ -311,6 +311,15 @@ def test_the_profile_names_a_module_whose_forward_updates_a_buffer_but_not_runni
     assert profile_of(model, MLP_X).keeps_state == ("1",)
 
 
+def test_the_regions_holding_a_module_with_a_users_hook_are_left_out() -> None:
+    model = mlp()
+    model[1][1].register_forward_hook(lambda module, args, output: None)
+    profile = profile_of(model, MLP_X)
+    for path in ("", "1", "1.1"):
+        assert "a forward hook on '1.1' (" in (profile.ineligible.get(path) or ""), path
+    assert {"0", "1.0", "1.2", "1.3", "2"} <= set(profile.regions) and not {"0", "1.0", "1.2", "1.3", "2"} & set(profile.ineligible)
+
+
 def test_profiling_refuses_enabled_regions() -> None:
     model = mlp()
     RecomputeRegions(model).enable(["1"])

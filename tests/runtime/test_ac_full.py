@@ -14,6 +14,7 @@ import copy
 import functools
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -205,7 +206,14 @@ def test_disable_kv_cache_recomputes_a_model_shipped_with_its_cache_on_and_gives
     model = _shipped_llama()
     plain, _ = _run(model, _lm_step, None)
     seen: list[bool] = []
-    model.model.layers[0].register_forward_pre_hook(lambda module, args: seen.append(model.config.use_cache))
+    layer = model.model.layers[0]
+    forward = layer.forward
+
+    def watched(*args: Any, **kwargs: Any) -> Any:  # (a hook of the user's would keep the layer from being recomputed)
+        seen.append(model.config.use_cache)
+        return forward(*args, **kwargs)
+
+    layer.forward = watched
     rt = cswap.Runtime("ac-full", device="cpu", model=model, disable_kv_cache=True)
     assert rt.options.disable_kv_cache and model.config.use_cache is True
     with warnings.catch_warnings(record=True) as caught:

@@ -9,6 +9,7 @@ with regions enabled is checked against the packs a real run makes.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import random
 from collections.abc import Callable
@@ -369,3 +370,40 @@ def test_a_recomputing_plan_holds_its_budget_without_a_swap_it_did_not_plan(poli
     assert rt.plan().recompute_regions and stats.actions["recompute"] > 0
     assert (stats.budget_fallbacks, stats.budget_evictions) == (0, 0)
     assert stats.budget_bytes is not None and stats.peak_resident_bytes <= stats.budget_bytes
+
+
+class _Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.act, self.fc2 = nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(self.act(self.fc1(x)))
+
+
+@pytest.mark.parametrize(("policy", "fraction"), [("recompute", 0.6), ("ac-full", None), ("capuchin", 0.6), ("cswap", 0.3)])
+def test_a_users_forward_hook_runs_once_a_step_as_in_plain_pytorch(policy: str, fraction: float | None) -> None:
+    """A hook that collects features (statistics, a feature-matching loss) would run again in
+    backward inside a recomputed region: the regions holding its module are left out, and say why."""
+
+    def run(runtime: bool) -> tuple[list[torch.Tensor], int, Any]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 64), *[_Block() for _ in range(4)], nn.Linear(64, 2))
+        seen: list[float] = []
+        model[2].act.register_forward_hook(lambda module, args, output: seen.append(float(output.detach().mean())))
+        rt = cswap.Runtime(policy, model=model, min_bytes=0, memory_budget=fraction, **CRAWLING_LINK) if runtime else None
+        grads = []
+        for step in range(3):
+            x = torch.randn(32, 8, generator=torch.Generator().manual_seed(step))
+            with rt.iteration() if rt is not None else contextlib.nullcontext():
+                model(x).square().sum().backward()
+            grads += [p.grad.clone() for p in model.parameters()]
+            model.zero_grad()
+        return grads, len(seen), rt
+
+    plain, plain_calls, _ = run(False)
+    with pytest.warns(UserWarning, match=r"'2' \(a forward hook on '2.act'"):
+        grads, calls, rt = run(True)
+    assert calls == plain_calls == 3
+    assert rt.stats().actions["recompute"] > 0  # the other layers still are
+    assert_bit_equal(plain, grads, "gradient")
