@@ -482,12 +482,14 @@ def _stateful_model() -> nn.Module:
     return nn.Sequential(nn.Linear(4, 4), _Block(), nn.Linear(4, 2))
 
 
-def _stateful_grads(enabled: list[str] | None, replay: bool = True, guard: bool = False) -> tuple[list[torch.Tensor], tuple[str, ...]]:
+def _stateful_run(build: Callable[[], nn.Module], enabled: list[str] | None, replay: list[str], guard: bool = False,
+                  ) -> tuple[list[torch.Tensor], nn.Module, RecomputeRegions]:
+    """Every step's gradients of ``build``'s model with ``enabled`` recomputed, the state of the
+    modules at ``replay`` put back for each recomputation; the model and its regions."""
     torch.manual_seed(0)
-    model = _stateful_model()
+    model = build()
     regions = RecomputeRegions(model)
-    if replay:
-        regions.replay_module_state(["1.rec"])
+    regions.replay_module_state(replay)
     if enabled is not None:
         regions.enable(enabled)
     regions.guard(guard)
@@ -497,6 +499,11 @@ def _stateful_grads(enabled: list[str] | None, replay: bool = True, guard: bool 
         grads += [p.grad.clone() for p in model.parameters()]
         model.zero_grad()
     regions.guard(False)
+    return grads, model, regions
+
+
+def _stateful_grads(enabled: list[str] | None, replay: bool = True, guard: bool = False) -> tuple[list[torch.Tensor], tuple[str, ...]]:
+    grads, _, regions = _stateful_run(_stateful_model, enabled, ["1.rec"] if replay else [], guard)
     return grads, regions.keeps_state
 
 
@@ -539,18 +546,8 @@ class _PowerIteration(nn.Module):
 @pytest.mark.parametrize("replay", [True, False])
 def test_a_buffer_its_forward_updates_is_put_back_for_the_recomputation(replay: bool) -> None:
     def run(enabled: list[str] | None) -> tuple[list[torch.Tensor], torch.Tensor]:
-        torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(4, 4), _PowerIteration(), nn.Linear(4, 2))
-        regions = RecomputeRegions(model)
-        if replay:
-            regions.replay_module_state(["1"])
-        if enabled is not None:
-            regions.enable(enabled)
-        grads = []
-        for step in range(STEPS):
-            model(torch.randn(3, 4, generator=torch.Generator().manual_seed(step))).square().sum().backward()
-            grads += [p.grad.clone() for p in model.parameters()]
-            model.zero_grad()
+        grads, model, _ = _stateful_run(lambda: nn.Sequential(nn.Linear(4, 4), _PowerIteration(), nn.Linear(4, 2)), enabled,
+                                        ["1"] if replay else [])
         return grads, model[1].u.clone()
 
     (plain, plain_u), (grads, u) = run(None), run(["1"])
