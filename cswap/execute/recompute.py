@@ -7,9 +7,11 @@ The RNG state is stashed at the region's entry and restored for the recomputatio
 draws the same mask and gradients are bit-identical. Torch stashes its own generators; Python's and
 NumPy's global ones, which some models draw from in forward (the SpecAugment masks of Wav2Vec2,
 HuBERT and WavLM come from ``np.random``), are stashed here for the regions of a model seen drawing
-from them, and put back for the recomputation of each call that drew. So are the tensors a module
-keeps in plain attributes from one call to the next (RecurrentGemma's recurrence starts from the
-state its last call left there), for the regions holding a module seen changing them.
+from them, and put back for the recomputation of each call that drew. So is the state a module
+keeps from one call to the next, in plain tensor attributes (RecurrentGemma's recurrence starts from
+the state its last call left there) or in buffers its forward updates (a spectral norm's vectors),
+for the regions holding a module seen changing it. A region holding a module with a user's forward
+hook is never recomputed: the hook would run again in backward.
 
 Granularity: one region is one ``nn.Module`` call. That is the smallest unit torch checkpoints
 cleanly in an eager model the user did not write: a module is the only boundary that exists
@@ -69,13 +71,13 @@ def running_stat_modules(module: nn.Module) -> list[nn.Module]:
 class _Call:
     """The tensor inputs of one enabled call and their versions when it began, the host
     generators' states then, while its forward may have drawn from them (``None``: it did not),
-    and the tensor attributes of the modules in the region that keep state (``None``: none does)."""
+    and the state of the modules in the region that keep some (``None``: none does)."""
 
     path: str
     inputs: list[tuple[str, torch.Tensor, int]]
     host_random: HostRandomState | None = None
     module_state: ModuleState | None = None
-    watching_state: bool = False  # guarded: every module's attributes, to see whether the call changes them
+    watching_state: bool = False  # guarded: every module's state, to see whether the call changes it
 
 
 class ModifiedInputError(RuntimeError):
@@ -269,7 +271,7 @@ class RecomputeRegions:
         self._refused: dict[str, str] = {}  # calls the guard left out, per path: why
         self._modified: dict[str, str] = {}  # calls that modified a positional input in place
         self._host_random: set[str] = set()  # regions whose calls draw from Python's or NumPy's generator
-        self._stateful: set[str] = set()  # modules that keep tensors in plain attributes between calls
+        self._stateful: set[str] = set()  # modules that keep state between calls (tensor attributes, updated buffers)
         #: Told of each tensor a recomputation saves (set per iteration).
         self.listener: RecomputeListener | None = None
         for path, module in model.named_modules():
@@ -392,7 +394,8 @@ class RecomputeRegions:
 
     @staticmethod
     def _refusal(region: _Region, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
-        """Why this call of ``region`` cannot be recomputed, from its inputs (:func:`cswap.profile.regions.call_refusal`)."""
+        """Why this call of ``region`` cannot be recomputed: a user's hook on a module in it
+        (:func:`cswap.profile.regions.hook_refusal`), or its inputs (:func:`cswap.profile.regions.call_refusal`)."""
         if any(versions is not None for _, versions in region.guarded):
             return REENTRANT
         for path, module in region.module.named_modules(prefix=region.path):
@@ -417,13 +420,15 @@ class RecomputeRegions:
 
     def guard(self, on: bool) -> None:
         """While on, an enabled region's call whose inputs show it cannot be recomputed (a mutable
-        object such as a key/value cache, one tensor as several inputs, a call of itself) runs as it
-        is, not checkpointed, and a call that modified a positional input in place raises
-        :class:`ModifiedInputError` when it returns (its recomputation would read the modified
-        values, which no check outside the hooks catches): a profile that runs with regions enabled
-        before any profile said which are safe. :meth:`take_refusals` says which and why. A call
-        that draws from Python's or NumPy's global generator is recomputed with their states put
-        back, and so is every later call of its region (:meth:`replay_host_random`).
+        object such as a key/value cache, one tensor as several inputs, a call of itself), or that
+        holds a module with a user's hook, runs as it is, not checkpointed, and a call that modified
+        a positional input in place raises :class:`ModifiedInputError` when it returns (its
+        recomputation would read the modified values, which no check outside the hooks catches): a
+        profile that runs with regions enabled before any profile said which are safe.
+        :meth:`take_refusals` says which and why. A call that draws from Python's or NumPy's global
+        generator is recomputed with their states put back, and so is every later call of its
+        region (:meth:`replay_host_random`); one that changes a module's state, likewise
+        (:meth:`replay_module_state`).
 
         >>> class Cached(torch.nn.Module):
         ...     def __init__(self): super().__init__(); self.linear = torch.nn.Linear(2, 2)
@@ -480,9 +485,10 @@ class RecomputeRegions:
         self._host_random.update(paths)
 
     def replay_module_state(self, paths: Iterable[str]) -> None:
-        """Recompute each call of a region holding one of these modules with the modules' tensor
-        attributes (not parameters or buffers) as its forward found them, and put back after: state
-        a module keeps for its next call, which torch's checkpoint does not stash. Each call of such
+        """Recompute each call of a region holding one of these modules with the modules' state as
+        its forward found it, and put back after: the tensors in plain attributes and the buffers
+        (running statistics excepted) a module keeps for its next call, which torch's checkpoint
+        does not stash (:class:`cswap.profile.rerun.ModuleState`). Each call of such
         a region reads those attributes when it begins. The runtime names the modules a profile saw
         change theirs (:attr:`cswap.profile.regions.RegionProfile.keeps_state`); a module is added
         by itself when a guarded call changes it (:meth:`guard`).
@@ -502,11 +508,11 @@ class RecomputeRegions:
 
     @property
     def keeps_state(self) -> tuple[str, ...]:
-        """The modules whose tensor attributes a recomputation puts back, in module order."""
+        """The modules whose state a recomputation puts back, in module order."""
         return tuple(p for p in self._regions if p in self._stateful)
 
     def _stateful_modules(self, region: _Region) -> tuple[nn.Module, ...]:
-        """The modules in ``region`` (itself included) whose tensor attributes its recomputation puts back."""
+        """The modules in ``region`` (itself included) whose state its recomputation puts back."""
         if region.stateful is None:
             inside = region.path + "."
             region.stateful = tuple(self._regions[p].module for p in sorted(self._stateful)

@@ -281,9 +281,11 @@ class RegionProfile:
             (:meth:`cswap.execute.recompute.RecomputeRegions.replay_host_random`). Which module drew
             is not told apart: reading the states around every call would cost each tens of
             microseconds, and inflate the forward times measured for recomputing.
-        keeps_state: the paths of the modules whose tensor attributes (not parameters or buffers)
-            changed while the iteration ran: state a call leaves for the next one (RecurrentGemma's
-            recurrence), which the regions holding them put back for a recomputation
+        keeps_state: the paths of the modules whose state (tensors in plain attributes, buffers
+            other than running statistics: :class:`cswap.profile.rerun.ModuleState`) changed while
+            the iteration ran, in a call, in its pre-hooks or by its caller: state a call leaves for
+            the next one (RecurrentGemma's recurrence, a spectral norm's vectors), which the regions
+            holding them put back for a recomputation
             (:meth:`cswap.execute.recompute.RecomputeRegions.replay_module_state`).
     """
 
@@ -465,8 +467,8 @@ class RegionTracer:
         self._layers = repeated_layers(model)
         self._host_random: HostRandomState | None = None  # as the forward found them
         self._drew_host_random = False
-        # per module called, its path and its tensor attributes as last seen (entering or leaving a call)
-        self._attributes: dict[int, tuple[str, ModuleState]] = {}
+        # per module called, its path and its state as last seen (entering or leaving a call)
+        self._seen_states: dict[int, tuple[str, ModuleState]] = {}
         self._keeps_state: set[str] = set()
         self._packs_before_hooks: dict[int, int] = {}  # per module running, the saves when its first pre-hook ran
 
@@ -487,10 +489,10 @@ class RegionTracer:
         if not self._stopped and self._host_random is not None:
             self._drew_host_random = not self._host_random.same_as(HostRandomState.now())
         if not self._stopped:  # what changed after a module's last call (its caller reset it) counts too
-            for path, seen in self._attributes.values():
+            for path, seen in self._seen_states.values():
                 if seen.changed():
                     self._keeps_state.add(path)
-            self._attributes.clear()  # (they hold tensors)
+            self._seen_states.clear()  # (they hold tensors)
         self._stopped = True
         for handle in self._handles:
             handle.remove()
@@ -512,16 +514,16 @@ class RegionTracer:
         record = InputRecord(name, keyword, tuple(t.shape), str(t.dtype).removeprefix("torch."), storage, nbytes, self._movable(t, storage))
         return record, t, t._version
 
-    def _watch_attributes(self, module: nn.Module, path: str | None = None) -> None:
-        """Note whether ``module``'s tensor attributes changed since it was last seen, and see them now
+    def _watch_state(self, module: nn.Module, path: str | None = None) -> None:
+        """Note whether ``module``'s state changed since it was last seen, and see it now
         (``path``: its path, when it may not have been seen yet)."""
-        seen = self._attributes.get(id(module))
+        seen = self._seen_states.get(id(module))
         if seen is not None:
             path = seen[0]
             if seen[1].changed():
                 self._keeps_state.add(path)
         if path is not None:
-            self._attributes[id(module)] = (path, ModuleState.now([module], copies=False))
+            self._seen_states[id(module)] = (path, ModuleState.now([module], copies=False))
 
     def _before_hooks(self, path: str) -> Any:
         def hook(module: nn.Module, args: Any) -> None:
@@ -529,7 +531,7 @@ class RegionTracer:
                 return
             self._packs_before_hooks[id(module)] = len(self._saves)
             if not self._stopped:  # before its own pre-hooks, which may set its state (the older spectral_norm)
-                self._watch_attributes(module, path)
+                self._watch_state(module, path)
 
         return hook
 
@@ -561,7 +563,7 @@ class RegionTracer:
             # iteration would keep all activations alive.
             call["modifies_input"] = any(t._version != v for _, t, v in call["inputs"])
             call["inputs"] = [(record, None, v) for record, _, v in call["inputs"]]
-            self._watch_attributes(module)
+            self._watch_state(module)
 
     def record(self, t: torch.Tensor) -> None:
         """Record the next outer pack (call from a pack hook, once per pack)."""
