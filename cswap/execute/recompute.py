@@ -54,7 +54,7 @@ from torch.distributed._composable import checkpoint
 from torch.utils._pytree import tree_leaves
 
 from cswap.profile.regions import MODIFIES_INPUT, REENTRANT, call_refusal, hook_refusal, nested_pair
-from cswap.profile.rerun import HostRandomState, ModuleState, foreign_hooks, mutable_kind
+from cswap.profile.rerun import HostRandomState, ModuleState, mutable_kind
 
 __all__ = ["ModifiedInputError", "RecomputeListener", "RecomputeRegions", "running_stat_modules"]
 
@@ -186,8 +186,10 @@ class _RecomputeContext:
         self._host_before.append(HostRandomState.now() if drawn is not None else None)
         if drawn is not None:  # the same numbers again; backward's own draws then go on as they were
             drawn.restore()
-        state = self.call.module_state  # the attributes as the forward found them, then back as they are
-        self._state_before.append(state.restore() if state is not None else None)
+        state = self.call.module_state  # the state as the forward found it, then back as it is
+        self._state_before.append(ModuleState.now(state.modules) if state is not None else None)
+        if state is not None:
+            state.restore()
         norms = self.region.norms
         self._saved.append([b.detach().clone() for m in norms for b in m.buffers(recurse=False)] if norms else [])
         listener = self.regions.listener
@@ -398,10 +400,9 @@ class RecomputeRegions:
         (:func:`cswap.profile.regions.hook_refusal`), or its inputs (:func:`cswap.profile.regions.call_refusal`)."""
         if any(versions is not None for _, versions in region.guarded):
             return REENTRANT
-        for path, module in region.module.named_modules(prefix=region.path):
-            hooks = foreign_hooks(module)
-            if hooks:
-                return hook_refusal(path, hooks[0])
+        hooked = hook_refusal(region.module, region.path)
+        if hooked is not None:
+            return hooked
         positional = [id(a) for a in args if isinstance(a, torch.Tensor)]
         mutable = next((f"{name}: {kind}" for name, value in (*enumerate(args), *kwargs.items())
                         if (kind := mutable_kind(value)) is not None), None)
@@ -514,9 +515,7 @@ class RecomputeRegions:
     def _stateful_modules(self, region: _Region) -> tuple[nn.Module, ...]:
         """The modules in ``region`` (itself included) whose state its recomputation puts back."""
         if region.stateful is None:
-            inside = region.path + "."
-            region.stateful = tuple(self._regions[p].module for p in sorted(self._stateful)
-                                    if not region.path or p == region.path or p.startswith(inside))
+            region.stateful = tuple(m for p, m in region.module.named_modules(prefix=region.path) if p in self._stateful)
         return region.stateful
 
     @property

@@ -604,8 +604,8 @@ class RegionTracer:
         by_path: dict[str, list[CallRecord]] = {}
         for call in calls:
             by_path.setdefault(call.path, []).append(call)
-        hooked = {path: names for path, module in self.model.named_modules() if (names := foreign_hooks(module))}
-        reasons = {path: self._ineligible(path, mine) or _hooked_inside(path, hooked) for path, mine in by_path.items()}
+        reasons = {path: self._ineligible(path, mine) or hook_refusal(self.model.get_submodule(path), path)
+                   for path, mine in by_path.items()}
         return _with_facts(saves, calls, reasons, self._layers, self._compiled, self._drew_host_random, tuple(sorted(self._keeps_state)))
 
     def _ineligible(self, path: str, mine: list[CallRecord]) -> str | None:
@@ -626,23 +626,24 @@ class RegionTracer:
 MODIFIES_INPUT = ("its forward modifies an input in place (e.g. ReLU(inplace=True)): the input checkpoint "
                   "saved would fail torch's version check in backward")
 
-def hook_refusal(where: str, hook: str) -> str:
-    """Why a region holding the module at ``where`` (``""``: the model) is not recomputed: it has
-    the foreign hook ``hook`` (:func:`cswap.profile.rerun.foreign_hooks`).
+def hook_refusal(module: nn.Module, path: str = "") -> str | None:
+    """Why the region of ``module`` (at ``path``) is not recomputed: a module in it (itself
+    included) has a foreign hook (:func:`cswap.profile.rerun.foreign_hooks`); ``None`` when none has.
 
     Example:
-        >>> hook_refusal("h.0.mlp", "train.log_features").startswith("a forward hook on 'h.0.mlp' (train.log_features)")
+        >>> block = nn.Sequential(nn.Linear(2, 2), nn.Tanh())
+        >>> hook_refusal(block, "h.0") is None
+        True
+        >>> handle = block[1].register_forward_hook(print)
+        >>> hook_refusal(block, "h.0").startswith("a forward hook on 'h.0.1' (builtins.print)")
         True
     """
-    return (f"a forward hook on {where or 'the model'!r} ({hook}) would run again when it is recomputed in backward, "
-            "where plain PyTorch runs it once: the regions that hold the module are left out")
-
-
-def _hooked_inside(path: str, hooked: Mapping[str, list[str]]) -> str | None:
-    """Why the region at ``path`` is not recomputed when a module in it has a foreign hook, or ``None``."""
-    inside = f"{path}."
-    where = next((p for p in hooked if not path or p == path or p.startswith(inside)), None)
-    return None if where is None else hook_refusal(where, hooked[where][0])
+    for where, inner in module.named_modules(prefix=path):
+        hooks = foreign_hooks(inner)
+        if hooks:
+            return (f"a forward hook on {where or 'the model'!r} ({hooks[0]}) would run again when it is recomputed in "
+                    "backward, where plain PyTorch runs it once: the regions that hold the module are left out")
+    return None
 
 
 #: Why a module whose pre-hooks save tensors for backward cannot be recomputed.

@@ -168,9 +168,9 @@ class ModuleState:
     >>> module = Running(); before = ModuleState.now([module])
     >>> y = module(torch.ones(2)); before.changed() == [module]
     True
-    >>> after = before.restore(); module.last is None
+    >>> after = ModuleState.now(before.modules); before.restore(); module.last is None
     True
-    >>> _ = after.restore(); module.last is y, after.changed()
+    >>> after.restore(); module.last is y, after.changed()
     (True, [])
     """
 
@@ -202,10 +202,14 @@ class ModuleState:
                 found.append(module)
         return found
 
-    def restore(self) -> ModuleState:
+    @property
+    def modules(self) -> tuple[nn.Module, ...]:
+        """The modules whose state this is."""
+        return tuple(module for module, _ in self.held)
+
+    def restore(self) -> None:
         """Set the attributes back to these objects (a tensor attribute set since is removed) and the
-        buffers to these objects and values; returns the state they had, to put back in turn."""
-        before = ModuleState.now(module for module, _ in self.held)
+        buffers to these objects and values."""
         for module, held in self.held:
             attributes = vars(module)
             for name in [n for n, v in attributes.items() if isinstance(v, torch.Tensor) and n not in held]:
@@ -217,4 +221,3 @@ class ModuleState:
                     raise ValueError("this state was taken without copies of the buffers (copies=False): it cannot be restored")
                 module._buffers[name] = buffer
                 buffer.copy_(values)
-        return before
