@@ -1,21 +1,19 @@
 """One rank of the FSDP2 test: the same sharded model trained without and with cswap, per policy.
 
 Run by ``torch.multiprocessing.spawn`` from ``test_fsdp2.py``; each rank writes what it saw to
-``<out>/rank<r>.pt`` and its standard error to ``<out>/rank<r>.stderr``.
+``<out>/rank<r>.pt`` (:mod:`tests.integrations.ranks`).
 """
 
 from __future__ import annotations
 
-import faulthandler
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 
 import cswap
+from tests.integrations.ranks import rank_session
 from tests.runtime.helpers import FAST_CODEC, SLOW_LINK
 
 STEPS = 3
@@ -57,16 +55,8 @@ def train(rank: int, policy: str | None) -> tuple[list[torch.Tensor], Any]:
     return shards, rt.stats() if rt is not None else None
 
 
-def run(rank: int, world_size: int, port: int, out: str, policies: list[str]) -> None:
-    # A rank that dies of a signal (gloo aborts on a peer's closed socket) leaves no traceback the
-    # parent can show; its stderr and faulthandler's stacks in a file let the test say where.
-    stderr = open(Path(out) / f"rank{rank}.stderr", "w")  # open until the process ends
-    os.dup2(stderr.fileno(), 2)
-    faulthandler.enable(file=stderr, all_threads=True)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    try:
+def run(rank: int, port: int, out: str, policies: list[str]) -> None:
+    with rank_session(rank, port, out):
         plain, _ = train(rank, None)
         report: dict[str, Any] = {"sharded": all(isinstance(p, torch.distributed.tensor.DTensor) for p in build().parameters())}
         for policy in policies:
@@ -80,7 +70,3 @@ def run(rank: int, world_size: int, port: int, out: str, policies: list[str]) ->
                 "actions": dict(stats.actions),
             }
         torch.save(report, Path(out) / f"rank{rank}.pt")
-        # No rank closes its sockets while a peer still talks on them.
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
