@@ -43,7 +43,7 @@ from torch.utils.checkpoint import CheckpointError
 from cswap.budget import BudgetError, MemoryBudget, ResolvedBudget, format_bytes, warn_if_over_device
 from cswap.codecs.api import default_backend
 from cswap.device import bandwidth, fingerprint, resolve_device
-from cswap.execute.executor import Counters, Executor, IterationState, RegionRebuild
+from cswap.execute.executor import Counters, Executor, IterationState, RegionRebuild, see_largest
 from cswap.execute.passive import SwapOnOutOfMemory
 from cswap.execute.recompute import RecomputeRegions
 from cswap.options import RECOMPUTING_POLICIES, LaunchLookup, RuntimeOptions, cache_configs, file_defaults, load_options
@@ -1115,8 +1115,12 @@ class Runtime:
         if family is None or family.plan is not self._plan:
             self._check_graph(unknown, peak_bytes, host_peak_bytes)
             return
-        shown = self._structure_shown(family, it)
-        if shown is None:
+        # Each micro-batch on its own: a later one may be another graph profiled before (one without
+        # padding beside padded ones), which then needs no profile. The first decides the plan.
+        micro_batches = it.micro_batches_seen()
+        shown_by_micro_batch = [self._structure_shown(family, seen, packs) for seen, packs in micro_batches]
+        shown = shown_by_micro_batch[0]
+        if shown is None or None in shown_by_micro_batch:
             self._unknown_seen_at.append(self._iterations)
             self._check_graph(True, peak_bytes, host_peak_bytes)
             if self._missed_unknown and len(self._unknown_seen_at) == 2:
@@ -1129,7 +1133,12 @@ class Runtime:
             with self._lock:  # a structure profiled before: its plan, at no cost
                 self._family, self._plan, self._region_keys, self._trace = shown, shown.plan, shown.region_keys, shown.trace
                 shown.plan.resolved_table().clear()  # what was decided at run time when it last served is not this graph's
-        grown = self._grown(shown, it)
+        seen: dict[int, tuple[tuple[int, ...], str]] = {}
+        for (micro_batch_seen, _), of in zip(micro_batches, shown_by_micro_batch, strict=True):
+            for key, (shape, dtype) in micro_batch_seen.items():
+                if of is shown:
+                    see_largest(seen, key, shape, dtype)
+        grown = self._grown(shown, seen)
         if grown is not None:
             shown.shapes, cause = grown
             self._warn_grown_past(peak_bytes, it.plan.budget_bytes, cause)
@@ -1163,23 +1172,25 @@ class Runtime:
         return (budget is not None and budget.relative and self._budget_bytes is not None and plan is not None
                 and plan.budget_bytes is not None and plan.budget_bytes < self._budget_bytes)
 
-    def _structure_shown(self, family: _Family, it: IterationState) -> _Family | None:
-        """The family whose plan's packs have the dtypes and ranks ``it`` showed (``family`` when it
-        is this one, or ``it`` packed fewer of the same); ``None`` for a structure never profiled."""
+    def _structure_shown(self, family: _Family, seen: Mapping[int, tuple[tuple[int, ...], str]], packs: int) -> _Family | None:
+        """The family whose plan's packs have the dtypes and ranks a micro-batch showed under
+        ``family``'s plan (``family`` when it is this one, or it packed fewer of the same); ``None``
+        for a structure never profiled. ``seen``: per key, the shape and dtype of each pack the plan
+        did not serve (:meth:`IterationState.see`); ``packs``: how many it made."""
         planned = family.plan_structure
         shown = tuple(
-            (it.seen[k][1], len(it.seen[k][0])) if k in it.seen else (planned[k] if k < len(planned) else ("", -1))
-            for k in range(it.packs)
+            (seen[k][1], len(seen[k][0])) if k in seen else (planned[k] if k < len(planned) else ("", -1))
+            for k in range(packs)
         )
         if shown == planned[: len(shown)]:
             return family
         serving = [other for other in self._families.values() if other.plan_structure[: len(shown)] == shown]
         return min(serving, key=lambda other: len(other.plan_structure), default=None)
 
-    def _grown(self, family: _Family, it: IterationState) -> tuple[tuple[tuple[int, ...], ...], str] | None:
-        """The sizes ``family``'s plan must be made for after ``it``, and which tensor grew most, when
-        ``it`` packed one larger than planned; else ``None``."""
-        seen = it.seen
+    def _grown(self, family: _Family, seen: Mapping[int, tuple[tuple[int, ...], str]]) -> tuple[tuple[tuple[int, ...], ...], str] | None:
+        """The sizes ``family``'s plan must be made for after its micro-batches packed ``seen`` (as
+        :meth:`_structure_shown` takes it), and which tensor grew most, when one was larger than
+        planned; else ``None``."""
         plan = family.plan
         if not seen or plan is None:
             return None

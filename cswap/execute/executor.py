@@ -81,7 +81,7 @@ from cswap.planner.plan import DTYPE_NAMES, Action, Decision, Plan, host_reserve
 from cswap.profile.profiler import Profiler
 from cswap.profile.shapes import SizeMap, merged
 
-__all__ = ["Counters", "Executor", "IterationState", "RegionRebuild"]
+__all__ = ["Counters", "Executor", "IterationState", "RegionRebuild", "see_largest"]
 
 _BITS_BY_ITEMSIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
@@ -130,6 +130,21 @@ class _RebuiltRef(weakref.ref):  # type: ignore[type-arg]
         super().__init__(storage, died)
         self.sid = sid
         self.nbytes = nbytes
+
+
+def see_largest(seen: dict[int, tuple[tuple[int, ...], str]], key: int, shape: tuple[int, ...], dtype: str) -> None:
+    """Record in ``seen`` that ``key`` packed ``shape`` and ``dtype``: the largest per dimension
+    where it packed that dtype and rank before, else this one.
+
+    Example:
+        >>> seen = {}
+        >>> see_largest(seen, 0, (2, 40), "float32"); see_largest(seen, 0, (4, 17), "float32"); seen
+        {0: ((4, 40), 'float32')}
+    """
+    known = seen.get(key)
+    if known is not None and known[1] == dtype and len(known[0]) == len(shape):
+        shape = tuple(max(a, b) for a, b in zip(known[0], shape))
+    seen[key] = (tuple(shape), dtype)
 
 
 class IterationState:
@@ -190,6 +205,11 @@ class IterationState:
         # over the micro-batches; and the most packs one micro-batch made.
         self.seen: dict[int, tuple[tuple[int, ...], str]] = {}
         self.packs = 0
+        # The same per micro-batch, in order, the last the one running, and the packs of those
+        # finished: a later micro-batch may pack another graph (one without padding beside padded
+        # ones), which the runtime tells apart on its own (micro_batches_seen).
+        self._seen_by_micro_batch: list[dict[int, tuple[tuple[int, ...], str]]] = [{}]
+        self._packs_by_micro_batch: list[int] = []
         # The most a pack outgrew its planned bytes by, as a ratio (1.0: none did), and per planned
         # shape that grew the largest it became: a region's recomputation grows as its sizes do
         # (Executor.make_room_to_recompute).
@@ -207,11 +227,14 @@ class IterationState:
         self.kept_in_order: collections.deque[int] = collections.deque()  # keys kept raw, in pack order, while it compacts
 
     def see(self, key: int, shape: tuple[int, ...], dtype: str) -> None:
-        """Record that ``key`` packed a tensor of ``shape`` and ``dtype`` (:attr:`seen`)."""
-        known = self.seen.get(key)
-        if known is not None and known[1] == dtype and len(known[0]) == len(shape):
-            shape = tuple(max(a, b) for a, b in zip(known[0], shape))
-        self.seen[key] = (tuple(shape), dtype)
+        """Record that ``key`` packed a tensor of ``shape`` and ``dtype`` (:attr:`seen`, and the
+        running micro-batch's in :meth:`micro_batches_seen`)."""
+        see_largest(self.seen, key, shape, dtype)
+        see_largest(self._seen_by_micro_batch[-1], key, shape, dtype)
+
+    def micro_batches_seen(self) -> list[tuple[dict[int, tuple[tuple[int, ...], str]], int]]:
+        """Per micro-batch begun, in order: what :meth:`see` recorded in it, and how many packs it made."""
+        return list(zip(self._seen_by_micro_batch, [*self._packs_by_micro_batch, self.next_key], strict=True))
 
     def _all_unpacked(self) -> bool:
         """Every tensor this micro-batch stored that is still alive has been read back."""
@@ -239,6 +262,8 @@ class IterationState:
             return False
         self.micro_batches += 1
         self.packs = max(self.packs, self.next_key)
+        self._packs_by_micro_batch.append(self.next_key)
+        self._seen_by_micro_batch.append({})
         self.next_key = 0
         self.stored_by_key = {}
         self.kept_in_order.clear()
