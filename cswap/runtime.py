@@ -893,9 +893,12 @@ class Runtime:
             trace = _drifted(trace, family.sparsity_drift)
         grown = {r.key: shape for r, shape in zip(trace.tensors, family.shapes) if shape != r.shape}
         if grown:
-            trace = scaled_trace(trace, grown)
+            counts: dict[int, float] = {}
             if profile is not None:
-                profile = profile.scaled(grown, SizeMap.learn((r.shape, shape) for r, shape in zip(family.trace.tensors, family.shapes)))
+                sizes = SizeMap.learn((r.shape, shape) for r, shape in zip(family.trace.tensors, family.shapes))
+                counts = profile.count_growth(grown, sizes)
+                profile = profile.scaled(grown, sizes, counts)
+            trace = scaled_trace(trace, grown, counts)
         solving = _PROFILED_SOLVING if profiled else _PROVING_SOLVING
         # Without a profile the regions chosen before stay where they still meet the budget, and only
         # the rest is planned again: choosing regions tries several plans.

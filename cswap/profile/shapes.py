@@ -186,11 +186,11 @@ def _growth(record: TensorRecord, shape: tuple[int, ...]) -> float:
     return _numel(shape) / old if old else 1.0
 
 
-def _scaled_record(record: TensorRecord, shape: tuple[int, ...], storage_growth: float = 1.0) -> TensorRecord:
+def _scaled_record(record: TensorRecord, shape: tuple[int, ...], storage_growth: float = 1.0, count: float = 1.0) -> TensorRecord:
     """``record`` at ``shape``: its bytes and what they cost (copies, codecs, the producing op's
-    compute) scaled by its growth, its storage's by ``storage_growth`` where that is more; its
-    timestamps as they are."""
-    ratio = _growth(record, shape)
+    compute) scaled by its growth, and by ``count`` (a tensor of one shape saved that many times
+    more), its storage's by ``storage_growth`` where that is more; its timestamps as they are."""
+    ratio = _growth(record, shape) * count
     rebuilt = None if record.rebuilt_nbytes is None else math.ceil(record.rebuilt_nbytes * ratio)
     storage = None if record.storage_nbytes is None else math.ceil(record.storage_nbytes * max(ratio, storage_growth))
     return replace(
@@ -201,8 +201,11 @@ def _scaled_record(record: TensorRecord, shape: tuple[int, ...], storage_growth:
     )
 
 
-def scaled_trace(trace: Trace, shapes: Mapping[int, tuple[int, ...]]) -> Trace:
-    """``trace`` as if profiled with the tensors of ``shapes`` (per key; the rest as profiled).
+def scaled_trace(trace: Trace, shapes: Mapping[int, tuple[int, ...]], counts: Mapping[int, float] | None = None) -> Trace:
+    """``trace`` as if profiled with the tensors of ``shapes`` (per key; the rest as profiled), and
+    each key of ``counts`` at its shape counted that many times more (one step of a loop over the
+    sequence, inside a region that rebuilds every step:
+    :meth:`cswap.profile.regions.RegionProfile.count_growth`).
 
     Bytes scale with the elements, and so do the times that follow them: a tensor's pack and
     unpack, the compute that hides its copies and its producer's recomputation. The iteration's
@@ -216,8 +219,11 @@ def scaled_trace(trace: Trace, shapes: Mapping[int, tuple[int, ...]]) -> Trace:
     growth = {r.key: _growth(r, shapes[r.key]) for r in trace.tensors if r.key in shapes}
     # A slice's storage grows as the tensor it was cut from does, whether the slice grows (a
     # sequence's share of a fused projection) or not (one step of a scan over the sequence).
-    records = [_scaled_record(r, shapes.get(r.key, r.shape), growth.get(r.view_of, 1.0) if r.view_of is not None else 1.0)
-               if r.key in shapes or (r.storage_nbytes is not None and r.view_of in growth) else r for r in trace.tensors]
+    counts = {key: count for key, count in (counts or {}).items() if key not in shapes}
+    records = [_scaled_record(r, shapes.get(r.key, r.shape), growth.get(r.view_of, 1.0) if r.view_of is not None else 1.0,
+                              counts.get(r.key, 1.0))
+               if r.key in shapes or r.key in counts or (r.storage_nbytes is not None and r.view_of in growth) else r
+               for r in trace.tensors]
     after = sum(r.nbytes for r in records)
     clock = after / before if before else 1.0
     records = [replace(r, pack_at_s=r.pack_at_s * clock, unpack_at_s=None if r.unpack_at_s is None else r.unpack_at_s * clock)

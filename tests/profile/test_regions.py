@@ -6,6 +6,7 @@ once per stamp, so a leaf module's call lasts exactly one tick.
 
 from __future__ import annotations
 
+import math
 import random
 from typing import Any
 
@@ -382,3 +383,36 @@ def test_each_regions_freed_bytes_is_the_pack_sequences(name: str) -> None:
             chosen.append(path)
             assert profile.freed_bytes(chosen) == held - profile.held_bytes(chosen), chosen
     assert len(chosen) >= 2
+
+
+class _Scan(nn.Module):
+    """A loop over the sequence saving ``[batch, width]`` products per step (and its weight, a
+    parameter), after a batch norm whose statistics are ``[width]`` whatever the length."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.BatchNorm1d(8)
+        self.weight = nn.Parameter(torch.randn(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.norm(x.transpose(1, 2)).transpose(1, 2)
+        state = torch.zeros_like(x[:, 0])
+        for step in range(x.shape[1]):
+            state = state * torch.sigmoid(x[:, step]) + x[:, step] * self.weight
+        return state
+
+
+@pytest.mark.parametrize("longer", [16, 40])
+def test_a_loop_over_the_sequence_counts_its_steps_at_a_longer_length(longer: int) -> None:
+    model = nn.Sequential(_Scan())
+    profile = profile_regions(model, lambda: model(torch.randn(2, 12, 8)).sum().backward())
+    packed = {save.key: save for save in profile.saves}
+    grown = {key: (2, 8, longer) for key, save in packed.items() if save.shape == (2, 8, 12)}
+    assert grown, "the scan's input was not saved"
+    counts = profile.count_growth(grown, SizeMap.learn([((2, 12, 8), (2, longer, 8))]))
+    steps = [key for key, save in packed.items() if save.shape == (2, 8)]
+    assert len(steps) >= 12 and set(counts) == set(steps)  # the [8] statistics of the norm are no loop
+    assert all(count == longer / 12 for count in counts.values())
+    scaled = profile.scaled(grown, SizeMap.learn([((2, 12, 8), (2, longer, 8))]), counts)
+    by_key = {save.key: save for save in scaled.saves}
+    assert all(by_key[key].storage_bytes == math.ceil(packed[key].storage_bytes * longer / 12) for key in steps)
