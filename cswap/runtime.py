@@ -1138,8 +1138,8 @@ class Runtime:
                 shown.plan.resolved_table().clear()  # what was decided at run time when it last served is not this graph's
         seen: dict[int, tuple[tuple[int, ...], str]] = {}
         for (micro_batch_seen, _), of in zip(micro_batches, shown_by_micro_batch, strict=True):
-            for key, (shape, dtype) in micro_batch_seen.items():
-                if of is shown:
+            if of is shown:
+                for key, (shape, dtype) in micro_batch_seen.items():
                     see_largest(seen, key, shape, dtype)
         grown = self._grown(shown, seen)
         if grown is not None:

@@ -202,12 +202,11 @@ class IterationState:
         # What the runtime needs to tell a larger size of the planned structure from another
         # structure: per key, the shape and dtype of each pack the planned hooks left to the
         # general pack (every pack the plan does not serve goes there), the largest per dimension
-        # over the micro-batches; and the most packs one micro-batch made.
+        # over the micro-batches (a profile plans for the later ones' sizes). The same per
+        # micro-batch, in order, the last the one running, and the packs of those finished: a
+        # later micro-batch may pack another graph (one without padding beside padded ones), which
+        # the runtime tells apart on its own (micro_batches_seen).
         self.seen: dict[int, tuple[tuple[int, ...], str]] = {}
-        self.packs = 0
-        # The same per micro-batch, in order, the last the one running, and the packs of those
-        # finished: a later micro-batch may pack another graph (one without padding beside padded
-        # ones), which the runtime tells apart on its own (micro_batches_seen).
         self._seen_by_micro_batch: list[dict[int, tuple[tuple[int, ...], str]]] = [{}]
         self._packs_by_micro_batch: list[int] = []
         # The most a pack outgrew its planned bytes by, as a ratio (1.0: none did), and per planned
@@ -261,7 +260,6 @@ class IterationState:
         if not self._backward_ended:
             return False
         self.micro_batches += 1
-        self.packs = max(self.packs, self.next_key)
         self._packs_by_micro_batch.append(self.next_key)
         self._seen_by_micro_batch.append({})
         self.next_key = 0
@@ -441,7 +439,6 @@ class Executor:
         with self._lock:
             self._drain(it.profiler)
             it.profiler = None
-            it.packs = max(it.packs, it.next_key)
 
     def hooks(self, it: IterationState) -> tuple[Callable[[torch.Tensor], Handle], Callable[[Handle], torch.Tensor]]:
         """``(pack, unpack)`` for ``torch.autograd.graph.saved_tensors_hooks``: for an iteration
