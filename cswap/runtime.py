@@ -576,6 +576,15 @@ class Runtime:
                 regions.disable_all()
                 tracer = RegionTracer(regions.model)
         it = executor.begin(plan, profiler, model)
+        family = self._family
+        if profiler is None and family is not None and family.plan is plan:
+            # A micro-batch of another graph profiled before (one without padding beside padded
+            # ones) follows that graph's plan from the pack where it parts from this one. Regions
+            # are enabled for the iteration: only plans that recompute the same ones can serve.
+            it.structure = family.plan_structure
+            it.alternates = tuple((other.plan_structure, other.plan) for other in self._families.values()
+                                  if other is not family and other.plan is not None
+                                  and other.plan.recompute_regions == plan.recompute_regions)
         unknown_before = executor.counters.unknown_keys
         swapped_before = executor.counters.budget_fallbacks + executor.counters.budget_evictions
         # what a profiling iteration stores is told apart from what the plans store (stats())

@@ -178,20 +178,21 @@ class IterationState:
     """
 
     def __init__(self, plan: Plan, profiler: Profiler | None, protected: frozenset[int], prefetch_window_bytes: int = 0) -> None:
-        self.plan = plan
         self.profiler = profiler
         self.protected = protected
-        self.decisions = plan.decision_table()
         self.layouts: dict[int, Layout] = {}  # per key, the layout of its contiguous aligned tensor (see Executor.begin)
         self.next_key = 0
         self.stored_by_key: dict[int, weakref.ref[Stored]] = {}
-        self.unpack_position = plan.unpack_positions()
         self.prefetch_cursor = 0
         self.prefetch_window_bytes = prefetch_window_bytes
-        self.prefetch_end = len(plan.unpack_order)  # the cursor's end: nothing is fetched ahead past it
-        # whether a fetch may first move kept tensors to the host to stay within the budget (_make_room)
-        fallback = plan.fallback_action
-        self.makes_room = plan.budget_bytes is not None and fallback is not None and fallback.offloads
+        self._serve(plan)
+        # The plans of other graphs profiled before, each with its packs' dtypes and ranks, and the
+        # structure of this one (the runtime's): a micro-batch that parts from this plan's
+        # structure where another's goes on follows that one to its end (follow_another_graph).
+        self.alternates: tuple[tuple[tuple[tuple[str, int], ...], Plan], ...] = ()
+        self.structure: tuple[tuple[str, int], ...] = ()
+        self._own_plan: Plan | None = None  # this iteration's plan while a micro-batch follows another
+        self._parted = False  # this micro-batch parted from the plan it began with
         self.micro_batches = 1
         self.on_backward_end: list[Callable[[], None]] = []
         self._backward_watched = False  # a callback at the end of this micro-batch's backward is queued
@@ -214,16 +215,48 @@ class IterationState:
         # (Executor.make_room_to_recompute).
         self.growth = 1.0
         self.outgrown: dict[tuple[int, ...], tuple[int, ...]] = {}
+        self.plain_peak_bytes = 0
+        self.first_peaks: tuple[int, int] | None = None
+        self.owners: set[int] = set()
+        self.kept_in_order: collections.deque[int] = collections.deque()  # keys kept raw, in pack order, while it compacts
+
+    def _serve(self, plan: Plan) -> None:
+        """Decide the packs from here by ``plan``."""
+        self.plan = plan
+        self.decisions = plan.decision_table()
+        self.unpack_position = plan.unpack_positions()
+        self.prefetch_end = len(plan.unpack_order)  # the cursor's end: nothing is fetched ahead past it
+        # whether a fetch may first move kept tensors to the host to stay within the budget (_make_room)
+        fallback = plan.fallback_action
+        self.makes_room = plan.budget_bytes is not None and fallback is not None and fallback.offloads
+        self.budget_bytes = plan.budget_bytes
         # A plan whose fallback keeps on the device, compressed (compress-keep's keep-first profile),
         # compresses what it kept, oldest first, before a tensor would pass the budget
         # (Executor._compact_kept); keys of entries another view's entry leans on stay raw.
-        self.budget_bytes = plan.budget_bytes
-        self.plain_peak_bytes = 0
-        self.first_peaks: tuple[int, int] | None = None
         budgeted = plan.budget_bytes is not None or plan.provisional_budget is not None
         self.compacts = budgeted and fallback is not None and fallback.compresses and not fallback.offloads
-        self.owners: set[int] = set()
-        self.kept_in_order: collections.deque[int] = collections.deque()  # keys kept raw, in pack order, while it compacts
+
+    @property
+    def following(self) -> bool:
+        """Whether this micro-batch follows another graph's plan than the iteration's."""
+        return self._own_plan is not None
+
+    def follow_another_graph(self, key: int, dtype: str, rank: int) -> None:
+        """At the first pack of this micro-batch that parts from the plan's structure (another dtype
+        or rank at ``key``, or a key past its end), follow for the rest of the micro-batch the plan
+        of :attr:`alternates` whose packs so far were this micro-batch's (the shortest, where
+        several are); with none, the plan it began with. Every pack before ``key`` had the dtype
+        and rank the plan planned (the plan served it, or this is the first to part)."""
+        if self._parted:
+            return
+        self._parted = True
+        shown = (*self.structure[:key], (dtype, rank))
+        if len(shown) != key + 1:
+            return
+        others = [(structure, plan) for structure, plan in self.alternates if structure[: key + 1] == shown]
+        if others:
+            self._own_plan = self.plan
+            self._serve(min(others, key=lambda other: len(other[0]))[1])
 
     def see(self, key: int, shape: tuple[int, ...], dtype: str) -> None:
         """Record that ``key`` packed a tensor of ``shape`` and ``dtype`` (:attr:`seen`, and the
@@ -260,6 +293,10 @@ class IterationState:
         if not self._backward_ended:
             return False
         self.micro_batches += 1
+        if self._own_plan is not None:
+            self._serve(self._own_plan)
+            self._own_plan = None
+        self._parted = False
         self._packs_by_micro_batch.append(self.next_key)
         self._seen_by_micro_batch.append({})
         self.next_key = 0
@@ -498,7 +535,7 @@ class Executor:
             started = perf_counter()
             key = it.next_key
             step = steps[key] if key < n_steps else None
-            if step is None or it._backward_ended:
+            if step is None or it._backward_ended or it._own_plan is not None:
                 return general(tensor)
             planned, shape, dtype, reason, action, keep_limit = step
             if tensor.dtype is not dtype:
@@ -872,6 +909,10 @@ class Executor:
 
     def _pack(self, it: IterationState, key: int, tensor: torch.Tensor, profiler: Profiler | None) -> tuple[Handle, dict[str, Any] | None]:
         counters = self.counters
+        if it.alternates and not it._parted:
+            planned = it.decisions.get(key)
+            if planned is None or planned.dtype != _dtype_name(tensor.dtype) or len(planned.shape) != tensor.dim():
+                it.follow_another_graph(key, _dtype_name(tensor.dtype), tensor.dim())
         plan = it.plan
         # A sparse or other non-strided tensor has no storage to ask for (it is never moved)
         storage = tensor.untyped_storage() if tensor.layout is torch.strided else None

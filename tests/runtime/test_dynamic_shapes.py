@@ -210,17 +210,22 @@ def test_a_micro_batch_without_padding_beside_a_padded_one_meets_all_of_nones_pe
 def test_micro_batches_of_two_graphs_in_one_step_profile_each_graph_once(policy: str) -> None:
     """Accumulation 2 where either micro-batch may have no padding (Llama's other graph), in any
     order: each graph is profiled once, where it comes first in a step, and a step that mixes them
-    after is served by the plan of its first with nothing profiled again; the other graph's packs
-    never count as sizes of the first's (which made its plan again for a length no batch had, and
-    raised the budget's bytes by a quarter). Every step holds the budget, bit-identical to plain."""
+    after profiles nothing: each micro-batch follows its own graph's plan from the pack where the
+    graphs part (by the first's, 20 to 40 packs a step were decided by the policy's default). The
+    other graph's packs never count as sizes of the first's (which made its plan again for a length
+    no batch had, and raised the budget's bytes by a quarter). Every step holds the budget,
+    bit-identical to plain."""
     unpadded, padded = [48] * 4, [48, 30, 48, 48]
     steps = [[unpadded, padded], [padded, padded], [padded, unpadded], [unpadded, padded], [padded, unpadded],
              [padded, padded], [unpadded, unpadded], [padded, unpadded], [unpadded, padded], [padded, unpadded]]
     plain = lm_run(llama, steps)[0]
+    unknown: list[int] = []
     grads, seen, rt = lm_run(llama, steps, make=lambda m: cswap.Runtime(policy, model=m, device="cpu", memory_budget=0.5,
-                                                                       disable_kv_cache=True))
+                                                                       disable_kv_cache=True),
+                             after_step=lambda rt: unknown.append(rt.stats().unknown_keys))
     stats = rt.stats()
     assert (stats.profiled_iterations, stats.structures) == (2, 2), [profiles for _, _, profiles in seen]
+    assert len(set(unknown[2:])) == 1, f"packs no plan knew, by step: {unknown}"
     assert len({budget for _, budget, _ in seen[2:]}) == 1, seen  # both graphs profiled: the cap stays
     _check(seen, max_profiles=2)
     assert_bit_equal(_flat(plain), _flat(grads), "gradient")
