@@ -236,11 +236,6 @@ class IterationState:
         budgeted = plan.budget_bytes is not None or plan.provisional_budget is not None
         self.compacts = budgeted and fallback is not None and fallback.compresses and not fallback.offloads
 
-    @property
-    def following(self) -> bool:
-        """Whether this micro-batch follows another graph's plan than the iteration's."""
-        return self._own_plan is not None
-
     def follow_another_graph(self, key: int, dtype: str, rank: int) -> None:
         """At the first pack of this micro-batch that parts from the plan's structure (another dtype
         or rank at ``key``, or a key past its end), follow for the rest of the micro-batch the plan
