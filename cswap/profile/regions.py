@@ -39,7 +39,7 @@ from torch.distributed._composable import checkpoint
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from cswap.profile.profiler import Clock
-from cswap.profile.rerun import HostRandomState, ModuleState, compiled_paths, foreign_hooks, mutable_kind
+from cswap.profile.rerun import HostRandomState, ModuleState, compiled_paths, foreign_hooks, global_foreign_hooks, mutable_kind
 from cswap.profile.shapes import SizeMap, merged
 from cswap.profile.trace import Trace
 
@@ -667,7 +667,8 @@ MODIFIES_INPUT = ("its forward modifies an input in place (e.g. ReLU(inplace=Tru
 
 def hook_refusal(module: nn.Module, path: str = "") -> str | None:
     """Why the region of ``module`` (at ``path``) is not recomputed: a module in it (itself
-    included) has a foreign hook (:func:`cswap.profile.rerun.foreign_hooks`); ``None`` when none has.
+    included) has a foreign hook (:func:`cswap.profile.rerun.foreign_hooks`), or one is registered
+    for every module (:func:`cswap.profile.rerun.global_foreign_hooks`); ``None`` when none is.
 
     Example:
         >>> block = nn.Sequential(nn.Linear(2, 2), nn.Tanh())
@@ -677,6 +678,10 @@ def hook_refusal(module: nn.Module, path: str = "") -> str | None:
         >>> hook_refusal(block, "h.0").startswith("a forward hook on 'h.0.1' (builtins.print)")
         True
     """
+    everywhere = global_foreign_hooks()
+    if everywhere:
+        return (f"a forward hook registered for every module ({everywhere[0]}) would run again for each module recomputed "
+                "in backward, where plain PyTorch runs it once: no region is recomputed while it is registered")
     for where, inner in module.named_modules(prefix=path):
         hooks = foreign_hooks(inner)
         if hooks:

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["HostRandomState", "ModuleState", "compiled_paths", "foreign_hooks", "mutable_kind"]
+__all__ = ["HostRandomState", "ModuleState", "compiled_paths", "foreign_hooks", "global_foreign_hooks", "mutable_kind"]
 
 # A tensor is the checkpoint's own business (saved, version-checked); these others cannot change.
 _IMMUTABLE = (torch.Tensor, type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size, torch.layout,
@@ -91,8 +91,30 @@ def foreign_hooks(module: nn.Module) -> list[str]:
     >>> foreign_hooks(layer)
     ['builtins.print']
     """
+    return _foreign((*module._forward_pre_hooks.values(), *module._forward_hooks.values()))
+
+
+def global_foreign_hooks() -> list[str]:
+    """The forward hooks and pre-hooks registered for every module
+    (``torch.nn.modules.module.register_module_forward_hook`` and ``..._pre_hook``) that are
+    neither torch's nor cswap's, as :func:`foreign_hooks` names them: such a hook runs again for
+    every module a recomputation calls.
+
+    >>> from torch.nn.modules.module import register_module_forward_hook
+    >>> handle = register_module_forward_hook(print)
+    >>> global_foreign_hooks()
+    ['builtins.print']
+    >>> handle.remove(); global_foreign_hooks()
+    []
+    """
+    from torch.nn.modules import module as module_impl
+
+    return _foreign((*module_impl._global_forward_pre_hooks.values(), *module_impl._global_forward_hooks.values()))
+
+
+def _foreign(hooks: Iterable[Any]) -> list[str]:
     found = []
-    for hook in (*module._forward_pre_hooks.values(), *module._forward_hooks.values()):
+    for hook in hooks:
         where, name = _hook_name(hook)
         if not where.startswith(("torch.", "cswap.")):
             found.append(f"{where}.{name}" if where else name)

@@ -409,3 +409,40 @@ def test_a_users_forward_hook_runs_once_a_step_as_in_plain_pytorch(policy: str, 
     assert calls == plain_calls == 3
     assert rt.stats().actions["recompute"] > 0  # the other layers still are
     assert_bit_equal(plain, grads, "gradient")
+
+
+@pytest.mark.parametrize(("policy", "fraction"), [("recompute", None), ("ac-full", None), ("cswap", 0.3)])
+def test_a_forward_hook_for_every_module_runs_once_a_step_as_in_plain_pytorch(policy: str, fraction: float | None) -> None:
+    """A hook registered for every module (``register_module_forward_hook``: activation statistics
+    over the whole model) would run again for each module recomputed in backward: no region is
+    recomputed while it is registered, and the warning names it."""
+
+    def run(runtime: bool) -> tuple[list[torch.Tensor], int, Any]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 64), *[_Block() for _ in range(4)], nn.Linear(64, 2))
+        seen: list[float] = []
+
+        def on_gelu(module: nn.Module, args: Any, output: Any) -> None:
+            if isinstance(module, nn.GELU):
+                seen.append(float(output.detach().mean()))
+
+        handle = torch.nn.modules.module.register_module_forward_hook(on_gelu)
+        try:
+            rt = cswap.Runtime(policy, model=model, min_bytes=0, memory_budget=fraction, **CRAWLING_LINK) if runtime else None
+            grads = []
+            for step in range(3):
+                x = torch.randn(32, 8, generator=torch.Generator().manual_seed(step))
+                with rt.iteration() if rt is not None else contextlib.nullcontext():
+                    model(x).square().sum().backward()
+                grads += [p.grad.clone() for p in model.parameters()]
+                model.zero_grad()
+        finally:
+            handle.remove()
+        return grads, len(seen), rt
+
+    plain, plain_calls, _ = run(False)
+    with pytest.warns(UserWarning, match=r"a forward hook registered for every module \(.*on_gelu\)"):
+        grads, calls, rt = run(True)
+    assert calls == plain_calls == 3 * 4
+    assert rt.stats().actions["recompute"] == 0
+    assert_bit_equal(plain, grads, "gradient")
