@@ -383,17 +383,17 @@ class _Block(nn.Module):
         return x + self.fc2(self.act(self.fc1(x)))
 
 
-@pytest.mark.parametrize(("policy", "fraction"), [("recompute", 0.6), ("ac-full", None), ("capuchin", 0.6), ("cswap", 0.3)])
-def test_a_users_forward_hook_runs_once_a_step_as_in_plain_pytorch(policy: str, fraction: float | None) -> None:
-    """A hook that collects features (statistics, a feature-matching loss) would run again in
-    backward inside a recomputed region: the regions holding its module are left out, and say why."""
-
-    def run(runtime: bool) -> tuple[list[torch.Tensor], int, Any]:
-        torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(8, 64), *[_Block() for _ in range(4)], nn.Linear(64, 2))
-        seen: list[float] = []
-        model[2].act.register_forward_hook(lambda module, args, output: seen.append(float(output.detach().mean())))
-        rt = cswap.Runtime(policy, model=model, min_bytes=0, memory_budget=fraction, **CRAWLING_LINK) if runtime else None
+def _blocks_under_a_hook(policy: str | None, fraction: float | None,
+                         hook: Callable[[nn.Module, list[float]], Any]) -> tuple[list[torch.Tensor], int, Any]:
+    """Three steps of four residual blocks with ``hook(model, seen)`` registered (it returns the
+    handle, removed after): the gradients, how many outputs the hook saw, and the runtime (none
+    without a ``policy``)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 64), *[_Block() for _ in range(4)], nn.Linear(64, 2))
+    seen: list[float] = []
+    handle = hook(model, seen)
+    try:
+        rt = cswap.Runtime(policy, model=model, min_bytes=0, memory_budget=fraction, **CRAWLING_LINK) if policy else None
         grads = []
         for step in range(3):
             x = torch.randn(32, 8, generator=torch.Generator().manual_seed(step))
@@ -401,11 +401,22 @@ def test_a_users_forward_hook_runs_once_a_step_as_in_plain_pytorch(policy: str, 
                 model(x).square().sum().backward()
             grads += [p.grad.clone() for p in model.parameters()]
             model.zero_grad()
-        return grads, len(seen), rt
+    finally:
+        handle.remove()
+    return grads, len(seen), rt
 
-    plain, plain_calls, _ = run(False)
+
+@pytest.mark.parametrize(("policy", "fraction"), [("recompute", 0.6), ("ac-full", None), ("capuchin", 0.6), ("cswap", 0.3)])
+def test_a_users_forward_hook_runs_once_a_step_as_in_plain_pytorch(policy: str, fraction: float | None) -> None:
+    """A hook that collects features (statistics, a feature-matching loss) would run again in
+    backward inside a recomputed region: the regions holding its module are left out, and say why."""
+
+    def hook(model: nn.Module, seen: list[float]) -> Any:
+        return model[2].act.register_forward_hook(lambda module, args, output: seen.append(float(output.detach().mean())))
+
+    plain, plain_calls, _ = _blocks_under_a_hook(None, None, hook)
     with pytest.warns(UserWarning, match=r"'2' \(a forward hook on '2.act'"):
-        grads, calls, rt = run(True)
+        grads, calls, rt = _blocks_under_a_hook(policy, fraction, hook)
     assert calls == plain_calls == 3
     assert rt.stats().actions["recompute"] > 0  # the other layers still are
     assert_bit_equal(plain, grads, "gradient")
@@ -417,32 +428,16 @@ def test_a_forward_hook_for_every_module_runs_once_a_step_as_in_plain_pytorch(po
     over the whole model) would run again for each module recomputed in backward: no region is
     recomputed while it is registered, and the warning names it."""
 
-    def run(runtime: bool) -> tuple[list[torch.Tensor], int, Any]:
-        torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(8, 64), *[_Block() for _ in range(4)], nn.Linear(64, 2))
-        seen: list[float] = []
-
+    def hook(model: nn.Module, seen: list[float]) -> Any:
         def on_gelu(module: nn.Module, args: Any, output: Any) -> None:
             if isinstance(module, nn.GELU):
                 seen.append(float(output.detach().mean()))
 
-        handle = torch.nn.modules.module.register_module_forward_hook(on_gelu)
-        try:
-            rt = cswap.Runtime(policy, model=model, min_bytes=0, memory_budget=fraction, **CRAWLING_LINK) if runtime else None
-            grads = []
-            for step in range(3):
-                x = torch.randn(32, 8, generator=torch.Generator().manual_seed(step))
-                with rt.iteration() if rt is not None else contextlib.nullcontext():
-                    model(x).square().sum().backward()
-                grads += [p.grad.clone() for p in model.parameters()]
-                model.zero_grad()
-        finally:
-            handle.remove()
-        return grads, len(seen), rt
+        return torch.nn.modules.module.register_module_forward_hook(on_gelu)
 
-    plain, plain_calls, _ = run(False)
+    plain, plain_calls, _ = _blocks_under_a_hook(None, None, hook)
     with pytest.warns(UserWarning, match=r"a forward hook registered for every module \(.*on_gelu\)"):
-        grads, calls, rt = run(True)
+        grads, calls, rt = _blocks_under_a_hook(policy, fraction, hook)
     assert calls == plain_calls == 3 * 4
     assert rt.stats().actions["recompute"] == 0
     assert_bit_equal(plain, grads, "gradient")
