@@ -43,7 +43,7 @@ from torch.utils.checkpoint import CheckpointError
 from cswap.budget import BudgetError, MemoryBudget, ResolvedBudget, format_bytes, warn_if_over_device
 from cswap.codecs.api import default_backend
 from cswap.device import bandwidth, fingerprint, resolve_device
-from cswap.execute.executor import Counters, Executor, IterationState, RegionRebuild, see_largest
+from cswap.execute.executor import Counters, Executor, IterationState, RegionRebuild, merged_seen
 from cswap.execute.passive import SwapOnOutOfMemory
 from cswap.execute.recompute import RecomputeRegions
 from cswap.options import RECOMPUTING_POLICIES, LaunchLookup, RuntimeOptions, cache_configs, file_defaults, load_options
@@ -1145,11 +1145,8 @@ class Runtime:
             with self._lock:  # a structure profiled before: its plan, at no cost
                 self._family, self._plan, self._region_keys, self._trace = shown, shown.plan, shown.region_keys, shown.trace
                 shown.plan.resolved_table().clear()  # what was decided at run time when it last served is not this graph's
-        seen: dict[int, tuple[tuple[int, ...], str]] = {}
-        for (micro_batch_seen, _), of in zip(micro_batches, shown_by_micro_batch, strict=True):
-            if of is shown:
-                for key, (shape, dtype) in micro_batch_seen.items():
-                    see_largest(seen, key, shape, dtype)
+        seen = merged_seen(micro_batch_seen for (micro_batch_seen, _), of in zip(micro_batches, shown_by_micro_batch, strict=True)
+                           if of is shown)
         grown = self._grown(shown, seen)
         if grown is not None:
             shown.shapes, cause = grown

@@ -66,7 +66,7 @@ import math
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -81,7 +81,7 @@ from cswap.planner.plan import DTYPE_NAMES, Action, Decision, Plan, host_reserve
 from cswap.profile.profiler import Profiler
 from cswap.profile.shapes import SizeMap, merged
 
-__all__ = ["Counters", "Executor", "IterationState", "RegionRebuild", "see_largest"]
+__all__ = ["Counters", "Executor", "IterationState", "RegionRebuild", "merged_seen", "see_largest"]
 
 _BITS_BY_ITEMSIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
@@ -147,6 +147,20 @@ def see_largest(seen: dict[int, tuple[tuple[int, ...], str]], key: int, shape: t
     seen[key] = (tuple(shape), dtype)
 
 
+def merged_seen(seen: Iterable[Mapping[int, tuple[tuple[int, ...], str]]]) -> dict[int, tuple[tuple[int, ...], str]]:
+    """Several micro-batches' records of :func:`see_largest` as one.
+
+    Example:
+        >>> merged_seen([{0: ((2, 40), "float32")}, {0: ((4, 17), "float32"), 1: ((3,), "int64")}])
+        {0: ((4, 40), 'float32'), 1: ((3,), 'int64')}
+    """
+    merged: dict[int, tuple[tuple[int, ...], str]] = {}
+    for micro_batch in seen:
+        for key, (shape, dtype) in micro_batch.items():
+            see_largest(merged, key, shape, dtype)
+    return merged
+
+
 class IterationState:
     """Per-iteration state of the hooks.
 
@@ -201,13 +215,11 @@ class IterationState:
         # device's thread too, so on a CPU runtime the planned hooks take the lock from then on.
         self.other_device = False
         # What the runtime needs to tell a larger size of the planned structure from another
-        # structure: per key, the shape and dtype of each pack the planned hooks left to the
-        # general pack (every pack the plan does not serve goes there), the largest per dimension
-        # over the micro-batches (a profile plans for the later ones' sizes). The same per
-        # micro-batch, in order, the last the one running, and the packs of those finished: a
-        # later micro-batch may pack another graph (one without padding beside padded ones), which
-        # the runtime tells apart on its own (micro_batches_seen).
-        self.seen: dict[int, tuple[tuple[int, ...], str]] = {}
+        # structure: per micro-batch, in order, the last the one running, per key the shape and
+        # dtype of each pack the planned hooks left to the general pack (every pack the plan does
+        # not serve goes there), and the packs of those finished: a later micro-batch may pack
+        # another graph (one without padding beside padded ones), which the runtime tells apart
+        # on its own (micro_batches_seen; seen merges them).
         self._seen_by_micro_batch: list[dict[int, tuple[tuple[int, ...], str]]] = [{}]
         self._packs_by_micro_batch: list[int] = []
         # The most a pack outgrew its planned bytes by, as a ratio (1.0: none did), and per planned
@@ -254,10 +266,15 @@ class IterationState:
             self._serve(min(others, key=lambda other: len(other[0]))[1])
 
     def see(self, key: int, shape: tuple[int, ...], dtype: str) -> None:
-        """Record that ``key`` packed a tensor of ``shape`` and ``dtype`` (:attr:`seen`, and the
-        running micro-batch's in :meth:`micro_batches_seen`)."""
-        see_largest(self.seen, key, shape, dtype)
+        """Record that ``key`` packed a tensor of ``shape`` and ``dtype`` in the running micro-batch
+        (:meth:`micro_batches_seen`, :attr:`seen`)."""
         see_largest(self._seen_by_micro_batch[-1], key, shape, dtype)
+
+    @property
+    def seen(self) -> dict[int, tuple[tuple[int, ...], str]]:
+        """What :meth:`see` recorded over every micro-batch: per key, the largest shape per
+        dimension where its dtype and rank held (a profile plans for the later ones' sizes)."""
+        return merged_seen(self._seen_by_micro_batch)
 
     def micro_batches_seen(self) -> list[tuple[dict[int, tuple[tuple[int, ...], str]], int]]:
         """Per micro-batch begun, in order: what :meth:`see` recorded in it, and how many packs it made."""
@@ -905,9 +922,9 @@ class Executor:
     def _pack(self, it: IterationState, key: int, tensor: torch.Tensor, profiler: Profiler | None) -> tuple[Handle, dict[str, Any] | None]:
         counters = self.counters
         if it.alternates and not it._parted:
-            planned = it.decisions.get(key)
-            if planned is None or planned.dtype != _dtype_name(tensor.dtype) or len(planned.shape) != tensor.dim():
-                it.follow_another_graph(key, _dtype_name(tensor.dtype), tensor.dim())
+            planned, dtype = it.decisions.get(key), _dtype_name(tensor.dtype)
+            if planned is None or planned.dtype != dtype or len(planned.shape) != tensor.dim():
+                it.follow_another_graph(key, dtype, tensor.dim())
         plan = it.plan
         # A sparse or other non-strided tensor has no storage to ask for (it is never moved)
         storage = tensor.untyped_storage() if tensor.layout is torch.strided else None

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from torch.nn.modules import module as module_impl
 
 __all__ = ["HostRandomState", "ModuleState", "compiled_paths", "foreign_hooks", "global_foreign_hooks", "mutable_kind"]
 
@@ -107,8 +108,6 @@ def global_foreign_hooks() -> list[str]:
     >>> handle.remove(); global_foreign_hooks()
     []
     """
-    from torch.nn.modules import module as module_impl
-
     return _foreign((*module_impl._global_forward_pre_hooks.values(), *module_impl._global_forward_hooks.values()))
 
 
