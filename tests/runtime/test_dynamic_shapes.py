@@ -231,20 +231,19 @@ def test_micro_batches_of_two_graphs_in_one_step_profile_each_graph_once(policy:
     assert_bit_equal(_flat(plain), _flat(grads), "gradient")
 
 
+def _mamba() -> nn.Module:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the reference scan without mamba_ssm's kernels
+        return transformers.MambaForCausalLM(transformers.MambaConfig(vocab_size=256, hidden_size=64, num_hidden_layers=2))
+
+
 def test_a_graph_planned_within_a_larger_ones_cap_is_a_fraction_of_that_graphs_peak() -> None:
     """Mamba's reference scan (config defaults, two layers) saves one slice per token, so each length
     is another graph. A shorter one, profiled after a longer one set the cap, is planned within that
     cap, and :attr:`Runtime.resolved_budget` says the cap is 0.5 of the longer graph's ``none``
     peak, as it was resolved: it paired the cap with the shorter graph's peak, 0.989 of it."""
-    config = transformers.MambaConfig(vocab_size=256, hidden_size=64, num_hidden_layers=2)
-
-    def mamba() -> nn.Module:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return transformers.MambaForCausalLM(config)
-
     torch.manual_seed(0)
-    model = mamba()
+    model = _mamba()
     rt = cswap.Runtime("swap", model=model, device="cpu", memory_budget=0.5)
     resolved = []
     for step, length in enumerate([48, 24, 24]):
@@ -257,12 +256,6 @@ def test_a_graph_planned_within_a_larger_ones_cap_is_a_fraction_of_that_graphs_p
     assert first is not None and last is not None and first.nbytes == last.nbytes == rt.stats().budget_bytes
     assert last.none_peak_bytes == first.none_peak_bytes and last.fraction_of_none == pytest.approx(0.5, abs=1e-6), last
     assert "0.5 of policy none's activation peak" in str(last) and last.given.fraction == 0.5
-
-
-def _mamba() -> nn.Module:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the reference scan without mamba_ssm's kernels
-        return transformers.MambaForCausalLM(transformers.MambaConfig(vocab_size=256, hidden_size=64, num_hidden_layers=2))
 
 
 def test_a_loop_over_the_sequence_inside_a_region_is_planned_for_its_steps_at_a_longer_length() -> None:
